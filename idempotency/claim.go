@@ -1,0 +1,79 @@
+package idempotency
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Claim is the ownership of one key by the request being executed. The middleware puts
+// it in the request context; handlers reach it with ClaimFromContext. Transaction-mode
+// helpers (pgstore.Store.WithTx) use it to complete the record in the handler's own
+// transaction.
+type Claim struct {
+	Scope       string
+	Key         string
+	Fingerprint string
+	Token       int64
+
+	ttl   time.Duration
+	clock func() time.Time
+
+	mu        sync.Mutex
+	completed bool
+	release   bool
+}
+
+type claimKey struct{}
+
+// ClaimFromContext returns the claim of the request executing under the middleware, if
+// the request carried a key and won it.
+func ClaimFromContext(ctx context.Context) (*Claim, bool) {
+	c, ok := ctx.Value(claimKey{}).(*Claim)
+	return c, ok
+}
+
+// NewContext returns ctx carrying c. The middleware does this; it is exported for
+// stores' tests and for frameworks that claim keys themselves.
+func NewContext(ctx context.Context, c *Claim) context.Context {
+	return context.WithValue(ctx, claimKey{}, c)
+}
+
+// NewClaim returns a claim for a key won with token. ttl is the retention of the
+// completed record; clock nil means time.Now.
+func NewClaim(scope, key, fingerprint string, token int64, ttl time.Duration, clock func() time.Time) *Claim {
+	if clock == nil {
+		clock = time.Now
+	}
+	return &Claim{Scope: scope, Key: key, Fingerprint: fingerprint, Token: token, ttl: ttl, clock: clock}
+}
+
+// Completion returns the Completion that stores resp under this claim, with the
+// retention the middleware is configured with.
+func (c *Claim) Completion(resp Response) Completion {
+	now := c.clock()
+	return Completion{Scope: c.Scope, Key: c.Key, Token: c.Token, Response: resp, Now: now, ExpiresAt: now.Add(c.ttl)}
+}
+
+// MarkCompleted records that the key was completed elsewhere (in the handler's
+// transaction), so the middleware must not complete it again.
+func (c *Claim) MarkCompleted() {
+	c.mu.Lock()
+	c.completed = true
+	c.mu.Unlock()
+}
+
+// Release asks the middleware to release the key when the handler returns, whatever
+// response was written: the work was not done (for example the transaction rolled
+// back), so a retry must execute again.
+func (c *Claim) Release() {
+	c.mu.Lock()
+	c.release = true
+	c.mu.Unlock()
+}
+
+func (c *Claim) flags() (completed, release bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.completed, c.release
+}

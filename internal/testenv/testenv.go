@@ -1,0 +1,99 @@
+// Package testenv finds the real services integration tests run against.
+//
+// Each service is named by an environment variable (RETRYSAFE_POSTGRES_URL,
+// RETRYSAFE_REDIS_URL, RETRYSAFE_AMQP_URL, RETRYSAFE_NATS_URL). Unset, the local default
+// address is tried. When nothing answers the test is skipped with a message naming the
+// variable, unless RETRYSAFE_REQUIRE_SERVICES=1 (CI), in which case it fails.
+package testenv
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Defaults used when the variables are unset.
+const (
+	DefaultPostgresURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	DefaultRedisURL    = "redis://127.0.0.1:6379/0"
+	DefaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
+	DefaultNATSURL     = "nats://127.0.0.1:4222"
+)
+
+// PostgresURL returns the PostgreSQL URL to test against, or skips/fails t.
+func PostgresURL(t testing.TB) string {
+	return service(t, "RETRYSAFE_POSTGRES_URL", DefaultPostgresURL, "5432")
+}
+
+// RedisURL returns the Redis URL to test against, or skips/fails t.
+func RedisURL(t testing.TB) string {
+	return service(t, "RETRYSAFE_REDIS_URL", DefaultRedisURL, "6379")
+}
+
+// AMQPURL returns the RabbitMQ URL to test against, or skips/fails t.
+func AMQPURL(t testing.TB) string {
+	return service(t, "RETRYSAFE_AMQP_URL", DefaultAMQPURL, "5672")
+}
+
+// NATSURL returns the NATS URL to test against, or skips/fails t.
+func NATSURL(t testing.TB) string {
+	return service(t, "RETRYSAFE_NATS_URL", DefaultNATSURL, "4222")
+}
+
+// Required reports whether RETRYSAFE_REQUIRE_SERVICES asks missing services to fail.
+func Required() bool {
+	v := os.Getenv("RETRYSAFE_REQUIRE_SERVICES")
+	return v == "1" || strings.EqualFold(v, "true")
+}
+
+func service(t testing.TB, env, def, defPort string) string {
+	t.Helper()
+	raw := os.Getenv(env)
+	if raw == "" {
+		raw = def
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatalf("%s=%q is not a URL: %v", env, raw, err)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), defPort)
+	}
+	conn, err := net.DialTimeout("tcp", host, 2*time.Second)
+	if err != nil {
+		msg := "no service at " + host + " (" + err.Error() + "); set " + env + " to test against one"
+		if Required() {
+			t.Fatal(msg + " [RETRYSAFE_REQUIRE_SERVICES=1]")
+		}
+		t.Skip(msg)
+	}
+	_ = conn.Close()
+	return raw
+}
+
+// Name returns a unique lowercase identifier with the given prefix, usable as a schema
+// name, key prefix, queue or stream name, so tests sharing a service never collide.
+func Name(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + "_" + hex.EncodeToString(b)
+}
+
+// DeadAddr returns a loopback address on which nothing listens (a port that was free a
+// moment ago), for tests of an unreachable backend.
+func DeadAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	return addr
+}
