@@ -1,0 +1,277 @@
+// Package memstore is an in-process idempotency.Store: the reference implementation of
+// the store contract, and the store for tests and examples.
+//
+// Records live in a map guarded by one mutex, so every operation is atomic. Nothing
+// survives the process: use it where losing every key on a restart is acceptable (tests,
+// single-process tools), never in front of payments. Fencing tokens come from one
+// counter per Store, so they are never reused, even after Delete or expiry.
+package memstore
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/retrysafe/retrysafe/idempotency"
+)
+
+type id struct{ scope, key string }
+
+// Store is an in-memory idempotency.Store. The zero value is not usable; call New.
+type Store struct {
+	mu      sync.Mutex
+	records map[id]*idempotency.Record
+	token   int64
+	closed  bool
+}
+
+var (
+	_ idempotency.Store   = (*Store)(nil)
+	_ idempotency.Janitor = (*Store)(nil)
+	_ idempotency.Lister  = (*Store)(nil)
+	_ idempotency.Pinger  = (*Store)(nil)
+)
+
+// New returns an empty store.
+func New() *Store {
+	return &Store{records: make(map[id]*idempotency.Record)}
+}
+
+// Close makes every later call fail with idempotency.ErrClosed and drops the records.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	s.records = nil
+	return nil
+}
+
+func (s *Store) lock(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return idempotency.ErrClosed
+	}
+	return nil
+}
+
+// Claim implements idempotency.Store.
+func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	if err := s.lock(ctx); err != nil {
+		return idempotency.ClaimResult{}, err
+	}
+	defer s.mu.Unlock()
+	k := id{req.Scope, req.Key}
+	old, ok := s.records[k]
+	takeover := ok && old.ExpiresAt.After(req.Now) && old.State == idempotency.StateInProgress &&
+		!old.LeaseUntil.After(req.Now) && old.Fingerprint == req.Fingerprint
+	if ok && old.ExpiresAt.After(req.Now) && !takeover {
+		return idempotency.ClaimResult{Existing: clone(old)}, nil
+	}
+	s.token++
+	created := req.Now
+	if takeover {
+		created = old.CreatedAt
+	}
+	s.records[k] = &idempotency.Record{
+		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint,
+		State: idempotency.StateInProgress, Token: s.token,
+		CreatedAt: created, LeaseUntil: req.LeaseUntil, ExpiresAt: req.ExpiresAt,
+	}
+	return idempotency.ClaimResult{Claimed: true, Token: s.token, TookOver: takeover}, nil
+}
+
+// owned returns the in-progress record owned by token, or ErrLeaseLost. s.mu is held.
+func (s *Store) owned(scope, key string, token int64) (*idempotency.Record, error) {
+	r, ok := s.records[id{scope, key}]
+	if !ok || r.State != idempotency.StateInProgress || r.Token != token {
+		return nil, idempotency.ErrLeaseLost
+	}
+	return r, nil
+}
+
+// Extend implements idempotency.Store.
+func (s *Store) Extend(ctx context.Context, scope, key string, token int64, leaseUntil time.Time) error {
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	r, err := s.owned(scope, key, token)
+	if err != nil {
+		return err
+	}
+	r.LeaseUntil = leaseUntil
+	return nil
+}
+
+// Complete implements idempotency.Store.
+func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	r, err := s.owned(c.Scope, c.Key, c.Token)
+	if err != nil {
+		return err
+	}
+	resp := cloneResponse(&c.Response)
+	r.State = idempotency.StateDone
+	r.Response = resp
+	r.ExpiresAt = c.ExpiresAt
+	return nil
+}
+
+// Release implements idempotency.Store.
+func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	if _, err := s.owned(scope, key, token); err != nil {
+		return err
+	}
+	delete(s.records, id{scope, key})
+	return nil
+}
+
+// Get implements idempotency.Store.
+func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
+	if err := s.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	r, ok := s.records[id{scope, key}]
+	if !ok {
+		return nil, idempotency.ErrNotFound
+	}
+	return clone(r), nil
+}
+
+// Delete implements idempotency.Store.
+func (s *Store) Delete(ctx context.Context, scope, key string) error {
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	delete(s.records, id{scope, key})
+	return nil
+}
+
+// DeleteExpired implements idempotency.Janitor.
+func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
+	if err := s.lock(ctx); err != nil {
+		return 0, err
+	}
+	defer s.mu.Unlock()
+	n := 0
+	for k, r := range s.records {
+		if n >= limit {
+			break
+		}
+		if !r.ExpiresAt.After(now) {
+			delete(s.records, k)
+			n++
+		}
+	}
+	return n, nil
+}
+
+// List implements idempotency.Lister, in (scope, key) order.
+func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency.ListPage, error) {
+	if err := s.lock(ctx); err != nil {
+		return idempotency.ListPage{}, err
+	}
+	defer s.mu.Unlock()
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	after, err := decodeCursor(f.After)
+	if err != nil {
+		return idempotency.ListPage{}, err
+	}
+	var ids []id
+	for k, r := range s.records {
+		if (f.Scope == "" || k.scope == f.Scope) && (f.State == "" || r.State == f.State) && less(after, k) {
+			ids = append(ids, k)
+		}
+	}
+	slices.SortFunc(ids, func(a, b id) int {
+		if c := strings.Compare(a.scope, b.scope); c != 0 {
+			return c
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	var page idempotency.ListPage
+	for i, k := range ids {
+		if i == limit {
+			last := ids[i-1]
+			page.Next = encodeCursor(last)
+			break
+		}
+		page.Records = append(page.Records, *clone(s.records[k]))
+	}
+	return page, nil
+}
+
+// Ping implements idempotency.Pinger.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+func less(after *id, k id) bool {
+	if after == nil {
+		return true
+	}
+	return k.scope > after.scope || (k.scope == after.scope && k.key > after.key)
+}
+
+func encodeCursor(k id) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(k.scope)) + "." + base64.RawURLEncoding.EncodeToString([]byte(k.key))
+}
+
+func decodeCursor(s string) (*id, error) {
+	if s == "" {
+		return nil, nil
+	}
+	a, b, ok := strings.Cut(s, ".")
+	scope, err1 := base64.RawURLEncoding.DecodeString(a)
+	key, err2 := base64.RawURLEncoding.DecodeString(b)
+	if !ok || err1 != nil || err2 != nil {
+		return nil, errBadCursor
+	}
+	return &id{string(scope), string(key)}, nil
+}
+
+var errBadCursor = errors.New("memstore: invalid list cursor")
+
+func clone(r *idempotency.Record) *idempotency.Record {
+	c := *r
+	c.Response = cloneResponse(r.Response)
+	return &c
+}
+
+func cloneResponse(r *idempotency.Response) *idempotency.Response {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	c.Header = r.Header.Clone()
+	if c.Header == nil {
+		c.Header = http.Header{}
+	}
+	c.Body = slices.Clone(r.Body)
+	return &c
+}
