@@ -22,6 +22,7 @@ type Claim struct {
 	mu        sync.Mutex
 	completed bool
 	release   bool
+	abandon   bool
 }
 
 type claimKey struct{}
@@ -70,6 +71,22 @@ func (c *Claim) Release() {
 	c.mu.Lock()
 	c.release = true
 	c.mu.Unlock()
+}
+
+// Abandon asks the middleware to leave the key in progress when the handler returns:
+// the outcome is unknown (a request was sent upstream and its answer never came), so
+// neither storing nor releasing is safe. The key becomes claimable again when its lease
+// ends, and the retry that takes it over executes again.
+func (c *Claim) Abandon() {
+	c.mu.Lock()
+	c.abandon = true
+	c.mu.Unlock()
+}
+
+func (c *Claim) abandoned() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.abandon
 }
 
 func (c *Claim) flags() (completed, release bool) {

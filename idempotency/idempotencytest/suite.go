@@ -718,5 +718,5 @@ func testDown(t *testing.T, s idempotency.Store) {
 	if p, ok := s.(idempotency.Pinger); ok {
 		check("Ping", p.Ping(ctx))
 	}
-	// middleware-down case added with the middleware
+	testMiddlewareDown(t, s)
 }
