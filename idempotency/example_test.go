@@ -108,4 +108,3 @@ func ExampleParseKey() {
 	// "" true
 	// "" true
 }
-
