@@ -1,0 +1,510 @@
+// Package redisstore is an idempotency.Store on Redis (single node, Sentinel, Cluster or
+// Ring), through github.com/redis/go-redis/v9. It requires Redis 5 or later (scripts must
+// be effect-replicated so that they may call TIME before writing).
+//
+// # Key layout
+//
+// One record is one Redis hash whose key is
+//
+//	Prefix + "{" + base64url(scope) + ":" + key + "}"
+//
+// for example "retrysafe:idem:{dXNlci0x:order-42}". The scope is encoded (unpadded
+// base64url, which has no ':', '{' or '}'), so any scope bytes are allowed and the first
+// ':' after '{' always separates scope from key. The fields are:
+//
+//	scope, key, fp    the scope, key and request fingerprint, verbatim
+//	state             "in_progress" or "done"
+//	token             the fencing token, decimal
+//	created, lease,   CreatedAt, LeaseUntil and ExpiresAt, in microseconds since the
+//	expires           Unix epoch, decimal (of the caller's clock)
+//	status, header,   the stored response of a done record: status code, headers as
+//	body, omitted     JSON, the raw body bytes, and "1" when the body was not kept
+//
+// The hash also carries a Redis TTL of ExpiresAt-Now milliseconds (computed from the
+// caller's clock, set on Claim and refreshed on Complete), so Redis deletes expired
+// records itself: the store needs no janitor. Until the TTL fires, Claim compares the
+// expires field with the caller's Now and treats an expired record as absent.
+//
+// # Atomicity and Cluster
+//
+// Claim, Extend, Complete and Release are Lua scripts (EVALSHA, falling back to EVAL),
+// which Redis runs atomically: no other command interleaves with a script. Each script
+// touches only the record's own key, and the "{...}" hash tag puts everything of one
+// record in one hash slot, so the store works unchanged on Redis Cluster, while records
+// spread over all slots. There is no key shared by all records. Prefix may not contain
+// '{' or '}': a hash tag in the prefix would put every record in one slot.
+//
+// Fencing tokens come from the Redis server clock: a fresh claim gets TIME in
+// microseconds since the epoch, and a claim that replaces a record (a takeover or an
+// expired record) gets max(TIME, old token + 1). Takeovers are therefore strictly
+// increasing, and a fresh claim after Delete or expiry gets a token no earlier owner
+// holds, as long as the Redis server clock (of the master, and of a replica promoted in
+// its place) never steps back across a claim. Tokens fit in a Lua double (< 2^53), so the
+// scripts compute them exactly.
+//
+// List scans keys with SCAN, so records come in SCAN order with SCAN's guarantees: a
+// record that exists for the whole listing is returned at least once, and may be
+// returned twice if the keyspace is rehashed meanwhile. On a Cluster (or a Ring) List
+// scans each master (shard) in turn, ordered by address.
+//
+// A Ring works, but it moves keys to another shard whenever its set of live shards
+// changes, and a record on the wrong shard is a record lost: prefer a Cluster.
+//
+// # Durability
+//
+// The store is only as durable as Redis's own persistence. A record Redis loses is a
+// claim or a completion that never happened: a retry of that request executes again.
+//
+//   - AOF with appendfsync everysec (the usual AOF setting) can lose up to about one
+//     second of claims and completions when the Redis host crashes.
+//   - AOF with appendfsync always loses none, at the cost of an fsync per write.
+//   - RDB snapshots alone lose every write since the last snapshot: minutes.
+//   - No persistence loses everything on a restart.
+//   - Replication is asynchronous: after a failover (Sentinel or Cluster) the promoted
+//     replica may lack writes the old master had acknowledged. WAIT narrows that window
+//     but does not close it.
+//   - Eviction: every record has a TTL, so any maxmemory-policy other than noeviction
+//     (volatile-* and allkeys-* alike) may delete live records when memory runs out.
+//
+// For payments and anything else that must not execute twice, run Redis with
+// appendonly yes, appendfsync always and maxmemory-policy noeviction, and do not count
+// on a failover to a replica keeping the last writes — or use the PostgreSQL store,
+// which in transaction mode commits the business write and the completion together.
+package redisstore
+
+import (
+	"cmp"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/retrysafe/retrysafe/idempotency"
+)
+
+// Config configures a Store.
+type Config struct {
+	// Client is the Redis client. Required. Any redis.UniversalClient works: a single
+	// node (*redis.Client), Sentinel (redis.NewFailoverClient), Cluster
+	// (*redis.ClusterClient) or Ring. The caller owns it and closes it.
+	Client redis.UniversalClient
+	// Prefix starts every key the store writes; it must not contain '{' or '}'. Stores
+	// with different prefixes never see one another's records. Default "retrysafe:idem:".
+	Prefix string
+}
+
+// DefaultPrefix is the key prefix used when Config.Prefix is empty.
+const DefaultPrefix = "retrysafe:idem:"
+
+// Store is an idempotency.Store on Redis. It is safe for concurrent use.
+type Store struct {
+	client                           redis.UniversalClient
+	prefix                           string
+	claim, extend, complete, release *redis.Script
+}
+
+var (
+	_ idempotency.Store  = (*Store)(nil)
+	_ idempotency.Lister = (*Store)(nil)
+	_ idempotency.Pinger = (*Store)(nil)
+)
+
+// New returns a Store using cfg.
+func New(cfg Config) (*Store, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("redisstore: Config.Client is required")
+	}
+	prefix := cmp.Or(cfg.Prefix, DefaultPrefix)
+	if strings.ContainsAny(prefix, "{}") {
+		return nil, fmt.Errorf("redisstore: Config.Prefix %q contains '{' or '}'", prefix)
+	}
+	return &Store{
+		client:   cfg.Client,
+		prefix:   prefix,
+		claim:    redis.NewScript(claimScript),
+		extend:   redis.NewScript(ownerCheck + extendScript),
+		complete: redis.NewScript(ownerCheck + completeScript),
+		release:  redis.NewScript(ownerCheck + releaseScript),
+	}, nil
+}
+
+// Record states as stored in the hash.
+const (
+	inProgress = string(idempotency.StateInProgress)
+	done       = string(idempotency.StateDone)
+)
+
+// claimScript: KEYS[1] record; ARGV scope, key, fingerprint, now, lease, expires (µs),
+// ttl (ms). Returns {1, token, tookOver} or {0, HGETALL of the existing record}.
+const claimScript = `
+local k = KEYS[1]
+local now = tonumber(ARGV[4])
+local t = redis.call('TIME')
+local tok = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local cur = redis.call('HMGET', k, 'state', 'fp', 'token', 'lease', 'expires')
+local took = 0
+if cur[1] then
+  local live = tonumber(cur[5]) > now
+  if live and (cur[1] ~= 'in_progress' or cur[2] ~= ARGV[3] or tonumber(cur[4]) > now) then
+    return {0, redis.call('HGETALL', k)}
+  end
+  tok = math.max(tok, tonumber(cur[3]) + 1)
+  if live then took = 1 else redis.call('DEL', k) end
+end
+if took == 0 then
+  redis.call('HSET', k, 'scope', ARGV[1], 'key', ARGV[2], 'fp', ARGV[3], 'created', ARGV[4])
+end
+redis.call('HSET', k, 'state', 'in_progress', 'token', string.format('%d', tok),
+  'lease', ARGV[5], 'expires', ARGV[6])
+redis.call('PEXPIRE', k, ARGV[7])
+return {1, tok, took}
+`
+
+// ownerCheck starts the scripts below: it returns 0 unless KEYS[1] is in progress with
+// token ARGV[1].
+const ownerCheck = `
+local cur = redis.call('HMGET', KEYS[1], 'state', 'token')
+if cur[1] ~= 'in_progress' or cur[2] ~= ARGV[1] then return 0 end
+`
+
+// extendScript: ARGV token, lease. Returns 1, or 0 when the lease is lost.
+const extendScript = `
+redis.call('HSET', KEYS[1], 'lease', ARGV[2])
+return 1
+`
+
+// completeScript: ARGV token, expires (µs), ttl (ms), status, header, body, omitted.
+const completeScript = `
+redis.call('HSET', KEYS[1], 'state', 'done', 'expires', ARGV[2], 'status', ARGV[4],
+  'header', ARGV[5], 'body', ARGV[6], 'omitted', ARGV[7])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+`
+
+// releaseScript: ARGV token.
+const releaseScript = `
+redis.call('DEL', KEYS[1])
+return 1
+`
+
+// recordKey returns the Redis key of (scope, key).
+func (s *Store) recordKey(scope, key string) string {
+	return s.scopePrefix(scope) + key + "}"
+}
+
+// scopePrefix is the start of the keys of every record in scope.
+func (s *Store) scopePrefix(scope string) string {
+	return s.prefix + "{" + base64.RawURLEncoding.EncodeToString([]byte(scope)) + ":"
+}
+
+// Claim implements idempotency.Store in one round trip: a lost claim returns the
+// existing record, response included.
+func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	res, err := s.claim.Run(ctx, s.client, []string{s.recordKey(req.Scope, req.Key)},
+		req.Scope, req.Key, req.Fingerprint, micros(req.Now), micros(req.LeaseUntil),
+		micros(req.ExpiresAt), ttl(req.Now, req.ExpiresAt)).Slice()
+	if err != nil {
+		return idempotency.ClaimResult{}, wrap("claim", err)
+	}
+	if len(res) == 3 && res[0] == int64(1) {
+		tok, _ := res[1].(int64)
+		return idempotency.ClaimResult{Claimed: true, Token: tok, TookOver: res[2] == int64(1)}, nil
+	}
+	if len(res) != 2 {
+		return idempotency.ClaimResult{}, fmt.Errorf("redisstore: claim: unexpected reply %v", res)
+	}
+	flat, _ := res[1].([]any)
+	fields := make(map[string]string, len(flat)/2)
+	for i := 0; i+1 < len(flat); i += 2 {
+		k, _ := flat[i].(string)
+		v, _ := flat[i+1].(string)
+		fields[k] = v
+	}
+	rec, err := decode(fields)
+	if err != nil {
+		return idempotency.ClaimResult{}, err
+	}
+	return idempotency.ClaimResult{Existing: rec}, nil
+}
+
+// Extend implements idempotency.Store.
+func (s *Store) Extend(ctx context.Context, scope, key string, token int64, leaseUntil time.Time) error {
+	return s.owned(ctx, "extend", s.extend, scope, key, token, micros(leaseUntil))
+}
+
+// Complete implements idempotency.Store. It refreshes the record's TTL to
+// c.ExpiresAt-c.Now.
+func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
+	header, err := json.Marshal(c.Response.Header)
+	if err != nil {
+		return fmt.Errorf("redisstore: complete: encode header: %w", err)
+	}
+	omitted := "0"
+	if c.Response.BodyOmitted {
+		omitted = "1"
+	}
+	return s.owned(ctx, "complete", s.complete, c.Scope, c.Key, c.Token,
+		micros(c.ExpiresAt), ttl(c.Now, c.ExpiresAt), c.Response.Status, header, c.Response.Body, omitted)
+}
+
+// Release implements idempotency.Store.
+func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
+	return s.owned(ctx, "release", s.release, scope, key, token)
+}
+
+// owned runs a script that starts with ownerCheck and maps its 0 to ErrLeaseLost.
+func (s *Store) owned(ctx context.Context, op string, script *redis.Script, scope, key string, token int64, args ...any) error {
+	n, err := script.Run(ctx, s.client, []string{s.recordKey(scope, key)},
+		append([]any{strconv.FormatInt(token, 10)}, args...)...).Int()
+	if err != nil {
+		return wrap(op, err)
+	}
+	if n != 1 {
+		return idempotency.ErrLeaseLost
+	}
+	return nil
+}
+
+// Get implements idempotency.Store.
+func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
+	fields, err := s.client.HGetAll(ctx, s.recordKey(scope, key)).Result()
+	if err != nil {
+		return nil, wrap("get", err)
+	}
+	if len(fields) == 0 {
+		return nil, idempotency.ErrNotFound
+	}
+	return decode(fields)
+}
+
+// Delete implements idempotency.Store.
+func (s *Store) Delete(ctx context.Context, scope, key string) error {
+	if err := s.client.Del(ctx, s.recordKey(scope, key)).Err(); err != nil {
+		return wrap("delete", err)
+	}
+	return nil
+}
+
+// Ping implements idempotency.Pinger.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.client.Ping(ctx).Err(); err != nil {
+		return wrap("ping", err)
+	}
+	return nil
+}
+
+// scanCount is the COUNT of every SCAN. It is constant because List re-issues a SCAN
+// from a cursor and expects the same batch of keys.
+const scanCount = 100
+
+// cursor is List's opaque position: a node (its address; empty for a single node), the
+// SCAN cursor of the batch being read, and the last key returned from that batch.
+type cursor struct {
+	Node string `json:"n,omitempty"`
+	Scan uint64 `json:"c,omitempty"`
+	Last string `json:"l,omitempty"`
+}
+
+// node is one server to SCAN.
+type node struct {
+	addr string
+	cmd  redis.Cmdable
+}
+
+// List implements idempotency.Lister. Records come in SCAN order, node by node, and in
+// key order within one SCAN batch. Next is set only when another record follows.
+func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency.ListPage, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	var at cursor
+	if f.After != "" {
+		b, err := base64.RawURLEncoding.DecodeString(f.After)
+		if err == nil {
+			err = json.Unmarshal(b, &at)
+		}
+		if err != nil {
+			return idempotency.ListPage{}, fmt.Errorf("redisstore: list: invalid cursor %q", f.After)
+		}
+	}
+	match := globEscape(s.prefix+"{") + "*"
+	if f.Scope != "" {
+		match = globEscape(s.scopePrefix(f.Scope)) + "*"
+	}
+	nodes, err := s.nodes(ctx)
+	if err != nil {
+		return idempotency.ListPage{}, wrap("list", err)
+	}
+	var page idempotency.ListPage
+	for _, n := range nodes {
+		if n.addr < at.Node {
+			continue
+		}
+		if n.addr > at.Node {
+			at = cursor{Node: n.addr}
+		}
+		for {
+			keys, next, err := n.cmd.Scan(ctx, at.Scan, match, scanCount).Result()
+			if err != nil {
+				return idempotency.ListPage{}, wrap("list", err)
+			}
+			slices.Sort(keys)
+			keys = slices.DeleteFunc(keys, func(k string) bool { return k <= at.Last })
+			recs, err := s.fetch(ctx, keys)
+			if err != nil {
+				return idempotency.ListPage{}, err
+			}
+			for i, rec := range recs {
+				if rec == nil || (f.State != "" && rec.State != f.State) {
+					continue
+				}
+				if len(page.Records) == limit {
+					page.Next = encodeCursor(at)
+					return page, nil
+				}
+				page.Records = append(page.Records, *rec)
+				at.Last = keys[i]
+			}
+			if next == 0 {
+				break
+			}
+			at = cursor{Node: n.addr, Scan: next}
+		}
+	}
+	return page, nil
+}
+
+// fetch reads the records at keys in one pipeline; a key deleted meanwhile gives nil.
+func (s *Store) fetch(ctx context.Context, keys []string) ([]*idempotency.Record, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	pipe := s.client.Pipeline()
+	cmds := make([]*redis.MapStringStringCmd, len(keys))
+	for i, k := range keys {
+		cmds[i] = pipe.HGetAll(ctx, k)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, wrap("list", err)
+	}
+	recs := make([]*idempotency.Record, len(keys))
+	for i, c := range cmds {
+		if len(c.Val()) == 0 {
+			continue
+		}
+		rec, err := decode(c.Val())
+		if err != nil {
+			return nil, err
+		}
+		recs[i] = rec
+	}
+	return recs, nil
+}
+
+// nodes returns the servers List scans, ordered by address: the masters of a Cluster,
+// the live shards of a Ring, or the client itself.
+func (s *Store) nodes(ctx context.Context) ([]node, error) {
+	var each func(context.Context, func(context.Context, *redis.Client) error) error
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		each = c.ForEachMaster
+	case *redis.Ring:
+		each = c.ForEachShard
+	default:
+		return []node{{cmd: s.client}}, nil
+	}
+	var mu sync.Mutex
+	var nodes []node
+	err := each(ctx, func(_ context.Context, c *redis.Client) error {
+		mu.Lock()
+		nodes = append(nodes, node{addr: c.Options().Addr, cmd: c})
+		mu.Unlock()
+		return nil
+	})
+	slices.SortFunc(nodes, func(a, b node) int { return strings.Compare(a.addr, b.addr) })
+	return nodes, err
+}
+
+func encodeCursor(c cursor) string {
+	b, _ := json.Marshal(c) // a struct of strings and an integer always encodes
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// globEscape escapes the SCAN MATCH metacharacters of s.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`\*?[]`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// decode builds a Record from a record hash's fields.
+func decode(m map[string]string) (*idempotency.Record, error) {
+	var errs []error
+	num := func(field string) int64 {
+		n, err := strconv.ParseInt(m[field], 10, 64)
+		errs = append(errs, err)
+		return n
+	}
+	rec := &idempotency.Record{
+		Scope:       m["scope"],
+		Key:         m["key"],
+		Fingerprint: m["fp"],
+		State:       idempotency.State(m["state"]),
+		Token:       num("token"),
+		CreatedAt:   time.UnixMicro(num("created")).UTC(),
+		LeaseUntil:  time.UnixMicro(num("lease")).UTC(),
+		ExpiresAt:   time.UnixMicro(num("expires")).UTC(),
+	}
+	if m["state"] == done {
+		resp := &idempotency.Response{
+			Status:      int(num("status")),
+			Body:        []byte(m["body"]),
+			BodyOmitted: m["omitted"] == "1",
+		}
+		errs = append(errs, json.Unmarshal([]byte(m["header"]), &resp.Header))
+		if resp.Header == nil {
+			resp.Header = http.Header{}
+		}
+		rec.Response = resp
+	} else if m["state"] != inProgress {
+		errs = append(errs, fmt.Errorf("unknown state %q", m["state"]))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("redisstore: malformed record %q/%q: %w", rec.Scope, rec.Key, err)
+	}
+	return rec, nil
+}
+
+// micros encodes t for the hash and the scripts.
+func micros(t time.Time) string { return strconv.FormatInt(t.UnixMicro(), 10) }
+
+// ttl is the Redis TTL, in milliseconds rounded up and at least 1, of a record that
+// expires at expires on the caller's clock showing now.
+func ttl(now, expires time.Time) int64 {
+	ms := (expires.Sub(now) + time.Millisecond - 1) / time.Millisecond
+	return max(int64(ms), 1)
+}
+
+// wrap prefixes err with the operation, and makes a closed client match
+// idempotency.ErrClosed.
+func wrap(op string, err error) error {
+	if errors.Is(err, redis.ErrClosed) {
+		return fmt.Errorf("redisstore: %s: %w (%w)", op, idempotency.ErrClosed, err)
+	}
+	return fmt.Errorf("redisstore: %s: %w", op, err)
+}
