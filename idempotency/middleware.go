@@ -305,13 +305,11 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	stop()
 
 	completed, release := c.flags()
-	if context.Cause(hctx) == ErrLeaseLost {
-		m.outcome(r, OutcomeLeaseLost)
-		return
-	}
 	switch {
-	case completed:
+	case completed: // in the handler's transaction; a renewal racing its commit is moot
 		m.outcome(r, OutcomeExecuted)
+	case errors.Is(context.Cause(hctx), ErrLeaseLost):
+		m.outcome(r, OutcomeLeaseLost)
 	case c.abandoned():
 		m.outcome(r, OutcomeAbandoned)
 	case release, rec.wrote() && m.cfg.Release(rec.status),

@@ -1,0 +1,442 @@
+package pgstore_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/url"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/idempotency/idempotencytest"
+	"github.com/retrysafe/retrysafe/idempotency/pgstore"
+	"github.com/retrysafe/retrysafe/internal/testenv"
+)
+
+// newPool returns a pool on rawURL, closed when t ends. edit, if not nil, adjusts the
+// configuration first.
+func newPool(t *testing.T, rawURL string, edit func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if edit != nil {
+		edit(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// newStore returns a migrated store in a fresh schema of pool, dropped when t ends.
+func newStore(t *testing.T, pool *pgxpool.Pool) (*pgstore.Store, string) {
+	t.Helper()
+	st, schema := unmigrated(t, pool)
+	if err := st.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return st, schema
+}
+
+// unmigrated returns a store in a schema that does not exist yet, dropped when t ends.
+func unmigrated(t *testing.T, pool *pgxpool.Pool) (*pgstore.Store, string) {
+	t.Helper()
+	schema := testenv.Name("rs")
+	st, err := pgstore.New(pgstore.Config{Pool: pool, Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+		}
+	})
+	return st, schema
+}
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, testenv.PostgresURL(t), func(c *pgxpool.Config) { c.MaxConns = 16 })
+	idempotencytest.Run(t, idempotencytest.Harness{
+		New: func(t *testing.T) idempotency.Store {
+			st, _ := newStore(t, pool)
+			return st
+		},
+		Down: func(t *testing.T) idempotency.Store {
+			dead := newPool(t, "postgres://postgres@"+testenv.DeadAddr(t)+"/test?sslmode=disable&connect_timeout=2", nil)
+			st, err := pgstore.New(pgstore.Config{Pool: dead})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st
+		},
+	})
+}
+
+func TestNew(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(t.Context(), "postgres://127.0.0.1:1/none") // lazy: never dialled
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, tc := range []struct {
+		name string
+		cfg  pgstore.Config
+		ok   bool
+	}{
+		{"defaults", pgstore.Config{Pool: pool}, true},
+		{"names", pgstore.Config{Pool: pool, Schema: "app_1", Table: "_keys"}, true},
+		{"nil pool", pgstore.Config{}, false},
+		{"upper case", pgstore.Config{Pool: pool, Schema: "App"}, false},
+		{"quote", pgstore.Config{Pool: pool, Table: `a"; DROP TABLE x; --`}, false},
+		{"leading digit", pgstore.Config{Pool: pool, Table: "1keys"}, false},
+		{"schema too long", pgstore.Config{Pool: pool, Schema: strings.Repeat("s", 64)}, false},
+		{"table too long", pgstore.Config{Pool: pool, Table: strings.Repeat("t", 49)}, false},
+	} {
+		if _, err := pgstore.New(tc.cfg); (err == nil) != tc.ok {
+			t.Errorf("%s: New error %v, want ok %v", tc.name, err, tc.ok)
+		}
+	}
+}
+
+func TestMigrateIdempotent(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, testenv.PostgresURL(t), nil)
+	st, _ := newStore(t, pool) // migrated once
+	if err := st.Migrate(t.Context()); err != nil {
+		t.Fatalf("second Migrate: %v", err)
+	}
+
+	// Replicas starting together on a database without the schema.
+	fresh, _ := unmigrated(t, pool)
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() { errs <- fresh.Migrate(t.Context()) }()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Errorf("concurrent Migrate: %v", err)
+		}
+	}
+}
+
+// counter counts the statements pgx runs (QueryTracer) and the writes on the wire: a
+// round trip is one write of a request followed by the read of its answer.
+type counter struct{ queries, writes atomic.Int64 }
+
+func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.queries.Add(1)
+	return ctx
+}
+
+func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+type countingConn struct {
+	net.Conn
+	c *counter
+}
+
+func (cc countingConn) Write(b []byte) (int, error) {
+	cc.c.writes.Add(1)
+	return cc.Conn.Write(b)
+}
+
+func (c *counter) reset() (queries, writes int64) { return c.queries.Swap(0), c.writes.Swap(0) }
+
+func TestRoundTrips(t *testing.T) {
+	t.Parallel()
+	var n counter
+	pool := newPool(t, testenv.PostgresURL(t), func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 1 // one connection, whose statements the warm-up prepares
+		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+		cfg.ConnConfig.Tracer = &n
+		dial := cfg.ConnConfig.DialFunc
+		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return countingConn{conn, &n}, nil
+		}
+	})
+	st, _ := newStore(t, pool)
+	ctx := t.Context()
+	now := time.Now()
+	execute := func(key string) (idempotency.ClaimResult, error) {
+		res, err := st.Claim(ctx, idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "f",
+			Now: now, LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)})
+		if err != nil || !res.Claimed {
+			return res, err
+		}
+		return res, st.Complete(ctx, idempotency.Completion{Scope: "s", Key: key, Token: res.Token,
+			Response: idempotency.Response{Status: 201, Body: []byte("ok")}, Now: now, ExpiresAt: now.Add(time.Hour)})
+	}
+	if _, err := execute("warm-up"); err != nil {
+		t.Fatal(err)
+	}
+
+	n.reset()
+	if res, err := execute("k"); err != nil || !res.Claimed {
+		t.Fatalf("first execution: %+v, %v", res, err)
+	}
+	if q, w := n.reset(); q > 2 || w > 2 {
+		t.Errorf("first execution (claim + complete): %d statements, %d round trips; want at most 2", q, w)
+	}
+	res, err := execute("k")
+	if err != nil || res.Claimed || res.Existing == nil || res.Existing.Response == nil || string(res.Existing.Response.Body) != "ok" {
+		t.Fatalf("replay: %+v, %v", res, err)
+	}
+	if q, w := n.reset(); q != 1 || w != 1 {
+		t.Errorf("replay: %d statements, %d round trips; want 1", q, w)
+	}
+}
+
+func TestWithTx(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, testenv.PostgresURL(t), nil)
+	st, schema := newStore(t, pool)
+	ledger := schema + ".ledger"
+	if _, err := pool.Exec(t.Context(), "CREATE TABLE "+ledger+" (key text PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	const scope = `s\x41` + "\x00" // bytes that text or bytea literals would mangle
+	want := idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":1}`)}
+	// claim claims key at instant at, with a lease of lease, and returns a context
+	// carrying the claim.
+	claim := func(t *testing.T, key string, at time.Time, lease time.Duration) (context.Context, int64) {
+		t.Helper()
+		res, err := st.Claim(t.Context(), idempotency.ClaimRequest{Scope: scope, Key: key, Fingerprint: "f",
+			Now: at, LeaseUntil: at.Add(lease), ExpiresAt: at.Add(time.Hour)})
+		if err != nil || !res.Claimed {
+			t.Fatalf("Claim %s: %+v, %v", key, res, err)
+		}
+		c := idempotency.NewClaim(scope, key, "f", res.Token, time.Hour, func() time.Time { return at })
+		return idempotency.NewContext(t.Context(), c), res.Token
+	}
+	insert := func(key string) func(context.Context, pgx.Tx) (idempotency.Response, error) {
+		return func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
+			_, err := tx.Exec(ctx, "INSERT INTO "+ledger+" VALUES ($1)", key)
+			return want, err
+		}
+	}
+	booked := func(t *testing.T, key string) bool {
+		t.Helper()
+		var n int
+		if err := pool.QueryRow(t.Context(), "SELECT count(*) FROM "+ledger+" WHERE key = $1", key).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	record := func(t *testing.T, key string) *idempotency.Record {
+		t.Helper()
+		rec, err := st.Get(t.Context(), scope, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec
+	}
+
+	t.Run("completes in the transaction", func(t *testing.T) {
+		t.Parallel()
+		ctx, _ := claim(t, "done", now, time.Minute)
+		if got, err := st.WithTx(ctx, insert("done")); err != nil || !reflect.DeepEqual(got, want) {
+			t.Fatalf("WithTx = %+v, %v", got, err)
+		}
+		if rec := record(t, "done"); rec.State != idempotency.StateDone || !reflect.DeepEqual(*rec.Response, want) {
+			t.Errorf("record %+v, response %+v; want done with %+v", rec, rec.Response, want)
+		}
+		if !booked(t, "done") {
+			t.Error("the business write is missing")
+		}
+	})
+
+	t.Run("handler error rolls back", func(t *testing.T) {
+		t.Parallel()
+		ctx, _ := claim(t, "failed", now, time.Minute)
+		boom := errors.New("boom")
+		_, err := st.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
+			if _, err := insert("failed")(ctx, tx); err != nil {
+				return idempotency.Response{}, err
+			}
+			return idempotency.Response{}, boom
+		})
+		if !errors.Is(err, boom) {
+			t.Fatalf("WithTx error %v, want %v", err, boom)
+		}
+		if booked(t, "failed") {
+			t.Error("the business write committed")
+		}
+		// WithTx asks the middleware to release the key; it releases nothing itself.
+		if rec := record(t, "failed"); rec.State != idempotency.StateInProgress {
+			t.Errorf("record state %s, want in progress", rec.State)
+		}
+	})
+
+	t.Run("stale owner rolls back", func(t *testing.T) {
+		t.Parallel()
+		stale, old := claim(t, "stale", now, 0) // its lease expires at once
+		res, err := st.Claim(t.Context(), idempotency.ClaimRequest{Scope: scope, Key: "stale", Fingerprint: "f",
+			Now: now.Add(time.Second), LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)})
+		if err != nil || !res.Claimed || !res.TookOver || res.Token <= old {
+			t.Fatalf("takeover: %+v, %v (old token %d)", res, err, old)
+		}
+		if _, err := st.WithTx(stale, insert("stale")); !errors.Is(err, idempotency.ErrLeaseLost) {
+			t.Fatalf("WithTx error %v, want ErrLeaseLost", err)
+		}
+		if booked(t, "stale") {
+			t.Error("the stale owner's business write committed")
+		}
+		if rec := record(t, "stale"); rec.State != idempotency.StateInProgress || rec.Token != res.Token {
+			t.Errorf("record %+v, want the new owner's", rec)
+		}
+	})
+
+	t.Run("without a claim", func(t *testing.T) {
+		t.Parallel()
+		if _, err := st.WithTx(t.Context(), insert("unclaimed")); err != nil {
+			t.Fatal(err)
+		}
+		if !booked(t, "unclaimed") {
+			t.Error("the business write is missing")
+		}
+	})
+
+	t.Run("commit reply lost", func(t *testing.T) {
+		t.Parallel()
+		proxied, _ := commitProxy(t, false)
+		pst, err := pgstore.New(pgstore.Config{Pool: newPool(t, proxied, nil), Schema: schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, _ := claim(t, "lost-reply", now, time.Minute)
+		if got, err := pst.WithTx(ctx, insert("lost-reply")); err != nil || !reflect.DeepEqual(got, want) {
+			t.Fatalf("WithTx = %+v, %v; want the response: the commit happened", got, err)
+		}
+		if rec := record(t, "lost-reply"); rec.State != idempotency.StateDone || !booked(t, "lost-reply") {
+			t.Errorf("record state %s, booked %v; want done and booked", rec.State, booked(t, "lost-reply"))
+		}
+	})
+
+	t.Run("commit never arrives", func(t *testing.T) {
+		t.Parallel()
+		proxied, hangUp := commitProxy(t, true)
+		pst, err := pgstore.New(pgstore.Config{Pool: newPool(t, proxied, nil), Schema: schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, tok := claim(t, "lost-commit", now, time.Minute)
+		if _, err := pst.WithTx(ctx, insert("lost-commit")); !errors.Is(err, pgstore.ErrCommitUnknown) {
+			t.Fatalf("WithTx error %v, want ErrCommitUnknown (the transaction is still open)", err)
+		}
+		// The release WithTx asked for waits for the open transaction, which rolls back
+		// when its connection ends.
+		time.AfterFunc(100*time.Millisecond, hangUp)
+		if err := st.Release(t.Context(), scope, "lost-commit", tok); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		if booked(t, "lost-commit") {
+			t.Error("the business write committed")
+		}
+	})
+}
+
+// commitProxy returns the URL of a TCP proxy to the test database that breaks the first
+// COMMIT (pgx sends it as a simple query): with loseCommit it swallows the COMMIT and
+// hangs up on the client while the server side stays open, in a transaction, until
+// hangUp; otherwise it forwards the COMMIT, swallows the reply and hangs up on the client.
+func commitProxy(t *testing.T, loseCommit bool) (rawURL string, hangUp func()) {
+	t.Helper()
+	u, err := url.Parse(testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := u.Host
+	commit := []byte("Q\x00\x00\x00\x0bcommit\x00")
+	var (
+		armed atomic.Bool
+		mu    sync.Mutex
+		conns []net.Conn
+		wg    sync.WaitGroup
+	)
+	armed.Store(true)
+	hangUp = func() {
+		_ = l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+	t.Cleanup(func() { hangUp(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			client, err := l.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = client.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, client, server)
+			mu.Unlock()
+			var dropReply atomic.Bool
+			wg.Go(func() { // client to server
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := client.Read(buf)
+					if err != nil {
+						return
+					}
+					if bytes.Contains(buf[:n], commit) && armed.CompareAndSwap(true, false) {
+						if loseCommit {
+							_ = client.Close()
+							return
+						}
+						dropReply.Store(true)
+					}
+					if _, err := server.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+			})
+			wg.Go(func() { // server to client
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := server.Read(buf)
+					if err != nil || dropReply.Load() {
+						_ = client.Close()
+						return
+					}
+					if _, err := client.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	u.Host = l.Addr().String()
+	return u.String(), hangUp
+}
