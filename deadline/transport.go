@@ -1,0 +1,84 @@
+package deadline
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Transport is an http.RoundTripper that tells the next hop how long its caller will
+// wait: on every request whose context has a deadline it sets the Header header to the
+// time remaining, minus Reserve, in whole milliseconds (rounded down). The zero value is
+// usable: it wraps http.DefaultTransport, uses DefaultHeader and reserves nothing.
+//
+// A request whose context has no deadline is sent unchanged, without the header (a value
+// the caller set itself is left as it is). When the remaining budget minus Reserve is
+// below one millisecond (so in particular when the budget is at most Reserve), the
+// request is not sent: RoundTrip closes its body and returns an error that matches both
+// ErrExhausted and context.DeadlineExceeded with errors.Is. A request that cannot finish
+// in time is not worth starting; the next hop would answer 504 anyway, after doing some
+// of the work.
+//
+// Put Transport below a retry layer (&retry.Transport{Base: deadline.Transport{…}}), so
+// each attempt carries the budget remaining when it is sent. The request given to Base is
+// a clone; the caller's request is never modified.
+type Transport struct {
+	// Base sends the requests. Default http.DefaultTransport.
+	Base http.RoundTripper
+
+	// Header is the header the budget is written to. Default DefaultHeader
+	// (Request-Budget-Ms). Use the same name as the next hop's Config.Header.
+	Header string
+
+	// Reserve is kept back from the budget sent: the hop's own latency (the request's
+	// transit and queueing, the response's way back) and the time this side needs to use
+	// the answer, which the next hop cannot see. Default 0: the next hop is told all the
+	// time that is left. Negative means 0.
+	Reserve time.Duration
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	left, ok := Remaining(req.Context())
+	if !ok {
+		return base.RoundTrip(req)
+	}
+	reserve := max(t.Reserve, 0)
+	ms, ok := budgetMillis(left, reserve)
+	if !ok {
+		if req.Body != nil {
+			_ = req.Body.Close() // a RoundTripper closes the body, even on error
+		}
+		return nil, fmt.Errorf("%w: %v left, %v reserved: request not sent",
+			ErrExhausted, max(left, 0).Round(time.Microsecond), reserve)
+	}
+	header := t.Header
+	if header == "" {
+		header = DefaultHeader
+	}
+	out := req.Clone(req.Context())
+	if out.Header == nil {
+		out.Header = make(http.Header)
+	}
+	out.Header.Set(header, strconv.FormatInt(ms, 10))
+	return base.RoundTrip(out)
+}
+
+// budgetMillis returns the whole milliseconds of left − reserve, and false when that is
+// less than one.
+func budgetMillis(left, reserve time.Duration) (int64, bool) {
+	reserve = max(reserve, 0)
+	if left <= reserve { // also keeps left − reserve from overflowing
+		return 0, false
+	}
+	rest := left - reserve
+	if rest < time.Millisecond {
+		return 0, false
+	}
+	return int64(rest / time.Millisecond), true
+}
