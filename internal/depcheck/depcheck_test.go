@@ -11,6 +11,7 @@ import (
 // stdlibOnly are the packages that may import only the standard library (and each other).
 var stdlibOnly = []string{
 	"github.com/retrysafe/retrysafe/idempotency",
+	"github.com/retrysafe/retrysafe/deadline",
 }
 
 func TestCorePackagesImportOnlyTheStandardLibrary(t *testing.T) {
