@@ -12,6 +12,7 @@ import (
 var stdlibOnly = []string{
 	"github.com/retrysafe/retrysafe/idempotency",
 	"github.com/retrysafe/retrysafe/deadline",
+	"github.com/retrysafe/retrysafe/retry",
 }
 
 func TestCorePackagesImportOnlyTheStandardLibrary(t *testing.T) {

@@ -1,0 +1,25 @@
+// Package retry retries politely: only what is safe to retry, with capped exponential
+// backoff and jitter, honouring the server's Retry-After and rate-limit reset headers,
+// within a retry budget and the caller's deadline.
+//
+// The rules come from seeds 001 and 002 of the project:
+//
+//   - Idempotent methods (GET, HEAD, OPTIONS, PUT, DELETE, TRACE) are retried on
+//     retryable failures. POST and PATCH are retried only with an Idempotency-Key (the
+//     same key on every attempt), or when the request provably never left the client.
+//   - Failures are classified (Classify): auth (401/403) and not found (404/410) and
+//     invalid requests (other 4xx) are never retried; rate limits (429), in-progress
+//     conflicts (409 with Retry-After) and platform failures (5xx, resets, timeouts) are.
+//   - Waits use jitter (full by default) and a cap; a wait the server asks for is honoured
+//     with jitter added upward only; no wait outlives the context's deadline.
+//   - Retry at one layer: a shared Budget keeps a failing dependency from seeing N× its
+//     load.
+//
+// Do and DoValue run any function under a Policy; Transport is an http.RoundTripper
+// that applies the rules to every request: it can give each POST and PATCH its own
+// Idempotency-Key (AutoKey, keys from NewKey), and reads two per-request settings from
+// the request's context: WithStatusClass (a status's class for this call, such as 404
+// meaning success for a revoke) and WithStatusCheck (how to learn the outcome of a
+// request that may have been executed, instead of resending it). This package imports
+// only the standard library.
+package retry

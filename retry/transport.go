@@ -1,0 +1,501 @@
+package retry
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/http/httptrace"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+var (
+	// ErrUnknownOutcome: a non-idempotent request without an Idempotency-Key failed after
+	// it may have reached the server (it was written, then the connection broke or the
+	// response was lost). Transport did not resend it: that could execute it twice. Ask
+	// the server (see WithStatusCheck), or send such requests with a key (Transport.AutoKey).
+	ErrUnknownOutcome = errors.New("retry: outcome unknown: the request may have been executed and is not safe to resend")
+	// ErrAttemptTimeout: an attempt outlived Transport.AttemptTimeout. Retried like any
+	// platform failure.
+	ErrAttemptTimeout = errors.New("retry: attempt timed out")
+)
+
+// errChecked stops the loop when a status check answered with a response.
+var errChecked = errors.New("retry: the status check answered")
+
+const (
+	// IdempotencyKeyHeader is the header that makes a POST or PATCH safe to retry.
+	IdempotencyKeyHeader = "Idempotency-Key"
+
+	defaultMaxBufferedBody = 1 << 20
+	// drainLimit is how much of a discarded response body is read so its connection can
+	// be reused; a longer body closes the connection.
+	drainLimit = 64 << 10
+)
+
+// Transport is an http.RoundTripper that retries what is safe to retry, and only that:
+//
+//   - GET, HEAD, OPTIONS, PUT, DELETE and TRACE are retried on retryable failures
+//     (Classify, then Policy.Retryable): connect errors, resets, timeouts, 5xx, 408, 429,
+//     and 409 with Retry-After. Auth failures (401, 403), 404, 410 and other 4xx are
+//     returned at once.
+//   - POST, PATCH and any other method are retried only when the request carries an
+//     Idempotency-Key header (set a fresh one per call with AutoKey), the same key on
+//     every attempt.
+//   - Such a request without a key is resent only when it provably never left the client:
+//     no connection was ever obtained for it (a refused or failed dial, observed with
+//     net/http/httptrace). Once it may have been written, a failure is an unknown outcome:
+//     Transport asks the status check of the request's context (WithStatusCheck) if there
+//     is one, and otherwise returns the failure (a response as it is, an error matching
+//     ErrUnknownOutcome), never resending blindly.
+//
+// Waits follow Policy (backoff with jitter and a cap; the server's Retry-After or
+// rate-limit reset honoured up to Policy.MaxServerDelay), never outlive the request
+// context's deadline, and stop when the retry budget is spent.
+//
+// When it gives up after retryable HTTP responses (attempts, budget, deadline, a server
+// delay too long), Transport returns the last response, its body intact, and a nil
+// error: a RoundTripper returns a response or an error, and the caller usually wants to
+// read the 503 or 429 it got (use Classify on it to tell success from failure). When it
+// gives up after transport errors, it returns an *ExhaustedError (its Last is a
+// *StatusError wrapping the last transport error). A non-retryable transport error is
+// returned as a *StatusError. http.Client wraps all of them in a *url.Error; errors.Is and
+// errors.As see through it.
+//
+// Go's http.Transport retries by itself, once and silently, a request that failed on a
+// reused keep-alive connection when it deems the request replayable: GET, HEAD, OPTIONS,
+// TRACE, and any request with an Idempotency-Key or X-Idempotency-Key header (so also a
+// keyed POST), even after it was written; and any request when nothing was written. Such
+// a hidden resend stays within what Transport itself would retry (but Transport counts
+// only Idempotency-Key as a key: a POST carrying only X-Idempotency-Key is resent by Go
+// on a dead keep-alive connection, never by Transport), and a server may see one more
+// attempt than Transport counts: OnRetry and ExhaustedError.Attempts do not see it.
+//
+// Set the fields before the first request and do not change them afterwards; do not
+// copy a Transport after first use. A Transport is safe for concurrent use.
+type Transport struct {
+	// Base sends each attempt. Default http.DefaultTransport.
+	Base http.RoundTripper
+
+	// Policy says how often and how long to retry; its zero value is DefaultPolicy()
+	// (5 attempts, full jitter from 300ms, waits capped at 10s). Its Retryable is asked
+	// about the classified failure (a *StatusError); its Budget is used when Budget is
+	// nil; its OnRetry is called as well as Transport's; its Clock times the waits and
+	// reads Retry-After dates.
+	Policy Policy
+
+	// Budget is the retry budget shared by all the requests of this Transport.
+	// Default: Policy.Budget when set, otherwise a budget of the Transport's own,
+	// NewBudget(10, 0.1) (gRPC's defaults): once a dependency fails for everyone,
+	// retries stop until successes earn them back. Use one Transport per dependency, or
+	// share a Budget among the Transports of one dependency.
+	Budget *Budget
+	// NoBudget turns the retry budget off. Default false.
+	NoBudget bool
+
+	// AutoKey, when true, gives each POST and PATCH without an Idempotency-Key a fresh
+	// random (UUIDv4) key, once per RoundTrip and before the first attempt, and sends the
+	// same key on every attempt (on a clone: the caller's request is not modified). The
+	// server must honour the key (see package idempotency). Default false.
+	AutoKey bool
+
+	// MaxBufferedBody is how much of a request body without GetBody is buffered so it can
+	// be resent. A larger body (or one whose ContentLength says it is larger) is sent once
+	// and never retried. Default 1 MiB; negative means never buffer. Requests made with
+	// http.NewRequest from a bytes.Buffer, bytes.Reader or strings.Reader have GetBody and
+	// need no buffer.
+	MaxBufferedBody int64
+
+	// AttemptTimeout bounds each attempt until its response headers arrive (and the
+	// draining of a response that is discarded). It uses the real clock. The body of the
+	// returned response is bounded only by the request's context, which also bounds the
+	// whole call, waits included. Default 0: no per-attempt bound.
+	AttemptTimeout time.Duration
+
+	// OnRetry, when set, is called before each wait with the caller's request. Default nil.
+	OnRetry func(*http.Request, Attempt)
+	// OnAuthFailure, when set, is called when a response is an auth failure (401 or 403,
+	// or a status WithStatusClass maps to ErrAuth), for alerting: a person must act. The
+	// response is then returned to the caller as it is, never retried. The hook must not
+	// read or close the body. Default nil.
+	OnAuthFailure func(*http.Request, *http.Response)
+	// Logger receives a record per retry (Info), auth failure (Warn), unknown outcome
+	// (Warn) and give-up (Warn). Default nil: no logs (a library does not write to the
+	// application's default logger unasked; OnRetry and OnAuthFailure carry the same
+	// events).
+	Logger *slog.Logger
+
+	once   sync.Once
+	policy Policy
+}
+
+func (t *Transport) init() {
+	p := t.Policy.withDefaults()
+	switch {
+	case t.NoBudget:
+		p.Budget = nil
+	case t.Budget != nil:
+		p.Budget = t.Budget
+	case p.Budget == nil:
+		p.Budget = NewBudget(0, 0)
+	}
+	t.policy = p
+}
+
+func (t *Transport) base() http.RoundTripper {
+	if t.Base != nil {
+		return t.Base
+	}
+	return http.DefaultTransport
+}
+
+// CloseIdleConnections closes the idle connections of Base, when it can.
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.base().(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// RoundTrip sends req, retrying as the Transport's documentation says.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	t.once.Do(t.init)
+	c := &call{t: t, ctx: req.Context(), orig: req, base: req}
+	if err := c.prepare(); err != nil {
+		return nil, err
+	}
+	return c.result(t.policy.run(c.ctx, c.attempt, c.retrying))
+}
+
+// call is one RoundTrip: one logical request and its attempts.
+type call struct {
+	t    *Transport
+	ctx  context.Context
+	orig *http.Request // the caller's request, never modified
+	base *http.Request // what each attempt copies: orig, or a clone with a key or a buffered body
+
+	getBody    func() (io.ReadCloser, error) // rewinds the body; nil when there is none
+	rewindable bool                          // the body can be sent again
+	safe       bool                          // idempotent method, or an Idempotency-Key
+
+	// The last response, kept until a retry discards it or it is returned, and the
+	// cancellation of its attempt's context (nil without AttemptTimeout).
+	resp   *http.Response
+	cancel context.CancelCauseFunc
+	timer  *time.Timer
+}
+
+func idempotentMethod(m string) bool {
+	switch m {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodPut, http.MethodDelete, http.MethodTrace:
+		return true
+	}
+	return false
+}
+
+// prepare decides whether the request may be resent, sets its key and makes its body
+// rewindable. On error the caller's body has been closed.
+func (c *call) prepare() error {
+	req := c.orig
+	c.safe = idempotentMethod(req.Method) || req.Header.Get(IdempotencyKeyHeader) != ""
+	if !c.safe && c.t.AutoKey && (req.Method == http.MethodPost || req.Method == http.MethodPatch) {
+		c.base = req.Clone(c.ctx)
+		if c.base.Header == nil {
+			c.base.Header = make(http.Header)
+		}
+		c.base.Header.Set(IdempotencyKeyHeader, NewKey())
+		c.safe = true
+	}
+	switch {
+	case req.Body == nil || req.Body == http.NoBody:
+		c.rewindable = true
+	case req.GetBody != nil:
+		c.getBody, c.rewindable = req.GetBody, true
+	default:
+		return c.buffer()
+	}
+	return nil
+}
+
+// buffer reads a body without GetBody into memory, up to MaxBufferedBody.
+func (c *call) buffer() error {
+	limit := c.t.MaxBufferedBody
+	if limit == 0 {
+		limit = defaultMaxBufferedBody
+	}
+	body := c.orig.Body
+	if limit < 0 || c.orig.ContentLength > limit {
+		return nil // sent once, as it is
+	}
+	buf, err := io.ReadAll(io.LimitReader(body, min(limit, math.MaxInt64-1)+1))
+	if err != nil {
+		body.Close()
+		return fmt.Errorf("retry: reading the request body: %w", err)
+	}
+	if c.base == c.orig {
+		c.base = c.orig.WithContext(c.ctx) // a shallow copy whose body can be set
+	}
+	if int64(len(buf)) > limit {
+		// Too large: send what was read and the rest, once.
+		c.base.Body = readCloser{io.MultiReader(bytes.NewReader(buf), body), body}
+		return nil
+	}
+	body.Close()
+	if len(buf) == 0 {
+		c.base.Body, c.base.GetBody, c.base.ContentLength = http.NoBody, nil, 0
+		c.rewindable = true
+		return nil
+	}
+	c.getBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
+	c.base.Body, _ = c.getBody()
+	c.base.GetBody = c.getBody // lets http.Transport rewind it too
+	if c.base.ContentLength <= 0 {
+		c.base.ContentLength = int64(len(buf))
+	}
+	c.rewindable = true
+	return nil
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+// attempt sends attempt n and classifies its outcome for run: nil for a success, a
+// retryable error, or a Permanent error to stop. The response stays in c.resp.
+func (c *call) attempt(_ context.Context, n int) error {
+	var body io.ReadCloser
+	if n > 1 {
+		body = c.base.Body
+		if c.getBody != nil {
+			var err error
+			if body, err = c.getBody(); err != nil {
+				return Permanent(fmt.Errorf("retry: rewinding the request body: %w", err))
+			}
+		}
+	}
+	actx := c.ctx
+	var cancel context.CancelCauseFunc
+	var timer *time.Timer
+	if d := c.t.AttemptTimeout; d > 0 {
+		actx, cancel = context.WithCancelCause(actx)
+		timer = time.AfterFunc(d, func() { cancel(ErrAttemptTimeout) })
+	}
+	var connected *atomic.Bool
+	if !c.safe {
+		connected = new(atomic.Bool)
+		actx = httptrace.WithClientTrace(actx, &httptrace.ClientTrace{
+			GotConn: func(httptrace.GotConnInfo) { connected.Store(true) },
+		})
+	}
+	r := c.base
+	if n > 1 || actx != c.ctx {
+		r = c.base.WithContext(actx)
+		if n > 1 {
+			r.Body = body
+		}
+	}
+
+	resp, err := c.t.base().RoundTrip(r)
+	if err != nil {
+		if resp != nil && resp.Body != nil {
+			resp.Body.Close() // a RoundTripper returns one or the other
+		}
+		timedOut := cancel != nil && c.ctx.Err() == nil && errors.Is(context.Cause(actx), ErrAttemptTimeout)
+		stopAttempt(timer, cancel)
+		var serr error
+		if timedOut {
+			serr = &StatusError{Class: ErrPlatform, Err: fmt.Errorf("%w: %w", ErrAttemptTimeout, err)}
+		} else {
+			serr = classifyAt(c.ctx, nil, err, nil)
+		}
+		switch {
+		case !c.t.policy.Retryable(serr) || !c.rewindable:
+			return Permanent(serr)
+		case c.safe || !connected.Load():
+			return serr // idempotent, keyed, or never left the client
+		}
+		return c.unknown(serr)
+	}
+	c.resp, c.cancel, c.timer = resp, cancel, timer
+	serr := classifyAt(c.ctx, resp, nil, c.t.policy.Clock.Now)
+	switch {
+	case serr == nil:
+		return nil
+	case errors.Is(serr, ErrAuth):
+		c.log(slog.LevelWarn, "retry: auth failure", slog.Int("status", resp.StatusCode))
+		if c.t.OnAuthFailure != nil {
+			c.t.OnAuthFailure(c.orig, resp)
+		}
+		return Permanent(serr)
+	case !c.t.policy.Retryable(serr) || !c.rewindable:
+		return Permanent(serr)
+	case c.safe:
+		return serr
+	}
+	return c.unknown(serr)
+}
+
+// unknown handles a retryable failure of a request that is not safe to resend and may
+// have been executed: it asks the status check, or gives up.
+func (c *call) unknown(serr error) error {
+	check := statusCheckFrom(c.ctx)
+	if check == nil {
+		c.log(slog.LevelWarn, "retry: outcome unknown, not resending", slog.String("reason", serr.Error()))
+		return Permanent(fmt.Errorf("%w: %w", ErrUnknownOutcome, serr))
+	}
+	resp, err := check(c.ctx)
+	switch {
+	case err != nil:
+		if resp != nil && resp.Body != nil {
+			resp.Body.Close()
+		}
+		c.log(slog.LevelWarn, "retry: outcome unknown, status check failed", slog.String("reason", serr.Error()), slog.String("check", err.Error()))
+		return Permanent(fmt.Errorf("%w: %w (status check: %w)", ErrUnknownOutcome, serr, err))
+	case resp != nil:
+		c.discard()
+		if resp.Body == nil {
+			resp.Body = http.NoBody
+		}
+		c.resp = resp
+		return Permanent(errChecked)
+	}
+	return serr // the check says it did not happen: resending is safe
+}
+
+// retrying is run's hook before each wait.
+func (c *call) retrying(a Attempt) {
+	c.discard()
+	c.log(slog.LevelInfo, "retry: retrying request", slog.Int("attempt", a.N), slog.Duration("wait", a.Wait), slog.String("reason", a.Err.Error()))
+	if c.t.OnRetry != nil {
+		c.t.OnRetry(c.orig, a)
+	}
+}
+
+// discard drains (up to drainLimit) and closes the last response, then ends its attempt.
+func (c *call) discard() {
+	if c.resp != nil && c.resp.Body != nil {
+		_, _ = io.CopyN(io.Discard, c.resp.Body, drainLimit)
+		c.resp.Body.Close()
+	}
+	c.resp = nil
+	stopAttempt(c.timer, c.cancel)
+	c.timer, c.cancel = nil, nil
+}
+
+func stopAttempt(timer *time.Timer, cancel context.CancelCauseFunc) {
+	if timer != nil {
+		timer.Stop()
+	}
+	if cancel != nil {
+		cancel(context.Canceled)
+	}
+}
+
+// result turns run's outcome into RoundTrip's.
+func (c *call) result(err error) (*http.Response, error) {
+	if err == nil {
+		return c.keep(), nil
+	}
+	if ex, ok := err.(*ExhaustedError); ok {
+		if c.resp == nil || c.ctx.Err() != nil {
+			c.discard()
+			c.log(slog.LevelWarn, "retry: giving up", slog.Int("attempts", ex.Attempts), slog.String("reason", ex.Error()))
+			return nil, err
+		}
+		c.log(slog.LevelWarn, "retry: giving up, returning the last response", slog.Int("attempts", ex.Attempts),
+			slog.Int("status", c.resp.StatusCode), slog.String("reason", ex.Reason.Error()))
+		return c.keep(), nil
+	}
+	if c.resp != nil {
+		return c.keep(), nil
+	}
+	var perm *permanentError
+	if errors.As(err, &perm) {
+		err = perm.err
+	}
+	return nil, err
+}
+
+// keep hands the last response to the caller: its attempt's context now lives until the
+// body is closed.
+func (c *call) keep() *http.Response {
+	resp := c.resp
+	if c.cancel != nil {
+		c.timer.Stop()
+		resp.Body = newCancelBody(resp.Body, c.cancel)
+	}
+	return resp
+}
+
+// cancelBody ends an attempt's context when the response body is closed.
+type cancelBody struct {
+	io.ReadCloser
+	once   sync.Once
+	cancel context.CancelCauseFunc
+}
+
+func (b *cancelBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.once.Do(func() { b.cancel(context.Canceled) })
+	return err
+}
+
+// cancelRWBody keeps the io.Writer of a 101 Switching Protocols body.
+type cancelRWBody struct {
+	*cancelBody
+	w io.Writer
+}
+
+func (b cancelRWBody) Write(p []byte) (int, error) { return b.w.Write(p) }
+
+func newCancelBody(body io.ReadCloser, cancel context.CancelCauseFunc) io.ReadCloser {
+	if body == nil {
+		body = http.NoBody
+	}
+	cb := &cancelBody{ReadCloser: body, cancel: cancel}
+	if w, ok := body.(io.Writer); ok {
+		return cancelRWBody{cb, w}
+	}
+	return cb
+}
+
+func (c *call) log(level slog.Level, msg string, attrs ...slog.Attr) {
+	l := c.t.Logger
+	if l == nil || !l.Enabled(c.ctx, level) {
+		return
+	}
+	target := ""
+	if u := c.orig.URL; u != nil {
+		target = u.Scheme + "://" + u.Host + u.Path // no user info, no query: they may hold secrets
+	}
+	attrs = append(attrs, slog.String("method", c.orig.Method), slog.String("url", target))
+	l.LogAttrs(c.ctx, level, msg, attrs...)
+}
+
+// NewKey returns a fresh random UUIDv4 (RFC 9562) for an Idempotency-Key: generate one
+// per logical operation, outside the retry loop, and send it on every attempt.
+func NewKey() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])  // crypto/rand.Read never fails (Go 1.24+)
+	b[6] = b[6]&0x0f | 0x40 // version 4
+	b[8] = b[8]&0x3f | 0x80 // variant 10
+	var s [36]byte
+	hex.Encode(s[0:8], b[0:4])
+	s[8] = '-'
+	hex.Encode(s[9:13], b[4:6])
+	s[13] = '-'
+	hex.Encode(s[14:18], b[6:8])
+	s[18] = '-'
+	hex.Encode(s[19:23], b[8:10])
+	s[23] = '-'
+	hex.Encode(s[24:36], b[10:16])
+	return string(s[:])
+}
