@@ -1,0 +1,448 @@
+package sqlitestore_test
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/idempotency/idempotencytest"
+	"github.com/retrysafe/retrysafe/idempotency/sqlitestore"
+)
+
+func open(t testing.TB, path string) *sqlitestore.Store {
+	t.Helper()
+	return openConfig(t, sqlitestore.Config{Path: path})
+}
+
+func openConfig(t testing.TB, cfg sqlitestore.Config) *sqlitestore.Store {
+	t.Helper()
+	s, err := sqlitestore.Open(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	idempotencytest.Run(t, idempotencytest.Harness{
+		New: func(t *testing.T) idempotency.Store {
+			return open(t, filepath.Join(t.TempDir(), "idem.db"))
+		},
+		Down: func(t *testing.T) idempotency.Store {
+			s := open(t, filepath.Join(t.TempDir(), "idem.db"))
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+	})
+}
+
+// claimAt claims key at a fixed instant with a one-minute lease and a one-day expiry.
+func claimAt(t *testing.T, s idempotency.Store, key string, now time.Time) idempotency.ClaimResult {
+	t.Helper()
+	res, err := s.Claim(context.Background(), idempotency.ClaimRequest{
+		Scope: "s", Key: key, Fingerprint: "fp", Now: now,
+		LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(24 * time.Hour),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func TestReopenKeepsRecordsAndTokens(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	now := time.UnixMilli(1_700_000_000_000)
+
+	s, err := sqlitestore.Open(ctx, sqlitestore.Config{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := claimAt(t, s, "done", now)
+	if err := s.Complete(ctx, idempotency.Completion{Scope: "s", Key: "done", Token: done.Token, Now: now,
+		ExpiresAt: now.Add(time.Hour), Response: idempotency.Response{Status: 201, Body: []byte("ok")}}); err != nil {
+		t.Fatal(err)
+	}
+	gone := claimAt(t, s, "gone", now)
+	if err := s.Delete(ctx, "s", "gone"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s = open(t, path)
+	rec, err := s.Get(ctx, "s", "done")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != idempotency.StateDone || rec.Response.Status != 201 || string(rec.Response.Body) != "ok" {
+		t.Fatalf("after reopen: %+v %+v", rec, rec.Response)
+	}
+	// The token counter is persistent too: a key claimed after the restart never gets a
+	// token the previous process handed out.
+	if again := claimAt(t, s, "gone", now); again.Token <= gone.Token {
+		t.Fatalf("token after reopen %d, want > %d", again.Token, gone.Token)
+	}
+}
+
+// TestMain lets the test binary act as a second process on a shared database file.
+func TestMain(m *testing.M) {
+	if path := os.Getenv("SQLITESTORE_CHILD_DB"); path != "" {
+		child(path)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+var childNow = time.UnixMilli(1_700_000_000_000)
+
+// child claims "k", claims and completes "done", reports "ready" and waits to be killed.
+func child(path string) {
+	ctx := context.Background()
+	fail := func(err error) {
+		fmt.Println("child:", err)
+		os.Exit(1)
+	}
+	s, err := sqlitestore.Open(ctx, sqlitestore.Config{Path: path})
+	if err != nil {
+		fail(err)
+	}
+	req := idempotency.ClaimRequest{Scope: "s", Fingerprint: "fp", Now: childNow,
+		LeaseUntil: childNow.Add(time.Minute), ExpiresAt: childNow.Add(time.Hour)}
+	req.Key = "k"
+	if _, err := s.Claim(ctx, req); err != nil {
+		fail(err)
+	}
+	req.Key = "done"
+	res, err := s.Claim(ctx, req)
+	if err != nil {
+		fail(err)
+	}
+	if err := s.Complete(ctx, idempotency.Completion{Scope: "s", Key: "done", Token: res.Token, Now: childNow,
+		ExpiresAt: childNow.Add(time.Hour), Response: idempotency.Response{Status: 201}}); err != nil {
+		fail(err)
+	}
+	fmt.Println("ready")
+	time.Sleep(time.Minute)
+	os.Exit(1)
+}
+
+// A second process sees the first one's claims while it runs, and its records survive
+// when it is killed without closing anything.
+func TestOtherProcessAndKill(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idem.db")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "SQLITESTORE_CHILD_DB="+path)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if line != "ready\n" {
+		t.Fatalf("child said %q, %v", line, err)
+	}
+
+	s := open(t, path)
+	if res := claimAt(t, s, "k", childNow); res.Claimed {
+		t.Fatalf("claimed a key the other process holds: %+v", res)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Kill(); err != nil { // SIGKILL: no checkpoint, no close
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+
+	s = open(t, path) // recovers the WAL the killed process left
+
+	rec, err := s.Get(context.Background(), "s", "done")
+	if err != nil || rec.State != idempotency.StateDone || rec.Response.Status != 201 {
+		t.Fatalf("completed record after the kill: %+v, %v", rec, err)
+	}
+	old, err := s.Get(context.Background(), "s", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := claimAt(t, s, "k", childNow.Add(2*time.Minute))
+	if !res.Claimed || !res.TookOver || res.Token <= old.Token {
+		t.Fatalf("takeover of the killed process's key: %+v, old token %d", res, old.Token)
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	dir := t.TempDir()
+	notDB := filepath.Join(dir, "notes.txt")
+	if err := os.WriteFile(notDB, []byte(strings.Repeat("not a database\n", 100)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  sqlitestore.Config
+		want string
+	}{
+		{"no path", sqlitestore.Config{}, "Path is required"},
+		{"memory", sqlitestore.Config{Path: ":memory:"}, ":memory:"},
+		{"missing directory", sqlitestore.Config{Path: filepath.Join(dir, "nope", "idem.db")}, filepath.Join(dir, "nope", "idem.db")},
+		{"directory", sqlitestore.Config{Path: dir}, dir},
+		{"not a database", sqlitestore.Config{Path: notDB}, "not a database"},
+		{"bad table", sqlitestore.Config{Path: filepath.Join(dir, "a.db"), Table: "x; DROP TABLE y"}, "invalid Config.Table"},
+		{"bad synchronous", sqlitestore.Config{Path: filepath.Join(dir, "c.db"), Synchronous: "OFF"}, "Synchronous"},
+		{"negative timeout", sqlitestore.Config{Path: filepath.Join(dir, "b.db"), BusyTimeout: -time.Second}, "BusyTimeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := sqlitestore.Open(context.Background(), tc.cfg)
+			if err == nil {
+				_ = s.Close()
+				t.Fatal("Open succeeded")
+			}
+			if !strings.HasPrefix(err.Error(), "sqlitestore: ") || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q, want it to mention %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// A path with URI metacharacters is a plain file name, not a DSN.
+func TestOpenOddPath(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a %41?b#c")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "idem.db?mode=ro")
+	s := open(t, path)
+	claimAt(t, s, "k", time.UnixMilli(1_700_000_000_000))
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("database not at the configured path: %v", err)
+	}
+}
+
+func TestTwoStoresOneFile(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	a, b := open(t, path), openConfig(t, sqlitestore.Config{Path: path, Synchronous: "normal"})
+	now := time.UnixMilli(1_700_000_000_000)
+
+	// Both race for the same keys: exactly one wins each, and tokens stay unique.
+	const keys = 20
+	var wins atomic.Int64
+	errc := make(chan error, 2*keys)
+	tokens := make(chan int64, 2*keys)
+	for i := range keys {
+		for _, s := range []*sqlitestore.Store{a, b} {
+			go func() {
+				res, err := s.Claim(ctx, idempotency.ClaimRequest{Scope: "s", Key: fmt.Sprint(i), Fingerprint: "fp",
+					Now: now, LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)})
+				if res.Claimed {
+					wins.Add(1)
+					tokens <- res.Token
+				}
+				errc <- err
+			}()
+		}
+	}
+	for range 2 * keys {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if wins.Load() != keys {
+		t.Fatalf("%d claims won on %d keys", wins.Load(), keys)
+	}
+	close(tokens)
+	seen := map[int64]bool{}
+	for tok := range tokens {
+		if seen[tok] {
+			t.Fatalf("token %d issued twice", tok)
+		}
+		seen[tok] = true
+	}
+
+	// A completion through one store is replayed through the other.
+	res := claimAt(t, a, "x", now)
+	if err := a.Complete(ctx, idempotency.Completion{Scope: "s", Key: "x", Token: res.Token, Now: now,
+		ExpiresAt: now.Add(time.Hour), Response: idempotency.Response{Status: 200}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := claimAt(t, b, "x", now); got.Claimed || got.Existing.State != idempotency.StateDone {
+		t.Fatalf("second store: %+v", got)
+	}
+}
+
+// The schema lands under the configured name, and the file is in WAL mode.
+func TestCustomTableAndWAL(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	s := openConfig(t, sqlitestore.Config{Path: path, Table: "order"}) // a reserved word
+	claimAt(t, s, "k", time.UnixMilli(1_700_000_000_000))
+	if err := s.Migrate(ctx); err != nil { // idempotent
+		t.Fatal(err)
+	}
+	db := openDB(t, path)
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM "order"`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("count = %d, %v", n, err)
+	}
+	var mode string
+	if err := db.QueryRow(`PRAGMA journal_mode`).Scan(&mode); err != nil || mode != "wal" {
+		t.Fatalf("journal_mode = %q, %v", mode, err)
+	}
+}
+
+func openDB(t *testing.T, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// WithTx commits the business write and the completion together, or neither.
+func TestWithTx(t *testing.T) {
+	ctx := context.Background()
+	db := openDB(t, filepath.Join(t.TempDir(), "app.db"))
+	db.SetMaxOpenConns(1)
+	s, err := sqlitestore.New(ctx, db, sqlitestore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if _, err := db.Exec(`CREATE TABLE payments (key TEXT PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	now := time.UnixMilli(1_700_000_000_000)
+	pay := func(key string, fail error) func(context.Context, *sql.Tx) (idempotency.Response, error) {
+		return func(ctx context.Context, tx *sql.Tx) (idempotency.Response, error) {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO payments (key) VALUES (?)`, key); err != nil {
+				return idempotency.Response{}, err
+			}
+			return idempotency.Response{Status: 201, Body: []byte(key)}, fail
+		}
+	}
+	paid := func(key string) bool {
+		var n int
+		if err := db.QueryRow(`SELECT count(*) FROM payments WHERE key = ?`, key).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	withClaim := func(key string) (context.Context, *idempotency.Claim) {
+		res := claimAt(t, s, key, now)
+		c := idempotency.NewClaim("s", key, "fp", res.Token, time.Hour, func() time.Time { return now })
+		return idempotency.NewContext(ctx, c), c
+	}
+
+	t.Run("commit", func(t *testing.T) {
+		cctx, _ := withClaim("ok")
+		if _, err := s.WithTx(cctx, pay("ok", nil)); err != nil {
+			t.Fatal(err)
+		}
+		rec, err := s.Get(ctx, "s", "ok")
+		if err != nil || rec.State != idempotency.StateDone || string(rec.Response.Body) != "ok" || !paid("ok") {
+			t.Fatalf("record %+v, %v; paid %v", rec, err, paid("ok"))
+		}
+	})
+	t.Run("fn fails", func(t *testing.T) {
+		cctx, _ := withClaim("fail")
+		boom := errors.New("boom")
+		if _, err := s.WithTx(cctx, pay("fail", boom)); !errors.Is(err, boom) {
+			t.Fatalf("err = %v", err)
+		}
+		rec, err := s.Get(ctx, "s", "fail")
+		if err != nil || rec.State != idempotency.StateInProgress || paid("fail") {
+			t.Fatalf("record %+v, %v; paid %v", rec, err, paid("fail"))
+		}
+	})
+	t.Run("lease lost", func(t *testing.T) {
+		cctx, _ := withClaim("lost")
+		if err := s.Delete(ctx, "s", "lost"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.WithTx(cctx, pay("lost", nil)); !errors.Is(err, idempotency.ErrLeaseLost) {
+			t.Fatalf("err = %v", err)
+		}
+		if paid("lost") {
+			t.Fatal("business write committed without the completion")
+		}
+	})
+	t.Run("no claim", func(t *testing.T) {
+		if _, err := s.WithTx(ctx, pay("plain", nil)); err != nil || !paid("plain") {
+			t.Fatalf("err %v, paid %v", err, paid("plain"))
+		}
+	})
+}
+
+func BenchmarkClaimComplete(b *testing.B) {
+	for _, sync := range []string{"FULL", "NORMAL"} {
+		b.Run(sync, func(b *testing.B) {
+			benchmarkClaimComplete(b, openConfig(b, sqlitestore.Config{Path: filepath.Join(b.TempDir(), "idem.db"), Synchronous: sync}))
+		})
+	}
+}
+
+func benchmarkClaimComplete(b *testing.B, s *sqlitestore.Store) {
+	ctx := context.Background()
+	now := time.UnixMilli(1_700_000_000_000)
+	var next atomic.Int64
+	resp := idempotency.Response{Status: 200, Body: []byte(`{"id":"pay_123","status":"ok"}`),
+		Header: map[string][]string{"Content-Type": {"application/json"}}}
+	b.SetParallelism(8) // many requests per CPU, as a server has
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			key := fmt.Sprint(next.Add(1))
+			res, err := s.Claim(ctx, idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "fp", Now: now,
+				LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)})
+			if err != nil || !res.Claimed {
+				b.Fatal(res, err)
+			}
+			if err := s.Complete(ctx, idempotency.Completion{Scope: "s", Key: key, Token: res.Token, Now: now,
+				ExpiresAt: now.Add(time.Hour), Response: resp}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+func BenchmarkClaimReplay(b *testing.B) {
+	s := open(b, filepath.Join(b.TempDir(), "idem.db"))
+	ctx := context.Background()
+	now := time.UnixMilli(1_700_000_000_000)
+	req := idempotency.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Now: now,
+		LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)}
+	res, err := s.Claim(ctx, req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Complete(ctx, idempotency.Completion{Scope: "s", Key: "k", Token: res.Token, Now: now,
+		ExpiresAt: now.Add(time.Hour), Response: idempotency.Response{Status: 200, Body: make([]byte, 1024)}}); err != nil {
+		b.Fatal(err)
+	}
+	b.SetParallelism(8) // many requests per CPU, as a server has
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if res, err := s.Claim(ctx, req); err != nil || res.Claimed {
+				b.Fatal(res, err)
+			}
+		}
+	})
+}
