@@ -24,28 +24,27 @@
 //
 // # Claim in one statement
 //
-// Claim is one statement, so one round trip:
+// Claim is a single statement, so one round trip:
 //
-//	WITH claimed AS (
-//	    INSERT … VALUES (…, nextval(seq), …)
-//	    ON CONFLICT (scope, key) DO UPDATE SET …, token = nextval(seq)
-//	        WHERE <expired> OR (<in progress> AND <lease expired> AND <same fingerprint>)
-//	    RETURNING …)
-//	SELECT … FROM claimed
-//	UNION ALL SELECT … FROM <table> WHERE <scope, key> AND NOT EXISTS (SELECT FROM claimed)
+//	WITH existing AS (SELECT … WHERE scope = $1 AND key = $2),
+//	     claimed  AS (INSERT … SELECT …, nextval(seq), … WHERE NOT EXISTS (SELECT FROM existing)
+//	                  ON CONFLICT (scope, key) DO NOTHING RETURNING …)
+//	SELECT <claimed row> UNION ALL SELECT <existing row, and whether it is claimable>
 //
-// The primary key lets exactly one of any number of concurrent claims win; the others
-// get the existing row, the stored response included, so a replay needs nothing more.
-// Tokens come from the sequence for fresh claims and takeovers alike, so no token is
-// ever issued twice (a stale owner's Complete, Extend and Release find no row with its
-// token and return idempotency.ErrLeaseLost), and a takeover draws its token after it
-// locked the row it replaces, so the new token is greater. Every claim draws from the
-// sequence, replays included: tokens have gaps.
+// The primary key makes exactly one of any number of concurrent claims win. When the key
+// exists, nothing is inserted, locked or written: a replay, a 409 or a 422 is a plain
+// read, so duplicates of one key never queue behind each other or behind a transaction
+// that holds the record, and cost no WAL flush. Under READ COMMITTED a row inserted by
+// another transaction after the statement's snapshot makes the statement return no row;
+// Claim then runs it again (at most 10 times).
 //
-// Under READ COMMITTED, ON CONFLICT sees the latest version of the row while the SELECT
-// reads the statement's snapshot. When another transaction inserted or changed the row
-// in between, the statement returns no row, or a row that it would have claimed; Claim
-// then runs it again (at most 10 times), on a newer snapshot.
+// Only when the existing record is claimable (expired, or in progress with its lease run
+// out and the same fingerprint) does a second statement replace it: an UPDATE
+// conditioned on the token that was read, which PostgreSQL re-checks on the latest row
+// after taking its lock, so of concurrent takeovers exactly one wins. Tokens come from
+// the sequence, for fresh claims and takeovers alike, so they are never reused, and a
+// takeover's token, drawn after the row lock, is greater than the token it replaces.
+// (The fence package issues lease tokens by the same rule.)
 //
 // # Round trips
 //
@@ -117,7 +116,7 @@ type Store struct {
 }
 
 type statements struct {
-	schema, claim, complete, extend, release, get, delete, deleteExpired string
+	schema, claim, takeover, complete, extend, release, get, delete, deleteExpired string
 }
 
 var (
@@ -160,23 +159,31 @@ func New(cfg Config) (*Store, error) {
 	)
 	s.sql = statements{
 		schema: r.Replace(schemaSQL),
-		claim: r.Replace(`WITH claimed AS (
-	INSERT INTO {table} AS r (scope, key, fingerprint, state, token, created_at, lease_until, expires_at)
-	VALUES ($1, $2, $3, 'in_progress', nextval('{sequence}'), $4, $5, $6)
-	ON CONFLICT (scope, key) DO UPDATE SET
-		fingerprint = excluded.fingerprint, state = 'in_progress', token = nextval('{sequence}'),
-		attempts = CASE WHEN r.expires_at <= $4 THEN 1 ELSE r.attempts + 1 END,
-		created_at = excluded.created_at, lease_until = excluded.lease_until,
-		expires_at = excluded.expires_at, completed_at = NULL,
-		status = NULL, header = NULL, body = NULL, body_omitted = false
-	WHERE ` + claimable + `
-	RETURNING r.attempts > 1 AS took_over, ` + recordColumns + `
+		// A replay, a 409 or a 422 is answered by this one statement without locking or
+		// writing anything: the INSERT runs only when the snapshot has no row.
+		claim: r.Replace(`WITH existing AS (
+	SELECT ` + recordColumns + ` FROM {table} WHERE scope = $1 AND key = $2
+), claimed AS (
+	INSERT INTO {table} (scope, key, fingerprint, state, token, created_at, lease_until, expires_at)
+	SELECT $1, $2, $3, 'in_progress', nextval('{sequence}'), $4, $5, $6
+	WHERE NOT EXISTS (SELECT FROM existing)
+	ON CONFLICT (scope, key) DO NOTHING
+	RETURNING ` + recordColumns + `
 )
-SELECT true, took_over, false, ` + recordColumns + ` FROM claimed
+SELECT true, false, ` + recordColumns + ` FROM claimed
 UNION ALL
-SELECT false, false, ` + claimable + `, ` + recordColumns + `
-FROM {table} AS r
-WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT FROM claimed)`),
+SELECT false, ` + claimable + `, ` + recordColumns + ` FROM existing AS r`),
+		// Replaces a claimable record seen with token $7. Under READ COMMITTED the WHERE
+		// is re-checked on the latest row after its lock, so of concurrent takeovers one
+		// wins, and its token, drawn after the lock, exceeds the one it replaces.
+		takeover: r.Replace(`UPDATE {table} AS r SET
+	fingerprint = $3, state = 'in_progress', token = nextval('{sequence}'),
+	attempts = CASE WHEN r.expires_at <= $4 THEN 1 ELSE r.attempts + 1 END,
+	created_at = CASE WHEN r.expires_at <= $4 THEN $4 ELSE r.created_at END,
+	lease_until = $5, expires_at = $6, completed_at = NULL,
+	status = NULL, header = NULL, body = NULL, body_omitted = false
+WHERE scope = $1 AND key = $2 AND token = $7 AND ` + claimable + `
+RETURNING token, attempts > 1`),
 		complete: r.Replace(`UPDATE {table} SET state = 'done', status = $4, header = $5, body = $6,
 	body_omitted = $7, completed_at = $8, expires_at = $9
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'`),
@@ -221,22 +228,32 @@ func (s *Store) Migrate(ctx context.Context) error {
 
 // Claim implements idempotency.Store in one statement (see the package doc).
 func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	args := []any{[]byte(req.Scope), []byte(req.Key), []byte(req.Fingerprint), req.Now, req.LeaseUntil, req.ExpiresAt}
 	for range claimTries {
-		var claimed, tookOver, stale bool
-		rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.claim,
-			[]byte(req.Scope), []byte(req.Key), []byte(req.Fingerprint), req.Now, req.LeaseUntil, req.ExpiresAt),
-			&claimed, &tookOver, &stale)
+		var claimed, claimable bool
+		rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.claim, args...), &claimed, &claimable)
 		switch {
-		case errors.Is(err, pgx.ErrNoRows), err == nil && stale:
-			// The row changed after this statement's snapshot: run it again on a new one.
-			continue
+		case errors.Is(err, pgx.ErrNoRows):
+			continue // inserted by another transaction after this statement's snapshot
 		case err != nil:
 			return idempotency.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
 		case claimed:
-			return idempotency.ClaimResult{Claimed: true, Token: rec.Token, TookOver: tookOver}, nil
-		default:
+			return idempotency.ClaimResult{Claimed: true, Token: rec.Token}, nil
+		case !claimable:
 			return idempotency.ClaimResult{Existing: rec}, nil
 		}
+		// Expired, or in progress with its lease run out: replace it, unless another
+		// claim got there first (then look again).
+		var res idempotency.ClaimResult
+		err = s.pool.QueryRow(ctx, s.sql.takeover, append(args, rec.Token)...).Scan(&res.Token, &res.TookOver)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			continue
+		case err != nil:
+			return idempotency.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+		}
+		res.Claimed = true
+		return res, nil
 	}
 	return idempotency.ClaimResult{}, fmt.Errorf("pgstore: claim: the record kept changing under %d attempts", claimTries)
 }

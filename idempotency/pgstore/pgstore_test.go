@@ -440,3 +440,48 @@ func commitProxy(t *testing.T, loseCommit bool) (rawURL string, hangUp func()) {
 	u.Host = l.Addr().String()
 	return u.String(), hangUp
 }
+
+// A replay, a 409 and a 422 are reads: they take no row lock, so they neither queue
+// behind each other nor behind a transaction holding the record (as a transaction-mode
+// handler does while it runs), and they write no WAL.
+func TestAnswersFromExistingRecordTakeNoLock(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, testenv.PostgresURL(t), nil)
+	st, schema := newStore(t, pool)
+	ctx := t.Context()
+	now := time.Now()
+	req := func(key, fp string) idempotency.ClaimRequest {
+		return idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: fp, Now: now,
+			LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)}
+	}
+	done, err := st.Claim(ctx, req("done", "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Complete(ctx, idempotency.Completion{Scope: "s", Key: "done", Token: done.Token,
+		Response: idempotency.Response{Status: 201}, Now: now, ExpiresAt: now.Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Claim(ctx, req("busy", "f")); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another transaction locks both rows and keeps them locked.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	table := pgx.Identifier{schema, "retrysafe_idempotency"}.Sanitize()
+	if _, err := tx.Exec(ctx, "SELECT FROM "+table+" WHERE key IN ('\\x646f6e65'::bytea, '\\x62757379'::bytea) FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ key, fp string }{{"done", "f"}, {"busy", "f"}, {"done", "other"}} {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		res, err := st.Claim(cctx, req(c.key, c.fp))
+		cancel()
+		if err != nil || res.Claimed || res.Existing == nil {
+			t.Errorf("Claim(%s, %s) behind a row lock: %+v, %v; want the existing record at once", c.key, c.fp, res, err)
+		}
+	}
+}
