@@ -1,0 +1,467 @@
+package redeliver_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/retrysafe/retrysafe/redeliver"
+	"github.com/retrysafe/retrysafe/retry"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeSource hands out the deliveries pushed into it and records how each was settled.
+type fakeSource struct {
+	ch     chan *fakeDelivery
+	closed atomic.Bool
+	beat   time.Duration
+}
+
+func newFakeSource(n int) *fakeSource { return &fakeSource{ch: make(chan *fakeDelivery, n)} }
+
+func (s *fakeSource) push(m *redeliver.Message) *fakeDelivery {
+	d := &fakeDelivery{m: m, settled: make(chan struct{})}
+	s.ch <- d
+	return d
+}
+
+func (s *fakeSource) Receive(ctx context.Context) (redeliver.Delivery, error) {
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case d := <-s.ch:
+		return d, nil
+	}
+}
+
+func (s *fakeSource) Close(context.Context) error { s.closed.Store(true); return nil }
+
+type beatingSource struct{ *fakeSource }
+
+func (s beatingSource) Heartbeat() time.Duration { return s.beat }
+
+type fakeDelivery struct {
+	m       *redeliver.Message
+	mu      sync.Mutex
+	op      string
+	retry   redeliver.RetryInfo
+	dead    redeliver.DeadInfo
+	beats   atomic.Int32
+	settled chan struct{}
+}
+
+func (d *fakeDelivery) Message() *redeliver.Message { return d.m }
+func (d *fakeDelivery) set(op string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.op != "" {
+		return errors.New("settled twice: " + d.op + " then " + op)
+	}
+	d.op = op
+	close(d.settled)
+	return nil
+}
+func (d *fakeDelivery) Ack(context.Context) error { return d.set("ack") }
+func (d *fakeDelivery) Retry(_ context.Context, r redeliver.RetryInfo) error {
+	d.mu.Lock()
+	d.retry = r
+	d.mu.Unlock()
+	return d.set("retry")
+}
+func (d *fakeDelivery) DeadLetter(_ context.Context, info redeliver.DeadInfo) error {
+	d.mu.Lock()
+	d.dead = info
+	d.mu.Unlock()
+	return d.set("dead")
+}
+func (d *fakeDelivery) Release(context.Context) error    { return d.set("release") }
+func (d *fakeDelivery) InProgress(context.Context) error { d.beats.Add(1); return nil }
+
+func (d *fakeDelivery) wait(t *testing.T) string {
+	t.Helper()
+	select {
+	case <-d.settled:
+	case <-time.After(5 * time.Second):
+		t.Fatal("delivery not settled")
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.op
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// run starts a consumer and returns a function that stops it and returns Run's error.
+func run(t *testing.T, cfg redeliver.Config) (stop func() error) {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = quiet()
+	}
+	c, err := redeliver.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	var runErr error
+	stop = func() error {
+		once.Do(func() { cancel(); runErr = <-done })
+		return runErr
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+var testBackoff = retry.Policy{Base: 100 * time.Millisecond, Cap: time.Second, Jitter: retry.JitterNone}
+
+func TestSettlement(t *testing.T) {
+	t.Parallel()
+	errBoom := errors.New("boom")
+	tests := []struct {
+		name      string
+		header    map[string]string
+		count     int // DeliveryCount
+		err       error
+		wantOp    string
+		attempt   int
+		delay     time.Duration
+		reason    redeliver.Reason
+		class     redeliver.Class
+		noHandler bool
+	}{
+		{name: "success", wantOp: "ack", attempt: 1},
+		{name: "first failure", err: errBoom, wantOp: "retry", attempt: 1, delay: 100 * time.Millisecond, class: redeliver.ClassTransient},
+		{name: "third failure", header: map[string]string{"x-retry-count": "2"}, err: errBoom, wantOp: "retry", attempt: 3, delay: 400 * time.Millisecond, class: redeliver.ClassTransient},
+		{name: "last failure", header: map[string]string{"x-retry-count": "4"}, err: errBoom, wantOp: "dead", attempt: 5, reason: redeliver.ReasonMaxAttempts, class: redeliver.ClassTransient},
+		{name: "broker count wins", header: map[string]string{"x-retry-count": "1"}, count: 5, err: errBoom, wantOp: "dead", attempt: 5, reason: redeliver.ReasonMaxAttempts, class: redeliver.ClassTransient},
+		{name: "broker count beyond max", count: 6, wantOp: "dead", attempt: 6, reason: redeliver.ReasonMaxAttempts, class: redeliver.ClassTransient, noHandler: true},
+		{name: "permanent", err: retry.Permanent(errBoom), wantOp: "dead", attempt: 1, reason: redeliver.ReasonPermanent, class: redeliver.ClassPermanent},
+		{name: "auth", err: &retry.StatusError{Class: retry.ErrAuth, StatusCode: 401}, wantOp: "dead", attempt: 1, reason: redeliver.ReasonPermanent, class: redeliver.ClassPermanent},
+		{name: "decode", err: redeliver.Decode(errBoom), wantOp: "dead", attempt: 1, reason: redeliver.ReasonDecode, class: redeliver.ClassDecode},
+		{name: "retry after", err: retry.After(700*time.Millisecond, errBoom), wantOp: "retry", attempt: 1, delay: 700 * time.Millisecond, class: redeliver.ClassTransient},
+		{name: "retry after capped", err: retry.After(time.Hour, errBoom), wantOp: "retry", attempt: 1, delay: time.Second, class: redeliver.ClassTransient},
+		{name: "bad header", header: map[string]string{"x-retry-count": "x"}, err: errBoom, wantOp: "retry", attempt: 1, delay: 100 * time.Millisecond, class: redeliver.ClassTransient},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			src := newFakeSource(1)
+			var calls atomic.Int32
+			run(t, redeliver.Config{Source: src, Policy: redeliver.Policy{Backoff: testBackoff},
+				Handler: func(ctx context.Context, m *redeliver.Message) error {
+					calls.Add(1)
+					if m.Attempt != tt.attempt {
+						t.Errorf("Attempt = %d, want %d", m.Attempt, tt.attempt)
+					}
+					return tt.err
+				}})
+			h := map[string]string{}
+			for k, v := range tt.header {
+				h[k] = v
+			}
+			h["keep"] = "me"
+			d := src.push(&redeliver.Message{ID: "m1", Queue: "q", Header: h, DeliveryCount: tt.count})
+			if op := d.wait(t); op != tt.wantOp {
+				t.Fatalf("settled with %s, want %s", op, tt.wantOp)
+			}
+			if got := calls.Load() == 0; got != tt.noHandler {
+				t.Errorf("handler not called = %v, want %v", got, tt.noHandler)
+			}
+			switch tt.wantOp {
+			case "retry":
+				r := d.retry
+				if r.Delay != tt.delay || r.Attempt != tt.attempt || r.Class != tt.class || r.CountHeader != "x-retry-count" {
+					t.Errorf("retry = %+v", r)
+				}
+				if r.Header["x-retry-count"] != strconv.Itoa(tt.attempt) || r.Header[redeliver.HeaderFirstFailure] == "" {
+					t.Errorf("retry header = %v", r.Header)
+				}
+			case "dead":
+				dd := d.dead
+				if dd.Reason != tt.reason || dd.Class != tt.class || dd.Queue != "q" || dd.FirstFailure.IsZero() || dd.LastFailure.IsZero() {
+					t.Errorf("dead = %+v", dd)
+				}
+				wantAttempts := tt.attempt
+				if tt.noHandler {
+					wantAttempts = tt.attempt - 1
+				}
+				if dd.Attempts != wantAttempts {
+					t.Errorf("dead attempts = %d, want %d", dd.Attempts, wantAttempts)
+				}
+				h := dd.Header()
+				if h["x-retry-count"] != strconv.Itoa(wantAttempts) || h[redeliver.HeaderReason] != string(tt.reason) {
+					t.Errorf("dead header = %v", h)
+				}
+			}
+		})
+	}
+}
+
+func TestFirstFailureTravels(t *testing.T) {
+	t.Parallel()
+	src := newFakeSource(1)
+	run(t, redeliver.Config{Source: src, Policy: redeliver.Policy{MaxAttempts: 3},
+		Handler: func(context.Context, *redeliver.Message) error { return errors.New("no") }})
+	first := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+	d := src.push(&redeliver.Message{ID: "a", Queue: "q", Header: map[string]string{
+		"x-retry-count": "2", redeliver.HeaderFirstFailure: first.Format(time.RFC3339Nano)}})
+	if op := d.wait(t); op != "dead" {
+		t.Fatal(op)
+	}
+	if !d.dead.FirstFailure.Equal(first) || !d.dead.LastFailure.After(first) || d.dead.Err != "no" {
+		t.Errorf("dead = %+v", d.dead)
+	}
+	back := redeliver.ParseDeadInfo(d.dead.Header())
+	back.CountHeader = d.dead.CountHeader
+	if !back.FirstFailure.Equal(d.dead.FirstFailure) || !back.LastFailure.Equal(d.dead.LastFailure) ||
+		back.Reason != d.dead.Reason || back.Attempts != 3 || back.Err != "no" || back.Queue != "q" || back.Class != d.dead.Class {
+		t.Errorf("round trip: %+v != %+v", back, d.dead)
+	}
+}
+
+func TestPanicAndTimeout(t *testing.T) {
+	t.Parallel()
+	src := newFakeSource(2)
+	run(t, redeliver.Config{Source: src, Policy: redeliver.Policy{Timeout: 50 * time.Millisecond, Backoff: testBackoff},
+		Handler: func(ctx context.Context, m *redeliver.Message) error {
+			if m.ID == "panic" {
+				panic("kaboom")
+			}
+			<-ctx.Done()
+			return retry.Permanent(ctx.Err()) // the timeout wins over the handler's own classification
+		}})
+	p := src.push(&redeliver.Message{ID: "panic", Queue: "q"})
+	slow := src.push(&redeliver.Message{ID: "slow", Queue: "q"})
+	if op := p.wait(t); op != "retry" || p.retry.Class != redeliver.ClassPanic {
+		t.Errorf("panic: %s %+v", op, p.retry)
+	}
+	if op := slow.wait(t); op != "retry" || slow.retry.Class != redeliver.ClassTimeout {
+		t.Errorf("timeout: %s %+v", op, slow.retry)
+	}
+}
+
+func TestShutdown(t *testing.T) {
+	t.Parallel()
+	t.Run("finishes in-flight", func(t *testing.T) {
+		t.Parallel()
+		src := newFakeSource(1)
+		started := make(chan struct{})
+		stop := run(t, redeliver.Config{Source: src, ShutdownGrace: 5 * time.Second,
+			Handler: func(ctx context.Context, m *redeliver.Message) error {
+				close(started)
+				time.Sleep(100 * time.Millisecond)
+				return ctx.Err()
+			}})
+		d := src.push(&redeliver.Message{ID: "a", Queue: "q"})
+		<-started
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		if op := d.wait(t); op != "ack" {
+			t.Errorf("op = %s, want ack", op)
+		}
+		if !src.closed.Load() {
+			t.Error("source not closed")
+		}
+	})
+	t.Run("releases after grace", func(t *testing.T) {
+		t.Parallel()
+		src := newFakeSource(1)
+		started := make(chan struct{})
+		stop := run(t, redeliver.Config{Source: src, ShutdownGrace: 50 * time.Millisecond,
+			Handler: func(ctx context.Context, m *redeliver.Message) error {
+				close(started)
+				<-ctx.Done()
+				return ctx.Err()
+			}})
+		d := src.push(&redeliver.Message{ID: "a", Queue: "q"})
+		<-started
+		begin := time.Now()
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		if op := d.wait(t); op != "release" {
+			t.Errorf("op = %s, want release", op)
+		}
+		if el := time.Since(begin); el > 2*time.Second {
+			t.Errorf("shutdown took %v", el)
+		}
+	})
+}
+
+func TestConcurrencyLimit(t *testing.T) {
+	t.Parallel()
+	const n, limit = 40, 4
+	src := newFakeSource(n)
+	var cur, peak atomic.Int32
+	run(t, redeliver.Config{Source: src, Concurrency: limit,
+		Handler: func(ctx context.Context, m *redeliver.Message) error {
+			c := cur.Add(1)
+			for {
+				p := peak.Load()
+				if c <= p || peak.CompareAndSwap(p, c) {
+					break
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+			cur.Add(-1)
+			return nil
+		}})
+	var ds []*fakeDelivery
+	for i := range n {
+		ds = append(ds, src.push(&redeliver.Message{ID: strconv.Itoa(i), Queue: "q"}))
+	}
+	for _, d := range ds {
+		d.wait(t)
+	}
+	if p := peak.Load(); p != limit {
+		t.Errorf("peak concurrency = %d, want %d", p, limit)
+	}
+}
+
+func TestHeartbeat(t *testing.T) {
+	t.Parallel()
+	src := beatingSource{newFakeSource(1)}
+	src.beat = 10 * time.Millisecond
+	run(t, redeliver.Config{Source: src, Handler: func(ctx context.Context, m *redeliver.Message) error {
+		time.Sleep(80 * time.Millisecond)
+		return nil
+	}})
+	d := src.push(&redeliver.Message{ID: "a", Queue: "q"})
+	d.wait(t)
+	if b := d.beats.Load(); b < 3 {
+		t.Errorf("%d heartbeats, want several", b)
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	src := newFakeSource(3)
+	src2 := newFakeSource(1)
+	h := func(ctx context.Context, m *redeliver.Message) error {
+		switch m.ID {
+		case "fail":
+			return errors.New("x")
+		case "perm":
+			return retry.Permanent(errors.New("x"))
+		}
+		return nil
+	}
+	run(t, redeliver.Config{Source: src, Registerer: reg, Handler: h})
+	run(t, redeliver.Config{Source: src2, Registerer: reg, Handler: h}) // shares the collectors
+	for _, d := range []*fakeDelivery{
+		src.push(&redeliver.Message{ID: "ok", Queue: "q1"}),
+		src.push(&redeliver.Message{ID: "fail", Queue: "q1"}),
+		src.push(&redeliver.Message{ID: "perm", Queue: "q1"}),
+		src2.push(&redeliver.Message{ID: "ok", Queue: "q2"}),
+	} {
+		d.wait(t)
+	}
+	time.Sleep(10 * time.Millisecond) // counters are bumped right after settling
+	got := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			key := mf.GetName()
+			for _, l := range m.GetLabel() {
+				key += " " + l.GetName() + "=" + l.GetValue()
+			}
+			if c := m.GetCounter(); c != nil {
+				got[key] = c.GetValue()
+			}
+		}
+	}
+	for key, want := range map[string]float64{
+		"retrysafe_redeliver_received_total queue=q1":                            3,
+		"retrysafe_redeliver_received_total queue=q2":                            1,
+		"retrysafe_redeliver_succeeded_total queue=q1":                           1,
+		"retrysafe_redeliver_succeeded_total queue=q2":                           1,
+		"retrysafe_redeliver_retried_total error_class=transient queue=q1":       1,
+		"retrysafe_redeliver_dead_lettered_total error_class=permanent queue=q1": 1,
+	} {
+		if got[key] != want {
+			t.Errorf("%s = %v, want %v", key, got[key], want)
+		}
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	t.Parallel()
+	if _, err := redeliver.New(redeliver.Config{Handler: func(context.Context, *redeliver.Message) error { return nil }}); err == nil {
+		t.Error("no source accepted")
+	}
+	if _, err := redeliver.New(redeliver.Config{Source: newFakeSource(0)}); err == nil {
+		t.Error("no handler accepted")
+	}
+}
+
+func TestAttemptOf(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		h     map[string]string
+		count int
+		want  int
+	}{
+		{nil, 0, 1},
+		{map[string]string{"x-retry-count": "0"}, 0, 1},
+		{map[string]string{"x-retry-count": "3"}, 0, 4},
+		{map[string]string{"x-retry-count": " 3 "}, 0, 4},
+		{map[string]string{"x-retry-count": "3"}, 7, 7},
+		{map[string]string{"x-retry-count": "-3"}, 2, 2},
+		{map[string]string{"x-retry-count": "99999999999999"}, 0, 1},
+		{map[string]string{"other": "3"}, 0, 1},
+	} {
+		if got := redeliver.AttemptOf(tt.h, "x-retry-count", tt.count); got != tt.want {
+			t.Errorf("AttemptOf(%v, %d) = %d, want %d", tt.h, tt.count, got, tt.want)
+		}
+	}
+}
+
+func TestResetHeaderAndTruncate(t *testing.T) {
+	t.Parallel()
+	d := redeliver.DeadInfo{Reason: redeliver.ReasonMaxAttempts, Err: string(make([]byte, 5000)), Attempts: 5, CountHeader: "x-retry-count"}
+	h := d.Header()
+	if len(h[redeliver.HeaderError]) != redeliver.MaxErrorLen {
+		t.Errorf("error header not truncated: %d", len(h[redeliver.HeaderError]))
+	}
+	h["app"] = "1"
+	r := redeliver.ResetHeader(h, "x-retry-count")
+	if len(r) != 1 || r["app"] != "1" {
+		t.Errorf("ResetHeader = %v", r)
+	}
+}
+
+func TestDecodeJSON(t *testing.T) {
+	t.Parallel()
+	var v struct{ A int }
+	err := redeliver.DecodeJSON(&redeliver.Message{Body: []byte("{")}, &v)
+	if !errors.Is(err, redeliver.ErrDecode) || redeliver.DefaultClassify(err) != redeliver.ClassDecode {
+		t.Errorf("err = %v", err)
+	}
+	if err := redeliver.DecodeJSON(&redeliver.Message{Body: []byte(`{"A":1}`)}, &v); err != nil || v.A != 1 {
+		t.Errorf("err = %v, v = %v", err, v)
+	}
+	if redeliver.Decode(nil) != nil {
+		t.Error("Decode(nil) != nil")
+	}
+	if c := redeliver.DefaultClassify(fmt.Errorf("wrapped: %w", context.DeadlineExceeded)); c != redeliver.ClassTimeout {
+		t.Errorf("class = %s", c)
+	}
+}

@@ -1,0 +1,107 @@
+// Package redeliver runs queue consumers that retry safely: a message whose handler fails
+// is not put back at the head of the queue (RabbitMQ's Nack with requeue hot-loops
+// without advancing any counter) but delivered again after a backoff, with its attempt
+// count in a header, up to Policy.MaxAttempts deliveries; then it is dead-lettered with
+// the reason, the last error, the attempts, the first and last failure times and the
+// source queue, where a person can inspect and replay it (seed 002).
+//
+// The package is broker-neutral. Backends implement Source and Delivery:
+// redeliver/rabbitmq (delay queues, publisher confirms) and redeliver/jetstream
+// (NakWithDelay, a DLQ stream). Handlers that write to a database make themselves
+// idempotent with an inbox (redeliver/pgbox, redeliver/sqlitebox), so the duplicate a
+// broker delivers after a crash is acknowledged without running twice.
+//
+// # The consumer loop
+//
+// Consumer.Run calls Source.Receive from one goroutine, at most Config.Concurrency
+// deliveries outstanding, and runs the Handler on each in its own goroutine under
+// Policy.Timeout. For each Delivery it computes Message.Attempt = AttemptOf(header,
+// Policy.Header, Message.DeliveryCount) — the larger of the count header + 1 and the
+// broker's own delivery count — and then settles it exactly once:
+//
+//   - the handler returned nil: Delivery.Ack;
+//   - it failed with a retryable Class (transient, timeout, panic, or a caller's own) and
+//     Attempt < MaxAttempts: Delivery.Retry with RetryInfo{Delay: Policy.Delay(…),
+//     Attempt, Header: {count header: Attempt, HeaderFirstFailure: …}};
+//   - it failed with ClassPermanent or ClassDecode, or on the last attempt:
+//     Delivery.DeadLetter with a DeadInfo (ReasonPermanent, ReasonDecode,
+//     ReasonMaxAttempts);
+//   - the message arrived with Attempt > MaxAttempts (the broker counted deliveries the
+//     header never saw, e.g. the process crashed before it could republish): DeadLetter
+//     without running the handler;
+//   - the shutdown grace ended the handler: Delivery.Release.
+//
+// A settlement that fails (connection lost) is logged and counted; the broker then
+// redelivers the unacknowledged message, so processing is at-least-once. Make handlers
+// idempotent, for example with an inbox.
+//
+// When Run's context ends it stops calling Receive, waits up to Config.ShutdownGrace for
+// running handlers (their contexts stay alive meanwhile), cancels the stragglers and
+// releases their messages, then calls Source.Close, which hands prefetched deliveries
+// back to the broker.
+//
+// # Classification
+//
+// DefaultClassify sends errors matching ErrDecode (see Decode, DecodeJSON) and errors
+// that retry.Retryable rejects — retry.Permanent(err), retry.ErrAuth, retry.ErrInvalid,
+// retry.ErrNotFound — straight to the dead-letter queue: a 401 loop must not fill the
+// DLQ only after five tries of each message. Everything else is retried. An error that
+// carries a wait (retry.After, a *retry.StatusError from a 429 with Retry-After) is
+// retried after that wait instead of the backoff.
+//
+// # Implementing a backend
+//
+// A backend provides a Source for one queue and, for the dlq command, DeadLetters and a
+// Publisher. The contract, method by method:
+//
+//   - Source.Receive returns the next Delivery. It blocks until one arrives or ctx ends,
+//     and reconnects by itself (with backoff) when the broker goes away, so a broker
+//     restart is invisible to the Consumer except as a pause. It returns a non-context
+//     error only when the Source is finished for good (ErrClosed after Close).
+//   - Delivery.Message fills ID (kept across retries and replays; Inbox keys on it),
+//     Queue, Body, ContentType, Header (strings; numbers in decimal; never nil),
+//     DeliveryCount (the broker's count, first delivery = 1, or 0 when it keeps none),
+//     Published and Received when known. It leaves Attempt to the Consumer.
+//   - Delivery.Retry must never sleep while holding the delivery. Either publish a copy
+//     carrying RetryInfo.Header that becomes visible after RetryInfo.Delay, wait for the
+//     broker's confirm and only then ack the original (RabbitMQ), or ask the broker to
+//     redeliver the original after the delay (JetStream NakWithDelay) — then the header
+//     cannot change, and DeliveryCount must carry the attempt count instead. A
+//     backend may round the delay to a bounded set of values.
+//   - Delivery.DeadLetter publishes the body and every header, plus DeadInfo.Header(),
+//     to the dead-letter queue (RabbitMQ: "<queue>.dlq"; JetStream: a DLQ stream,
+//     deduplicated by message id), waits for the confirm, then acks (JetStream: Term)
+//     the original. A crash between the two leaves a duplicate in the DLQ at worst,
+//     never a loss.
+//   - Delivery.Release hands the message back for immediate redelivery (Nack with
+//     requeue; Nak).
+//   - Delivery.InProgress extends the broker's ack deadline where it has one. The
+//     Consumer calls it every Config.Heartbeat, or every Heartbeater.Heartbeat() when
+//     the Source implements Heartbeater.
+//   - Source.Close stops new deliveries and returns the prefetched ones; deliveries
+//     already handed out must stay settleable until Close's context ends.
+//
+// Every operation takes a context first and returns errors wrapped with %w.
+//
+// # Headers
+//
+// The attempt count travels in Policy.Header, by default "x-retry-count": the number of
+// failed attempts so far, so a fresh message has none and its first retry carries 1.
+// RabbitMQ reserves the "x-" prefix for its own headers and arguments (x-death,
+// x-delivery-count …), and a future version may claim a name it does not use today; the
+// default keeps "x-retry-count" anyway because it is the name seed 002's consumers, and
+// many others written against RabbitMQ, already read and write, so a redeliver consumer
+// can join a queue they share. RabbitMQ itself does not interpret it (see
+// redeliver/rabbitmq for the details per version). To use
+// another name (say "retry-count"), set Policy.Header on every consumer of the queue
+// (and the Header of the backend's DeadLetters, so a replay resets the right one);
+// a consumer looking for the other name would see every message as a first attempt.
+// The headers this package adds itself (HeaderReason … HeaderQueue) avoid the prefix.
+//
+// # Metrics
+//
+// With Config.Registerer set, a Consumer registers retrysafe_redeliver_received_total,
+// _succeeded_total, _retried_total and _dead_lettered_total (by queue and error_class),
+// _released_total, _settle_errors_total (by queue and op) and
+// _handler_duration_seconds. Nothing is ever registered on the global registry.
+package redeliver

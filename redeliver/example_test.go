@@ -1,0 +1,136 @@
+package redeliver_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/retrysafe/retrysafe/redeliver"
+	"github.com/retrysafe/retrysafe/retry"
+)
+
+// memQueue is a minimal in-memory backend: a Source whose Retry re-enqueues a copy with
+// the new headers after the delay (a timer, never a sleep holding the delivery), and
+// whose DeadLetter appends to a slice.
+type memQueue struct {
+	name  string
+	ch    chan *redeliver.Message
+	mu    sync.Mutex
+	dead  []redeliver.DeadLetter
+	wg    sync.WaitGroup
+	onDLQ func()
+}
+
+func newMemQueue(name string) *memQueue {
+	return &memQueue{name: name, ch: make(chan *redeliver.Message, 16)}
+}
+
+func (q *memQueue) Publish(_ context.Context, _ string, m *redeliver.Message) error {
+	c := *m
+	c.Queue, c.Header = q.name, maps.Clone(m.Header)
+	if c.Header == nil {
+		c.Header = map[string]string{}
+	}
+	q.ch <- &c
+	return nil
+}
+
+func (q *memQueue) Receive(ctx context.Context) (redeliver.Delivery, error) {
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case m := <-q.ch:
+		return &memDelivery{q: q, m: m}, nil
+	}
+}
+
+func (q *memQueue) Close(context.Context) error { q.wg.Wait(); return nil }
+
+type memDelivery struct {
+	q *memQueue
+	m *redeliver.Message
+}
+
+func (d *memDelivery) Message() *redeliver.Message      { return d.m }
+func (d *memDelivery) Ack(context.Context) error        { return nil }
+func (d *memDelivery) Release(context.Context) error    { d.q.ch <- d.m; return nil }
+func (d *memDelivery) InProgress(context.Context) error { return nil }
+func (d *memDelivery) DeadLetter(_ context.Context, info redeliver.DeadInfo) error {
+	m := *d.m
+	m.Header = maps.Clone(d.m.Header)
+	maps.Copy(m.Header, info.Header())
+	d.q.mu.Lock()
+	d.q.dead = append(d.q.dead, redeliver.DeadLetter{Message: m, Info: info})
+	d.q.mu.Unlock()
+	if d.q.onDLQ != nil {
+		d.q.onDLQ()
+	}
+	return nil
+}
+func (d *memDelivery) Retry(_ context.Context, r redeliver.RetryInfo) error {
+	c := *d.m
+	c.Header = maps.Clone(d.m.Header)
+	maps.Copy(c.Header, r.Header)
+	d.q.wg.Add(1)
+	time.AfterFunc(r.Delay, func() { defer d.q.wg.Done(); d.q.ch <- &c })
+	return nil
+}
+
+// A consumer whose handler fails twice and then succeeds, and one that rejects a
+// message for good: the first is retried with a growing delay, the second goes straight
+// to the dead-letter queue with its reason.
+func Example() {
+	q := newMemQueue("emitter.access")
+	ctx, cancel := context.WithCancel(context.Background())
+	q.onDLQ = cancel // stop once the bad message is dead-lettered
+
+	c, err := redeliver.New(redeliver.Config{
+		Source: q,
+		Policy: redeliver.Policy{
+			MaxAttempts: 5,
+			Backoff:     retry.Policy{Base: 10 * time.Millisecond, Jitter: retry.JitterNone},
+		},
+		Concurrency: 1,
+		Logger:      slog.New(slog.DiscardHandler),
+		Handler: func(ctx context.Context, m *redeliver.Message) error {
+			if m.ID == "bad" {
+				return retry.Permanent(errors.New("unknown account"))
+			}
+			if m.Attempt < 3 {
+				fmt.Printf("%s: attempt %d fails\n", m.ID, m.Attempt)
+				return errors.New("github: 502")
+			}
+			fmt.Printf("%s: attempt %d succeeds (x-retry-count %s)\n", m.ID, m.Attempt, m.Header["x-retry-count"])
+			// Only now hand over the bad message, so the output's order is fixed.
+			return q.Publish(ctx, q.name, &redeliver.Message{ID: "bad"})
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	_ = q.Publish(ctx, q.name, &redeliver.Message{ID: "grant-1"})
+	if err := c.Run(ctx); err != nil {
+		panic(err)
+	}
+	for _, d := range q.dead {
+		fmt.Printf("dead letter %s: reason %s, attempts %d, error %q\n", d.ID, d.Info.Reason, d.Info.Attempts, d.Info.Err)
+	}
+	// Output:
+	// grant-1: attempt 1 fails
+	// grant-1: attempt 2 fails
+	// grant-1: attempt 3 succeeds (x-retry-count 2)
+	// dead letter bad: reason permanent, attempts 1, error "unknown account"
+}
+
+// DecodeJSON marks a body that does not decode as a decode failure, which is
+// dead-lettered at once: no retry can fix it.
+func ExampleDecodeJSON() {
+	var grant struct{ Repo string }
+	err := redeliver.DecodeJSON(&redeliver.Message{Body: []byte("{not json")}, &grant)
+	fmt.Println(errors.Is(err, redeliver.ErrDecode), redeliver.DefaultClassify(err))
+	// Output: true decode
+}

@@ -1,0 +1,40 @@
+// Package pgbox is the PostgreSQL side of package redeliver: an Inbox, which makes a
+// consumer idempotent, and an Outbox, which makes a producer reliable. Both keep their
+// rows in the database the business writes go to, in the same transactions.
+//
+// # Inbox
+//
+// A broker delivers at least once: a consumer that dies after its work committed but
+// before its ack, or after a retry copy was confirmed but before the original's ack,
+// gets the message again. Inbox.Do runs the handler's business writes in a transaction
+// that first records the message id:
+//
+//	INSERT INTO retrysafe_inbox (queue, message_id, processed_at, expires_at)
+//	VALUES (…) ON CONFLICT (queue, message_id) DO NOTHING
+//
+// One row inserted: the handler runs and both commit together. No row: the message was
+// processed before, the transaction rolls back, and Do returns nil, so the Consumer acks
+// the duplicate without running the handler again. A handler error rolls back the id
+// too, so a retry runs it again. Ids are scoped by queue and kept for
+// InboxConfig.TTL (default 7 days); Inbox.DeleteExpired removes older ones in batches.
+// Messages need ids (Message.ID, AMQP message-id, Nats-Msg-Id): one without is
+// dead-lettered (ErrNoID, permanent). The SQLite equivalent is redeliver/sqlitebox.
+//
+// # Outbox
+//
+// "State committed but message never sent" (seed 002: grants are side effects of state
+// already in Postgres) cannot happen when the message is a row written in the same
+// transaction as the state. Outbox.Add writes it; Outbox.Relay (or RelayOnce) publishes
+// due rows through a redeliver.Publisher (rabbitmq.Publisher waits for each confirm),
+// locking them with SELECT … FOR UPDATE SKIP LOCKED so several relays share the work
+// without waiting for each other, and deletes them in the same transaction. A publish
+// that fails is retried later with backoff; meanwhile later rows go ahead, so order is
+// kept only among messages that publish at the first try. A relay that dies after a
+// confirm and before its commit publishes those messages again, with the same ids:
+// consumers deduplicate them with an Inbox.
+//
+// # Schema
+//
+// The DDL is embedded (inbox.sql, outbox.sql) and applied by Migrate, idempotently and
+// under an advisory lock. Schema and table names are configurable.
+package pgbox

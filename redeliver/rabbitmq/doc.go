@@ -1,0 +1,85 @@
+// Package rabbitmq is the RabbitMQ backend of package redeliver, on
+// github.com/rabbitmq/amqp091-go: a Source for redeliver.Consumer, a confirming
+// Publisher (for redeliver's Outbox and for producers), and DeadLetters (the operations
+// behind "retrysafe dlq").
+//
+// # Topology
+//
+// For a work queue Q the Source declares, idempotently on every (re)connect:
+//
+//	Q                  the work queue (durable; classic, or quorum with Config.Quorum)
+//	Q.dlq              the dead-letter queue
+//	Q.delay.<ms>ms     one delay queue per bucket of Config.Delays (default 1s … 1h, 11
+//	                   queues), with x-message-ttl = the bucket and
+//	                   x-dead-letter-exchange "" / x-dead-letter-routing-key Q
+//
+// A retry publishes a copy of the message to the delay queue whose TTL is nearest the
+// policy's delay (on a log scale); when the TTL expires RabbitMQ dead-letters the copy
+// back to Q. Every message in a delay queue has the same TTL, so they expire in order
+// from the head — per-message TTLs in one queue would not work, since RabbitMQ only
+// expires messages at the head of a queue. Rounding to a bounded set of buckets keeps
+// the number of queues fixed whatever the backoff produces; full jitter still spreads
+// retries across the buckets. Dead-lettering from a classic delay queue is
+// at-most-once inside the broker (a node crash at the wrong moment can drop the copy);
+// with Config.Quorum the delay queues are quorum queues with
+// x-dead-letter-strategy=at-least-once.
+//
+// # Settling a delivery
+//
+// The Source consumes with manual acks and a prefetch (Config.Prefetch). It never sleeps
+// holding a delivery:
+//
+//   - success: basic.ack;
+//   - retry: publish the copy (same body, properties and message id; the count header
+//     set as an integer; redeliver-first-failure set) to the delay queue on a channel
+//     in confirm mode, mandatory; wait for the broker's confirm; only then ack the
+//     original. If the process dies between the two, the broker redelivers the
+//     original as well: a duplicate, never a loss (redeliver/pgbox's Inbox absorbs
+//     it);
+//   - dead letter: publish the copy with the dead-letter headers to Q.dlq, confirmed,
+//     then ack;
+//   - a publish that fails or is not confirmed nacks the original with requeue, so the
+//     broker delivers it again;
+//   - shutdown: unsettled and prefetched deliveries return to the queue when the
+//     connection closes.
+//
+// Copies are persistent and drop the original's expiration (which would cut the delay
+// short) and user-id (which must match the republishing connection's user).
+//
+// # Attempt count
+//
+// Message.Attempt is the larger of the count header + 1 and, on quorum queues, the
+// broker's x-delivery-count + 1. So a message that crashes the consumer before any
+// republish (a poison message that kills the process) is counted by the broker and
+// still ends in the DLQ after MaxAttempts deliveries; redeliver.Consumer dead-letters a
+// message that arrives with Attempt > MaxAttempts without running the handler. Classic
+// queues keep no count (only the redelivered flag): use Config.Quorum where that
+// matters.
+//
+// The header is named x-retry-count by default although RabbitMQ reserves the "x-"
+// prefix for itself (x-death, x-delivery-count, x-first-death-*): the name is the
+// convention seed 002's consumers and many existing RabbitMQ consumers already use, so
+// a redeliver consumer interoperates with them on a shared queue. RabbitMQ does not
+// interpret it (checked on 3.10; RabbitMQ 4 keeps x- headers of AMQP 0-9-1 messages as
+// AMQP 1.0 message annotations internally and returns them to AMQP 0-9-1 consumers as
+// headers — an AMQP 1.0 consumer finds it among the message annotations instead of the
+// application properties). To avoid the prefix, set redeliver.Policy.Header (for
+// example to "retry-count") on every consumer of the queue, and DeadLettersConfig.Header
+// to the same name so that a replay resets it. The headers redeliver adds itself
+// (redeliver-reason, redeliver-error …) do not use the prefix.
+//
+// # Reconnecting
+//
+// When the connection or the consume channel closes (broker restart, network failure,
+// a forced close), Receive reconnects with Config.Reconnect's backoff (full jitter,
+// 100ms to 5s) until it succeeds or its context ends, re-declares the topology and
+// consumes again. Deliveries from the old connection can no longer be settled (their
+// acks fail; the Consumer logs and counts them) and the broker redelivers them.
+//
+// # Publishing
+//
+// Every publish — retry copies, dead letters, replays, Publisher.Publish — goes to the
+// default exchange with the queue as routing key, mandatory, and waits for the
+// publisher confirm; a message returned as unroutable (the queue was deleted) fails with
+// ErrUnroutable instead of vanishing, and a nack with ErrNacked.
+package rabbitmq

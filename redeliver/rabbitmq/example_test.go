@@ -1,0 +1,73 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"log"
+	"log/slog"
+	"os"
+	"os/signal"
+	"time"
+
+	"github.com/retrysafe/retrysafe/redeliver"
+	"github.com/retrysafe/retrysafe/redeliver/rabbitmq"
+	"github.com/retrysafe/retrysafe/retry"
+)
+
+// Seed 002's consumer: five attempts with jittered exponential backoff through delay
+// queues, then emitter.access.dlq. (Not run: it needs a broker.)
+func Example() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{
+		URL:      "amqp://guest:guest@localhost:5672/",
+		Queue:    "emitter.access",
+		Prefetch: 20,
+		Quorum:   true, // the broker counts deliveries too: a poison message still ends in the DLQ
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	c, err := redeliver.New(redeliver.Config{
+		Source: src,
+		Policy: redeliver.Policy{
+			MaxAttempts: 5,
+			Backoff:     retry.Policy{Base: 2 * time.Second, Cap: 5 * time.Minute}, // full jitter
+			Timeout:     5 * time.Minute,
+		},
+		Concurrency: 10,
+		Logger:      slog.Default(),
+		Handler: func(ctx context.Context, m *redeliver.Message) error {
+			var grant struct{ User, Repo string }
+			if err := redeliver.DecodeJSON(m, &grant); err != nil {
+				return err // straight to the DLQ
+			}
+			return nil // grant access …
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Run(ctx); err != nil { // returns after a graceful shutdown on Ctrl-C
+		log.Fatal(err)
+	}
+}
+
+// Inspect and replay dead letters (what "retrysafe dlq" does).
+func ExampleDeadLetters() {
+	ctx := context.Background()
+	dl, err := rabbitmq.OpenDeadLetters(ctx, rabbitmq.DeadLettersConfig{
+		URL: "amqp://guest:guest@localhost:5672/", Queue: "emitter.access"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer dl.Close()
+	list, err := dl.List(ctx, 20)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, d := range list {
+		log.Printf("%s: %s after %d attempts: %s", d.ID, d.Info.Reason, d.Info.Attempts, d.Info.Err)
+	}
+	n, err := dl.Replay(ctx) // all of them, attempt count reset, ids kept
+	log.Println(n, err)
+}

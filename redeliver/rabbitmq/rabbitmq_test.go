@@ -1,0 +1,728 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/retrysafe/retrysafe/internal/testenv"
+	"github.com/retrysafe/retrysafe/redeliver"
+	"github.com/retrysafe/retrysafe/retry"
+)
+
+func TestBucket(t *testing.T) {
+	t.Parallel()
+	topo, err := newTopology("q", nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ d, want time.Duration }{
+		{0, time.Second},
+		{10 * time.Millisecond, time.Second},
+		{time.Second, time.Second},
+		{1400 * time.Millisecond, time.Second},
+		{1500 * time.Millisecond, 2 * time.Second},
+		{3 * time.Second, 2 * time.Second},
+		{3200 * time.Millisecond, 5 * time.Second},
+		{4 * time.Minute, 5 * time.Minute},
+		{24 * time.Hour, time.Hour},
+	} {
+		if got := topo.bucket(tt.d).Delay; got != tt.want {
+			t.Errorf("bucket(%v) = %v, want %v", tt.d, got, tt.want)
+		}
+	}
+	if n := len(topo.Delays); n != 11 {
+		t.Errorf("%d delay queues, want 11", n)
+	}
+	if got := topo.bucket(5 * time.Second).Name; got != "q.delay.5000ms" {
+		t.Errorf("name = %q", got)
+	}
+	for _, bad := range [][]time.Duration{{time.Microsecond}, {1000 * time.Hour}} {
+		if _, err := newTopology("q", bad, false); err == nil {
+			t.Errorf("delays %v accepted", bad)
+		}
+	}
+	if _, err := newTopology("", nil, false); err == nil {
+		t.Error("empty queue accepted")
+	}
+}
+
+// deliveryLog records the deliveries a handler saw.
+type deliveryLog struct {
+	mu    sync.Mutex
+	seen  []seen
+	total atomic.Int64
+}
+
+type seen struct {
+	id      string
+	attempt int
+	at      time.Time
+	header  map[string]string
+}
+
+func (l *deliveryLog) add(m *redeliver.Message) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seen = append(l.seen, seen{m.ID, m.Attempt, time.Now(), m.Header})
+	l.total.Add(1)
+}
+
+func (l *deliveryLog) of(id string) []seen {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []seen
+	for _, s := range l.seen {
+		if s.id == id {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func TestFailTwiceThenSucceed(t *testing.T) {
+	t.Parallel()
+	r := newRMQ(t, false)
+	var log deliveryLog
+	var ok atomic.Int32
+	consume(t, r.config(), redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
+		log.add(m)
+		if m.Attempt < 3 {
+			return errors.New("not yet")
+		}
+		ok.Add(1)
+		return nil
+	}})
+	r.publish(t, "m1")
+	eventually(t, 10*time.Second, "success", func() bool { return ok.Load() == 1 })
+	time.Sleep(300 * time.Millisecond) // nothing more arrives
+	got := log.of("m1")
+	if len(got) != 3 || ok.Load() != 1 {
+		t.Fatalf("%d deliveries, %d successes, want 3 and 1", len(got), ok.Load())
+	}
+	for i, s := range got {
+		if s.attempt != i+1 {
+			t.Errorf("delivery %d has attempt %d", i, s.attempt)
+		}
+		if s.header["app"] != "yes" {
+			t.Errorf("delivery %d lost the app header: %v", i, s.header)
+		}
+	}
+	if got[1].header["x-retry-count"] != "1" || got[2].header["x-retry-count"] != "2" {
+		t.Errorf("x-retry-count = %q, %q", got[1].header["x-retry-count"], got[2].header["x-retry-count"])
+	}
+	if got[1].header[redeliver.HeaderFirstFailure] == "" || got[1].header[redeliver.HeaderFirstFailure] != got[2].header[redeliver.HeaderFirstFailure] {
+		t.Errorf("first failure header not kept: %v", got[2].header)
+	}
+	gap1, gap2 := got[1].at.Sub(got[0].at), got[2].at.Sub(got[1].at)
+	t.Logf("delays: %v, %v", gap1, gap2)
+	if gap1 < 50*time.Millisecond || gap2 < 100*time.Millisecond || gap2 <= gap1 {
+		t.Errorf("delays %v then %v: want ≥50ms, then ≥100ms and growing", gap1, gap2)
+	}
+	r.expectQueues(t, 0)
+}
+
+func TestAlwaysFailing(t *testing.T) {
+	t.Parallel()
+	r := newRMQ(t, false)
+	var log deliveryLog
+	consume(t, r.config(), redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
+		log.add(m)
+		return fmt.Errorf("upstream down (attempt %d)", m.Attempt)
+	}})
+	r.publish(t, "m1")
+	eventually(t, 15*time.Second, "dead letter", func() bool { return r.count(t, r.topo.DLQ) == 1 })
+	time.Sleep(200 * time.Millisecond)
+	if n := len(log.of("m1")); n != 5 {
+		t.Errorf("%d deliveries, want 5", n)
+	}
+	r.expectQueues(t, 1)
+
+	dl, err := OpenDeadLetters(t.Context(), DeadLettersConfig{URL: r.url, Queue: r.queue})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dl.Close()
+	d, err := dl.Get(t.Context(), "m1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := d.Header
+	if string(d.Body) != "m1" || d.ID != "m1" || d.ContentType != "text/plain" || h["app"] != "yes" {
+		t.Errorf("body/properties/headers not kept: %+v", d.Message)
+	}
+	for k, want := range map[string]string{
+		"x-retry-count":              "5",
+		redeliver.HeaderReason:       "max-attempts",
+		redeliver.HeaderError:        "upstream down (attempt 5)",
+		redeliver.HeaderErrorClass:   "transient",
+		redeliver.HeaderAttempts:     "5",
+		redeliver.HeaderQueue:        r.queue,
+		redeliver.HeaderFirstFailure: log.of("m1")[0].at.UTC().Format(time.RFC3339)[:10], // prefix: the date
+	} {
+		if got := h[k]; len(got) < len(want) || got[:len(want)] != want {
+			t.Errorf("header %s = %q, want %q", k, got, want)
+		}
+	}
+	info := d.Info
+	if info.Attempts != 5 || info.Reason != redeliver.ReasonMaxAttempts || info.FirstFailure.IsZero() ||
+		!info.LastFailure.After(info.FirstFailure) || info.Queue != r.queue {
+		t.Errorf("info = %+v", info)
+	}
+	if first := log.of("m1")[0].at; info.FirstFailure.Before(first.Add(-time.Second)) || info.FirstFailure.After(first.Add(time.Second)) {
+		t.Errorf("first failure %v, first delivery %v", info.FirstFailure, first)
+	}
+	// Peeking left it in place.
+	if n := r.count(t, r.topo.DLQ); n != 1 {
+		t.Errorf("DLQ holds %d after Get", n)
+	}
+}
+
+func TestPermanentAndDecode(t *testing.T) {
+	t.Parallel()
+	r := newRMQ(t, false)
+	var log deliveryLog
+	consume(t, r.config(), redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
+		log.add(m)
+		if m.ID == "perm" {
+			return retry.Permanent(errors.New("invalid account"))
+		}
+		var v struct{}
+		return redeliver.DecodeJSON(m, &v) // "bad" is not JSON
+	}})
+	r.publish(t, "perm", "bad")
+	eventually(t, 10*time.Second, "dead letters", func() bool { return r.count(t, r.topo.DLQ) == 2 })
+	time.Sleep(200 * time.Millisecond)
+	if a, b := len(log.of("perm")), len(log.of("bad")); a != 1 || b != 1 {
+		t.Errorf("deliveries %d and %d, want 1 each", a, b)
+	}
+	dl, err := OpenDeadLetters(t.Context(), DeadLettersConfig{URL: r.url, Queue: r.queue})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dl.Close()
+	all, err := dl.List(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reasons := map[string]redeliver.Reason{}
+	for _, d := range all {
+		reasons[d.ID] = d.Info.Reason
+		if d.Info.Attempts != 1 {
+			t.Errorf("%s: attempts %d", d.ID, d.Info.Attempts)
+		}
+	}
+	if reasons["perm"] != redeliver.ReasonPermanent || reasons["bad"] != redeliver.ReasonDecode {
+		t.Errorf("reasons = %v", reasons)
+	}
+	r.expectQueues(t, 2)
+}
+
+// TestQuorumDeliveryCount: a message the broker already delivered MaxAttempts times
+// (the consumer crashed each time, before it could republish) goes to the DLQ without
+// running the handler again.
+func TestQuorumDeliveryCount(t *testing.T) {
+	t.Parallel()
+	r := newRMQ(t, true)
+	// Declare the quorum topology, then return the message three times.
+	pre, err := NewSource(t.Context(), r.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = pre.Close(t.Context())
+	r.publish(t, "poison")
+	ch, err := r.admin.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		var d amqp.Delivery
+		eventually(t, 5*time.Second, "the message", func() bool {
+			var ok bool
+			d, ok, err = ch.Get(r.queue, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ok
+		})
+		if n, _ := intValue(d.Headers["x-delivery-count"]); int(n) != i {
+			t.Logf("delivery %d: x-delivery-count %v", i, d.Headers["x-delivery-count"])
+		}
+		if err := d.Nack(false, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = ch.Close()
+
+	var log deliveryLog
+	consume(t, r.config(), redeliver.Config{Policy: testPolicy(3), Handler: func(ctx context.Context, m *redeliver.Message) error {
+		log.add(m)
+		return nil
+	}})
+	eventually(t, 10*time.Second, "dead letter", func() bool { return r.count(t, r.topo.DLQ) == 1 })
+	if n := log.total.Load(); n != 0 {
+		t.Errorf("handler ran %d times, want 0", n)
+	}
+	dl, err := OpenDeadLetters(t.Context(), DeadLettersConfig{URL: r.url, Queue: r.queue, Quorum: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dl.Close()
+	d, err := dl.Get(t.Context(), "poison")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Info.Reason != redeliver.ReasonMaxAttempts || d.Info.Attempts != 3 {
+		t.Errorf("info = %+v", d.Info)
+	}
+}
+
+const crashChildEnv = "RETRYSAFE_REDELIVER_CRASH_CHILD"
+
+// TestCrashChild is the consumer process TestCrashAfterRepublish kills: its handler fails
+// the first attempt, and the process SIGKILLs itself after the retry copy was confirmed
+// and before the original's ack.
+func TestCrashChild(t *testing.T) {
+	spec := os.Getenv(crashChildEnv)
+	if spec == "" {
+		t.Skip("run by TestCrashAfterRepublish")
+	}
+	q, _ := url.ParseQuery(spec)
+	d := newDBAt(t, q.Get("pg"), q.Get("schema"), false)
+	cfg := Config{URL: q.Get("amqp"), Queue: q.Get("queue"), Delays: testDelays, Logger: quiet()}
+	cfg.hook = func(point string, _ *Source) {
+		if point == "retry-confirmed" {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			time.Sleep(time.Minute)
+		}
+	}
+	consume(t, cfg, redeliver.Config{Policy: testPolicy(5), Handler: d.inbox.Handler(
+		func(ctx context.Context, tx pgx.Tx, m *redeliver.Message) error {
+			if err := d.write(ctx, tx, m); err != nil {
+				return err
+			}
+			return errors.New("transient: rolled back") // the inbox row and the write roll back
+		})})
+	time.Sleep(30 * time.Second)
+	t.Fatal("not killed")
+}
+
+// TestCrashAfterRepublish kills a consumer process between the confirm of a retry copy
+// and the ack of the original: the broker then holds two copies, both are processed,
+// and the inbox lets exactly one of them write.
+func TestCrashAfterRepublish(t *testing.T) {
+	t.Parallel()
+	r := newRMQ(t, false)
+	d := newDB(t)
+	// Declare the topology before the child consumes.
+	pre, err := NewSource(t.Context(), r.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = pre.Close(t.Context())
+	r.publish(t, "m1")
+
+	spec := url.Values{"amqp": {r.url}, "queue": {r.queue}, "pg": {testenv.PostgresURL(t)}, "schema": {d.schema}}
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), crashChildEnv+"="+spec.Encode())
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("child did not die by SIGKILL: %v\n%s", err, out)
+	}
+
+	var calls, writes atomic.Int32
+	consume(t, r.config(), redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
+		calls.Add(1)
+		return d.inbox.Handler(func(ctx context.Context, tx pgx.Tx, m *redeliver.Message) error {
+			writes.Add(1)
+			return d.write(ctx, tx, m)
+		})(ctx, m)
+	}})
+	// The original (redelivered at once) and the copy (after 50ms) both arrive.
+	eventually(t, 10*time.Second, "both copies", func() bool { return calls.Load() >= 2 })
+	time.Sleep(300 * time.Millisecond)
+	if c, w := calls.Load(), writes.Load(); c != 2 || w != 1 {
+		t.Errorf("%d deliveries and %d business writes, want 2 and 1", c, w)
+	}
+	if total, distinct := d.rows(t); total != 1 || distinct != 1 {
+		t.Errorf("business table has %d rows (%d ids), want 1", total, distinct)
+	}
+	r.expectQueues(t, 0)
+}
+
+// TestCrashBeforeAck: the connection dies after the business transaction committed and
+// before the ack; the redelivery is absorbed by the inbox.
+func TestCrashBeforeAck(t *testing.T) {
+	t.Parallel()
+	r := newRMQ(t, false)
+	d := newDB(t)
+	cfg := r.config()
+	var crashed atomic.Bool
+	cfg.hook = func(point string, s *Source) {
+		if point == "ack" && crashed.CompareAndSwap(false, true) {
+			s.mu.Lock()
+			sess := s.cur
+			s.mu.Unlock()
+			sess.close()
+		}
+	}
+	var calls, writes atomic.Int32
+	src, _ := consume(t, cfg, redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
+		calls.Add(1)
+		return d.inbox.Handler(func(ctx context.Context, tx pgx.Tx, m *redeliver.Message) error {
+			writes.Add(1)
+			return d.write(ctx, tx, m)
+		})(ctx, m)
+	}})
+	r.publish(t, "m1")
+	eventually(t, 10*time.Second, "the redelivery", func() bool { return calls.Load() >= 2 })
+	eventually(t, 5*time.Second, "an empty queue", func() bool { return r.count(t, r.queue) == 0 })
+	time.Sleep(200 * time.Millisecond)
+	if c, w := calls.Load(), writes.Load(); c != 2 || w != 1 {
+		t.Errorf("%d deliveries and %d business writes, want 2 and 1", c, w)
+	}
+	if total, _ := d.rows(t); total != 1 {
+		t.Errorf("business table has %d rows, want 1", total)
+	}
+	if n := src.Connects(); n < 2 {
+		t.Errorf("%d connects, want a reconnect", n)
+	}
+}
+
+// TestReconnect cuts every connection of the consumer (as a broker restart does) and
+// refuses new ones for a second, while messages keep arriving: none is lost.
+func TestReconnect(t *testing.T) {
+	t.Parallel()
+	r := newRMQ(t, false)
+	d := newDB(t)
+	u, err := url.Parse(r.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newProxy(t, u.Host)
+	cfg := r.config()
+	pu := *u
+	pu.Host = p.addr()
+	cfg.URL = pu.String()
+	cfg.Reconnect = retry.Policy{Base: 50 * time.Millisecond, Cap: 200 * time.Millisecond}
+	var writes atomic.Int32
+	src, _ := consume(t, cfg, redeliver.Config{Policy: testPolicy(5), Concurrency: 8,
+		Handler: d.inbox.Handler(func(ctx context.Context, tx pgx.Tx, m *redeliver.Message) error {
+			writes.Add(1)
+			time.Sleep(2 * time.Millisecond)
+			return d.write(ctx, tx, m)
+		})})
+	const n = 300
+	var ids []string
+	for i := range n {
+		ids = append(ids, "m"+strconv.Itoa(i))
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < n; i += 10 {
+			r.publish(t, ids[i:i+10]...)
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	time.Sleep(150 * time.Millisecond)
+	p.cut()
+	time.Sleep(time.Second)
+	p.resume()
+	<-done
+	eventually(t, 20*time.Second, "every message", func() bool { total, _ := d.rows(t); return total == n })
+	eventually(t, 5*time.Second, "empty queues", func() bool { return r.count(t, r.queue) == 0 })
+	if total, distinct := d.rows(t); total != n || distinct != n {
+		t.Errorf("business rows %d (%d ids), want %d", total, distinct, n)
+	}
+	if c := src.Connects(); c < 2 {
+		t.Errorf("%d connects, want a reconnect", c)
+	}
+	t.Logf("%d business writes for %d messages, %d connects", writes.Load(), n, src.Connects())
+	r.expectQueues(t, 0)
+}
+
+// TestBulk: many messages, 10% failing transiently (once or twice), 1% failing
+// transiently every time and 1% permanently: every other message is processed exactly
+// once, and the always-failing ones are all in the DLQ. 2,000 messages; 10,000 with
+// RETRYSAFE_LONG=1.
+func TestBulk(t *testing.T) {
+	t.Parallel()
+	n := 2000
+	if os.Getenv("RETRYSAFE_LONG") == "1" {
+		n = 10000
+	}
+	r := newRMQ(t, false)
+	d := newDB(t)
+	kind := func(i int) string {
+		switch {
+		case i%100 == 7:
+			return "permanent"
+		case i%100 == 13:
+			return "always"
+		case i%10 == 3:
+			return "transient"
+		}
+		return "ok"
+	}
+	var ids []string
+	want := map[string]int{}
+	for i := range n {
+		ids = append(ids, strconv.Itoa(i))
+		want[kind(i)]++
+	}
+	cfg := r.config()
+	cfg.Prefetch = 64
+	var deliveries atomic.Int32
+	start := time.Now()
+	consume(t, cfg, redeliver.Config{Policy: testPolicy(3), Concurrency: 32,
+		Handler: d.inbox.Handler(func(ctx context.Context, tx pgx.Tx, m *redeliver.Message) error {
+			deliveries.Add(1)
+			i, err := strconv.Atoi(m.ID)
+			if err != nil {
+				return redeliver.Decode(err)
+			}
+			switch kind(i) {
+			case "permanent":
+				return retry.Permanent(errors.New("rejected"))
+			case "always":
+				return errors.New("still failing")
+			case "transient":
+				if m.Attempt < 1+i%2+1 { // fails once or twice
+					return errors.New("blip")
+				}
+			}
+			return d.write(ctx, tx, m)
+		})})
+	r.publish(t, ids...)
+	dead := want["permanent"] + want["always"]
+	eventually(t, 60*time.Second, "all processed", func() bool {
+		total, _ := d.rows(t)
+		return total == n-dead && r.count(t, r.topo.DLQ) == dead
+	})
+	el := time.Since(start)
+	time.Sleep(200 * time.Millisecond)
+	total, distinct := d.rows(t)
+	if total != n-dead || distinct != n-dead {
+		t.Errorf("business rows %d (%d ids), want %d", total, distinct, n-dead)
+	}
+	r.expectQueues(t, dead)
+	t.Logf("%d messages (%v) in %v: %.0f msg/s, %d deliveries; business rows %d, DLQ %d",
+		n, want, el.Round(time.Millisecond), float64(n)/el.Seconds(), deliveries.Load(), total, r.count(t, r.topo.DLQ))
+}
+
+func TestDeadLettersReplayAndPurge(t *testing.T) {
+	t.Parallel()
+	r := newRMQ(t, false)
+	var healthy atomic.Bool
+	var log deliveryLog
+	var ok sync.Map
+	consume(t, r.config(), redeliver.Config{Policy: testPolicy(2), Handler: func(ctx context.Context, m *redeliver.Message) error {
+		log.add(m)
+		if !healthy.Load() {
+			return errors.New("dependency down")
+		}
+		ok.Store(m.ID, m.Attempt)
+		return nil
+	}})
+	r.publish(t, "a", "b", "c", "d")
+	eventually(t, 10*time.Second, "dead letters", func() bool { return r.count(t, r.topo.DLQ) == 4 })
+
+	dl, err := OpenDeadLetters(t.Context(), DeadLettersConfig{URL: r.url, Queue: r.queue})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dl.Close()
+	var _ redeliver.DeadLetters = dl
+	list, err := dl.List(t.Context(), 2)
+	if err != nil || len(list) != 2 {
+		t.Fatalf("List(2) = %d, %v", len(list), err)
+	}
+	if all, err := dl.List(t.Context(), 0); err != nil || len(all) != 4 {
+		t.Fatalf("List = %d, %v", len(all), err)
+	}
+	if _, err := dl.Get(t.Context(), "nope"); !errors.Is(err, redeliver.ErrNotFound) {
+		t.Errorf("Get(nope) = %v, want ErrNotFound", err)
+	}
+	if n, err := dl.Purge(t.Context(), "d"); err != nil || n != 1 {
+		t.Errorf("Purge(d) = %d, %v", n, err)
+	}
+
+	healthy.Store(true)
+	if n, err := dl.Replay(t.Context(), "a"); err != nil || n != 1 {
+		t.Fatalf("Replay(a) = %d, %v", n, err)
+	}
+	eventually(t, 5*time.Second, "a processed", func() bool { _, done := ok.Load("a"); return done })
+	if n, err := dl.Replay(t.Context()); err != nil || n != 2 {
+		t.Fatalf("Replay() = %d, %v", n, err)
+	}
+	eventually(t, 5*time.Second, "b and c processed", func() bool {
+		_, b := ok.Load("b")
+		_, c := ok.Load("c")
+		return b && c
+	})
+	for _, id := range []string{"a", "b", "c"} {
+		if at, _ := ok.Load(id); at != 1 {
+			t.Errorf("%s replayed at attempt %v, want 1 (count reset)", id, at)
+		}
+		last := log.of(id)
+		if h := last[len(last)-1].header; h["x-retry-count"] != "" || h[redeliver.HeaderReason] != "" || h["app"] != "yes" {
+			t.Errorf("%s replayed with headers %v", id, h)
+		}
+	}
+	if _, done := ok.Load("d"); done {
+		t.Error("purged message processed")
+	}
+	r.expectQueues(t, 0)
+
+	// Purge all.
+	healthy.Store(false)
+	r.publish(t, "e", "f")
+	eventually(t, 10*time.Second, "dead letters", func() bool { return r.count(t, r.topo.DLQ) == 2 })
+	if n, err := dl.Purge(t.Context()); err != nil || n != 2 {
+		t.Errorf("Purge() = %d, %v", n, err)
+	}
+	r.expectQueues(t, 0)
+}
+
+func TestOpenDeadLettersMissing(t *testing.T) {
+	t.Parallel()
+	url := testenv.AMQPURL(t)
+	_, err := OpenDeadLetters(t.Context(), DeadLettersConfig{URL: url, Queue: testenv.Name("missing")})
+	if !errors.Is(err, redeliver.ErrNotFound) {
+		t.Errorf("err = %v, want ErrNotFound", err)
+	}
+}
+
+func TestPublisher(t *testing.T) {
+	t.Parallel()
+	r := newRMQ(t, false)
+	pre, err := NewSource(t.Context(), r.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = pre.Close(t.Context())
+	p, err := NewPublisher(t.Context(), PublisherConfig{URL: r.url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	m := &redeliver.Message{ID: "x", Body: []byte("hi"), ContentType: "text/plain", Header: map[string]string{"k": "v"}}
+	if err := p.Publish(t.Context(), r.queue, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(t.Context(), testenv.Name("nowhere"), m); !errors.Is(err, ErrUnroutable) {
+		t.Errorf("publish to a missing queue: %v, want ErrUnroutable", err)
+	}
+	// Concurrent publishes, one of them unroutable, are confirmed independently.
+	var wg sync.WaitGroup
+	errs := make([]error, 20)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			q := r.queue
+			if i == 7 {
+				q = testenv.Name("nowhere")
+			}
+			errs[i] = p.Publish(t.Context(), q, &redeliver.Message{ID: "c" + strconv.Itoa(i), Body: []byte("x")})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if (i == 7) != errors.Is(err, ErrUnroutable) || (i != 7 && err != nil) {
+			t.Errorf("publish %d: %v", i, err)
+		}
+	}
+	if n := r.count(t, r.queue); n != 20 {
+		t.Errorf("queue holds %d, want 20", n)
+	}
+	_ = p.Close()
+	if err := p.Publish(t.Context(), r.queue, m); !errors.Is(err, redeliver.ErrClosed) {
+		t.Errorf("publish after close: %v", err)
+	}
+}
+
+func TestNewSourceErrors(t *testing.T) {
+	t.Parallel()
+	r := newRMQ(t, false)
+	if _, err := NewSource(t.Context(), Config{Queue: "q"}); err == nil {
+		t.Error("no URL accepted")
+	}
+	if _, err := NewSource(t.Context(), Config{URL: r.url}); err == nil {
+		t.Error("no queue accepted")
+	}
+	if _, err := NewSource(t.Context(), Config{URL: "amqp://guest:guest@" + testenv.DeadAddr(t) + "/", Queue: "q"}); err == nil {
+		t.Error("dead broker accepted")
+	}
+	// Declaring twice is idempotent; declaring with another type fails.
+	for range 2 {
+		s, err := NewSource(t.Context(), r.config())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = s.Close(t.Context())
+	}
+	cfg := r.config()
+	cfg.Quorum = true
+	if s, err := NewSource(t.Context(), cfg); err == nil {
+		_ = s.Close(t.Context())
+		t.Error("redeclaring a classic queue as quorum succeeded")
+	}
+}
+
+// TestCopyDropsCC: a retry copy must not be routed to the original's CC queues again.
+func TestCopyDropsCC(t *testing.T) {
+	t.Parallel()
+	r := newRMQ(t, false)
+	var log deliveryLog
+	consume(t, r.config(), redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
+		log.add(m)
+		if m.Attempt < 3 {
+			return errors.New("again")
+		}
+		return nil
+	}})
+	ch, err := r.admin.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	cc := testenv.Name("cc")
+	if _, err := ch.QueueDeclare(cc, false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if c, err := r.admin.Channel(); err == nil {
+			_, _ = c.QueueDelete(cc, false, false, false)
+			_ = c.Close()
+		}
+	})
+	if err := ch.PublishWithContext(t.Context(), "", r.queue, false, false, amqp.Publishing{
+		MessageId: "cc1", Body: []byte("x"), Headers: amqp.Table{"CC": []any{cc}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "three deliveries", func() bool { return len(log.of("cc1")) == 3 })
+	time.Sleep(100 * time.Millisecond)
+	if n := r.count(t, cc); n != 1 {
+		t.Errorf("CC queue holds %d, want the original's 1", n)
+	}
+	r.expectQueues(t, 0)
+}

@@ -1,0 +1,371 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/retrysafe/retrysafe/redeliver"
+	"github.com/retrysafe/retrysafe/retry"
+)
+
+// Config configures a Source. URL and Queue are required; the zero value of every other
+// field means the default documented on it.
+type Config struct {
+	// URL is the broker's AMQP URL, e.g. "amqp://guest:guest@127.0.0.1:5672/". Required.
+	URL string
+	// Queue is the work queue. Required. The Source also uses Queue+".dlq" and the delay
+	// queues Queue+".delay.<ms>ms" (see Topology).
+	Queue string
+	// Prefetch is the most unacknowledged deliveries the broker sends ahead (basic.qos).
+	// About twice the Consumer's Concurrency keeps every handler busy. Default 20.
+	Prefetch int
+	// Quorum declares every queue of the topology as a quorum queue: replicated, with
+	// at-least-once dead-lettering from the delay queues, and a broker-side delivery
+	// count (x-delivery-count) that Message.DeliveryCount reports. Default false:
+	// classic durable queues. It must match how the queues were first declared.
+	Quorum bool
+	// Delays are the delay queues' TTLs. A retry's delay is rounded to the nearest of
+	// them on a logarithmic scale. Default DefaultDelays().
+	Delays []time.Duration
+	// NoDeclare skips declaring the topology (when it is managed elsewhere, with the
+	// same names and arguments). Default false: the Source declares it, idempotently, on
+	// every (re)connect.
+	NoDeclare bool
+	// Reconnect is the backoff between connection attempts after the broker went away.
+	// Only Base, Cap, Jitter and Rand are used; attempts never stop (until the context
+	// ends). Default: full jitter from 100ms, capped at 5s.
+	Reconnect retry.Policy
+	// AMQP configures the connection (TLS, heartbeat, SASL …). Its Properties get a
+	// "connection_name" of "retrysafe-redeliver <queue>" unless they have one. Default:
+	// amqp091's defaults.
+	AMQP amqp.Config
+	// Logger receives connection events. Default slog.Default().
+	Logger *slog.Logger
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+
+	// hook, when set (by this package's tests only), is called at the named points: "retry-confirmed" after
+	// a retry copy's confirm and before the original's ack, "dead-confirmed" likewise
+	// for a dead letter, "ack" before an ack.
+	hook func(point string, s *Source)
+}
+
+// Source is a redeliver.Source on a RabbitMQ work queue. Make one with NewSource.
+type Source struct {
+	cfg  Config
+	topo Topology
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	cur    *session
+	closed bool
+
+	connects atomic.Int64
+}
+
+var _ redeliver.Source = (*Source)(nil)
+
+// session is one connection with its consume and publish channels.
+type session struct {
+	conn       *amqp.Connection
+	consume    *amqp.Channel
+	pub        *confirmChannel
+	deliveries <-chan amqp.Delivery
+}
+
+func (s *session) close() {
+	if s.conn != nil {
+		_ = s.conn.Close()
+	}
+}
+
+// NewSource connects to cfg.URL, declares the topology (unless cfg.NoDeclare) and starts
+// consuming the work queue. It fails when the first connection fails; later the Source
+// reconnects by itself.
+func NewSource(ctx context.Context, cfg Config) (*Source, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("rabbitmq: Config.URL is required")
+	}
+	topo, err := newTopology(cfg.Queue, cfg.Delays, cfg.Quorum)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Prefetch <= 0 {
+		cfg.Prefetch = 20
+	}
+	if cfg.Reconnect.Base <= 0 {
+		cfg.Reconnect.Base = 100 * time.Millisecond
+	}
+	if cfg.Reconnect.Cap <= 0 {
+		cfg.Reconnect.Cap = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	cfg.AMQP = withConnectionName(cfg.AMQP, "retrysafe-redeliver "+cfg.Queue)
+	s := &Source{cfg: cfg, topo: topo, log: cfg.Logger.With(slog.String("queue", cfg.Queue))}
+	sess, err := s.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.cur = sess
+	return s, nil
+}
+
+// Topology returns the names of the queues the Source uses.
+func (s *Source) Topology() Topology { return s.topo }
+
+// Connects reports how many connections the Source has opened, the first included.
+func (s *Source) Connects() int64 { return s.connects.Load() }
+
+func withConnectionName(c amqp.Config, name string) amqp.Config {
+	props := amqp.Table{}
+	for k, v := range c.Properties {
+		props[k] = v
+	}
+	if _, ok := props["connection_name"]; !ok {
+		props["connection_name"] = name
+	}
+	c.Properties = props
+	return c
+}
+
+// connect opens a session: connection, topology, publish channel, consumer.
+func (s *Source) connect(ctx context.Context) (*session, error) {
+	conn, err := dial(ctx, s.cfg.URL, s.cfg.AMQP)
+	if err != nil {
+		return nil, err
+	}
+	sess := &session{conn: conn}
+	fail := func(err error) (*session, error) { sess.close(); return nil, err }
+	if !s.cfg.NoDeclare {
+		ch, err := conn.Channel()
+		if err != nil {
+			return fail(fmt.Errorf("rabbitmq: opening channel: %w", err))
+		}
+		if err := s.topo.declare(ctx, ch); err != nil {
+			return fail(err)
+		}
+		_ = ch.Close()
+	}
+	if sess.pub, err = newConfirmChannel(conn); err != nil {
+		return fail(err)
+	}
+	if sess.consume, err = conn.Channel(); err != nil {
+		return fail(fmt.Errorf("rabbitmq: opening consume channel: %w", err))
+	}
+	if err := sess.consume.Qos(s.cfg.Prefetch, 0, false); err != nil {
+		return fail(fmt.Errorf("rabbitmq: setting prefetch: %w", err))
+	}
+	// The consumer must outlive ctx (amqp091 cancels it when ctx ends).
+	sess.deliveries, err = sess.consume.ConsumeWithContext(context.WithoutCancel(ctx), s.topo.Work, "", false, false, false, false, nil)
+	if err != nil {
+		return fail(fmt.Errorf("rabbitmq: consuming %q: %w", s.topo.Work, err))
+	}
+	s.connects.Add(1)
+	return sess, nil
+}
+
+// dial connects, giving up when ctx ends.
+func dial(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection, error) {
+	type result struct {
+		c   *amqp.Connection
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := amqp.DialConfig(url, cfg)
+		done <- result{c, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			return nil, fmt.Errorf("rabbitmq: connecting: %w", r.err)
+		}
+		return r.c, nil
+	case <-ctx.Done():
+		go func() {
+			if r := <-done; r.c != nil {
+				_ = r.c.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
+}
+
+// reconnect replaces the broken session old with a new one, retrying with backoff
+// until it succeeds, ctx ends or the Source is closed.
+func (s *Source) reconnect(ctx context.Context, old *session) (*session, error) {
+	s.mu.Lock()
+	if s.cur == old {
+		s.cur = nil
+	}
+	s.mu.Unlock()
+	if old != nil {
+		old.close()
+		s.log.Warn("rabbitmq: connection lost, reconnecting")
+	}
+	for n := 0; ; n++ {
+		s.mu.Lock()
+		closed := s.closed
+		s.mu.Unlock()
+		if closed {
+			return nil, redeliver.ErrClosed
+		}
+		sess, err := s.connect(ctx)
+		if err == nil {
+			s.mu.Lock()
+			if s.closed {
+				s.mu.Unlock()
+				sess.close()
+				return nil, redeliver.ErrClosed
+			}
+			s.cur = sess
+			s.mu.Unlock()
+			s.log.Info("rabbitmq: connected", slog.Int("attempt", n+1))
+			return sess, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		wait := s.cfg.Reconnect.Backoff(min(n, 30), 0)
+		s.log.Warn("rabbitmq: connecting failed", slog.Any("error", err), slog.Duration("retry_in", wait))
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// Receive returns the next delivery from the work queue, reconnecting (with backoff)
+// when the connection was lost.
+func (s *Source) Receive(ctx context.Context) (redeliver.Delivery, error) {
+	for {
+		s.mu.Lock()
+		closed, sess := s.closed, s.cur
+		s.mu.Unlock()
+		if closed {
+			return nil, redeliver.ErrClosed
+		}
+		if sess == nil {
+			var err error
+			if sess, err = s.reconnect(ctx, nil); err != nil {
+				return nil, err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case d, ok := <-sess.deliveries:
+			if !ok {
+				if _, err := s.reconnect(ctx, sess); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			return &delivery{s: s, sess: sess, d: d, m: toMessage(&d, s.topo.Work, s.topo.Quorum, s.cfg.Now())}, nil
+		}
+	}
+}
+
+// Close closes the connection. Deliveries received but not settled (prefetched ones
+// included) return to the queue.
+func (s *Source) Close(context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	if s.cur != nil {
+		if err := s.cur.conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
+			s.cur = nil
+			return fmt.Errorf("rabbitmq: closing connection: %w", err)
+		}
+		s.cur = nil
+	}
+	return nil
+}
+
+// delivery is one message from the work queue.
+type delivery struct {
+	s    *Source
+	sess *session
+	d    amqp.Delivery
+	m    *redeliver.Message
+}
+
+var _ redeliver.Delivery = (*delivery)(nil)
+
+func (d *delivery) Message() *redeliver.Message { return d.m }
+
+func (d *delivery) hook(point string) {
+	if d.s.cfg.hook != nil {
+		d.s.cfg.hook(point, d.s)
+	}
+}
+
+func (d *delivery) Ack(context.Context) error {
+	d.hook("ack")
+	if err := d.d.Ack(false); err != nil {
+		return fmt.Errorf("rabbitmq: ack: %w", err)
+	}
+	return nil
+}
+
+// Retry publishes a copy to the delay queue nearest r.Delay, waits for the confirm and
+// acks the original. If the publish fails the original is requeued (nack) so that it
+// is not stuck unacknowledged on a live channel.
+func (d *delivery) Retry(ctx context.Context, r redeliver.RetryInfo) error {
+	q := d.s.topo.bucket(r.Delay)
+	if err := d.sess.pub.publish(ctx, q.Name, copyOf(&d.d, r.Header, r.CountHeader)); err != nil {
+		_ = d.d.Nack(false, true)
+		return err
+	}
+	d.hook("retry-confirmed")
+	if err := d.d.Ack(false); err != nil {
+		return fmt.Errorf("rabbitmq: ack after retry copy: %w", err)
+	}
+	return nil
+}
+
+// DeadLetter publishes a copy with the dead-letter headers to the DLQ, waits for the
+// confirm and acks the original.
+func (d *delivery) DeadLetter(ctx context.Context, info redeliver.DeadInfo) error {
+	if err := d.sess.pub.publish(ctx, d.s.topo.DLQ, copyOf(&d.d, info.Header(), info.CountHeader)); err != nil {
+		_ = d.d.Nack(false, true)
+		return err
+	}
+	d.hook("dead-confirmed")
+	if err := d.d.Ack(false); err != nil {
+		return fmt.Errorf("rabbitmq: ack after dead-lettering: %w", err)
+	}
+	return nil
+}
+
+// Release requeues the message (basic.nack with requeue). A quorum queue counts it in
+// x-delivery-count.
+func (d *delivery) Release(context.Context) error {
+	if err := d.d.Nack(false, true); err != nil {
+		return fmt.Errorf("rabbitmq: nack: %w", err)
+	}
+	return nil
+}
+
+// InProgress does nothing: RabbitMQ has no per-message ack deadline, only the
+// broker-wide consumer_timeout (30 minutes by default), which a handler's timeout
+// should stay below.
+func (d *delivery) InProgress(context.Context) error { return nil }

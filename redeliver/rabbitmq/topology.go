@@ -1,0 +1,180 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// DefaultDelays returns the delay queues' TTLs used when Config.Delays is empty: 1s, 2s,
+// 5s, 10s, 30s, 1m, 2m, 5m, 10m, 30m and 1h — a bounded set on a roughly geometric
+// scale, so that a work queue has 11 delay queues however the backoff is configured.
+func DefaultDelays() []time.Duration {
+	return []time.Duration{
+		time.Second, 2 * time.Second, 5 * time.Second, 10 * time.Second, 30 * time.Second,
+		time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute, 30 * time.Minute, time.Hour,
+	}
+}
+
+// Topology names the queues that serve one work queue.
+type Topology struct {
+	// Work is the work queue.
+	Work string
+	// DLQ is the dead-letter queue, Work + ".dlq".
+	DLQ string
+	// Delays are the delay queues, shortest first: Work + ".delay." + the TTL in
+	// milliseconds + "ms" (for example "orders.delay.5000ms"). Each holds a message for
+	// its TTL, then dead-letters it back to Work through the default exchange.
+	Delays []DelayQueue
+	// Quorum says whether the queues are quorum queues.
+	Quorum bool
+}
+
+// DelayQueue is one delay bucket.
+type DelayQueue struct {
+	Name  string
+	Delay time.Duration
+}
+
+// Queues returns every queue name of the topology: the work queue, the DLQ, then the
+// delay queues.
+func (t Topology) Queues() []string {
+	q := []string{t.Work, t.DLQ}
+	for _, d := range t.Delays {
+		q = append(q, d.Name)
+	}
+	return q
+}
+
+// newTopology returns the topology of queue with the given delay buckets (sorted,
+// deduplicated, positive).
+func newTopology(queue string, delays []time.Duration, quorum bool) (Topology, error) {
+	if queue == "" {
+		return Topology{}, errors.New("rabbitmq: a queue name is required")
+	}
+	if len(queue) > 200 {
+		return Topology{}, fmt.Errorf("rabbitmq: queue name %q is too long (at most 200 bytes, to leave room for the derived names)", queue)
+	}
+	if len(delays) == 0 {
+		delays = DefaultDelays()
+	}
+	ds := slices.Clone(delays)
+	slices.Sort(ds)
+	ds = slices.Compact(ds)
+	t := Topology{Work: queue, DLQ: queue + ".dlq", Quorum: quorum}
+	for _, d := range ds {
+		if d < time.Millisecond {
+			return Topology{}, fmt.Errorf("rabbitmq: delay %v is shorter than a millisecond", d)
+		}
+		if d.Milliseconds() > math.MaxInt32 {
+			return Topology{}, fmt.Errorf("rabbitmq: delay %v is longer than RabbitMQ's TTL limit", d)
+		}
+		t.Delays = append(t.Delays, DelayQueue{
+			Name:  queue + ".delay." + strconv.FormatInt(d.Milliseconds(), 10) + "ms",
+			Delay: d.Truncate(time.Millisecond),
+		})
+	}
+	return t, nil
+}
+
+// bucket returns the delay queue for a wanted delay: the nearest bucket on a logarithmic
+// scale (so with the default buckets a delay is never rounded to less than about 0.6 or
+// more than about 1.6 times itself), the shortest one for delays below it and the
+// longest for delays above it.
+func (t Topology) bucket(d time.Duration) DelayQueue {
+	b := t.Delays
+	i, _ := slices.BinarySearchFunc(b, d, func(q DelayQueue, d time.Duration) int {
+		return cmpDuration(q.Delay, d)
+	})
+	switch {
+	case i == 0:
+		return b[0]
+	case i == len(b):
+		return b[len(b)-1]
+	}
+	lo, hi := b[i-1], b[i]
+	// d between lo and hi: compare d/lo with hi/d.
+	if float64(d)*float64(d) < float64(lo.Delay)*float64(hi.Delay) {
+		return lo
+	}
+	return hi
+}
+
+func cmpDuration(a, b time.Duration) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// declare declares the topology on ch, idempotently: re-declaring a queue with the same
+// arguments is a no-op in RabbitMQ. A queue that exists with other arguments (another
+// type, another TTL) fails with PRECONDITION_FAILED, which closes ch.
+func (t Topology) declare(ctx context.Context, ch *amqp.Channel) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	base := func() amqp.Table {
+		if t.Quorum {
+			return amqp.Table{"x-queue-type": "quorum"}
+		}
+		return amqp.Table{}
+	}
+	if _, err := ch.QueueDeclare(t.Work, true, false, false, false, base()); err != nil {
+		return fmt.Errorf("rabbitmq: declaring queue %q: %w", t.Work, err)
+	}
+	if _, err := ch.QueueDeclare(t.DLQ, true, false, false, false, base()); err != nil {
+		return fmt.Errorf("rabbitmq: declaring queue %q: %w", t.DLQ, err)
+	}
+	for _, d := range t.Delays {
+		args := base()
+		args["x-message-ttl"] = d.Delay.Milliseconds()
+		args["x-dead-letter-exchange"] = ""
+		args["x-dead-letter-routing-key"] = t.Work
+		if t.Quorum {
+			// Quorum queues dead-letter at least once (classic queues at most once), which
+			// needs reject-publish overflow.
+			args["x-dead-letter-strategy"] = "at-least-once"
+			args["x-overflow"] = "reject-publish"
+		}
+		if _, err := ch.QueueDeclare(d.Name, true, false, false, false, args); err != nil {
+			return fmt.Errorf("rabbitmq: declaring delay queue %q: %w", d.Name, err)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DeleteTopology deletes every queue of t (messages included) through conn. Queues
+// that do not exist are skipped. It is meant for tests and for decommissioning a queue.
+func DeleteTopology(ctx context.Context, conn *amqp.Connection, t Topology) error {
+	var errs []error
+	for _, q := range t.Queues() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		ch, err := conn.Channel()
+		if err != nil {
+			return fmt.Errorf("rabbitmq: opening channel: %w", err)
+		}
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			var aerr *amqp.Error
+			if !errors.As(err, &aerr) || aerr.Code != amqp.NotFound {
+				errs = append(errs, fmt.Errorf("rabbitmq: deleting queue %q: %w", q, err))
+			}
+		}
+		_ = ch.Close()
+	}
+	return errors.Join(errs...)
+}
