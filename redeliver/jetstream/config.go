@@ -1,0 +1,372 @@
+package jetstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	js "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/retrysafe/retrysafe/redeliver"
+)
+
+// ErrConfig is returned (wrapped) for a Config that cannot work: a missing or invalid
+// queue name, names that are not valid JetStream names.
+var ErrConfig = errors.New("jetstream: invalid config")
+
+// Config names a work queue on a NATS server and says how to consume it. The zero value
+// of every field but Queue means the default documented on it. The same Config serves
+// NewSource and NewDeadLetters.
+type Config struct {
+	// Queue is the work queue: the subject messages are published to (say
+	// "emitter.access"), from which the other names derive. Required; a literal subject
+	// (no wildcards, no white space, no empty tokens).
+	Queue string
+
+	// URL is the NATS server to connect to. Default nats://127.0.0.1:4222. Ignored when
+	// Conn is set.
+	URL string
+	// Conn, when set, is the connection to use instead of dialling URL. It is left open
+	// by Close. A connection dialled from URL reconnects forever and is closed by Close.
+	Conn *nats.Conn
+
+	// Stream is the work stream (work-queue retention, so an acknowledged or terminated
+	// message is removed). Default: Queue with every '.' and other character a stream
+	// name cannot hold replaced by '_' ("emitter_access").
+	Stream string
+	// Consumer is the durable pull consumer's name. Default "redeliver". Every Source
+	// of one queue shares it, so they split the messages among themselves.
+	Consumer string
+	// DLQSubject is the subject dead letters are published to. Default Queue + ".dlq".
+	DLQSubject string
+	// DLQStream is the dead-letter stream (limits retention: kept until replayed or
+	// purged). Default Stream + "_dlq".
+	DLQStream string
+
+	// Policy is the Consumer's redeliver.Policy. Only MaxAttempts (for the MaxDeliver
+	// default) and Header (the count header a replay resets) are read. Default: the zero
+	// Policy's defaults (5 attempts, "x-retry-count").
+	Policy redeliver.Policy
+
+	// AckWait is how long the server waits for an outcome before it redelivers a
+	// message (a crashed consumer's messages come back after it). The Source sends
+	// InProgress every AckWait/3 while a handler runs (Heartbeater), so a slow handler
+	// keeps its message. Default 30s; at least 100ms.
+	AckWait time.Duration
+	// MaxDeliver is the consumer's MaxDeliver: the server's backstop, which stops
+	// redelivering a message after that many deliveries even if no consumer ever settles
+	// it. A message that reaches it is moved to the DLQ by the Source (see the package
+	// documentation, "Orphans"). Default Policy.MaxAttempts + 2: one delivery for the
+	// Consumer to dead-letter a message the broker delivered more often than the policy
+	// allows (a process that crashes on it), one spare. Negative: no limit.
+	MaxDeliver int
+	// MaxAckPending is the most messages delivered and not yet settled, messages waiting
+	// for a delayed redelivery included. Default 1000 (the server's default).
+	MaxAckPending int
+	// Prefetch is how many messages the Source pulls ahead of Receive. A prefetched
+	// message's AckWait is already running, so keep Prefetch × handler time well under
+	// AckWait. Default 16.
+	Prefetch int
+	// Replicas is the streams' replica count in a cluster. Default 1.
+	Replicas int
+	// MemoryStorage keeps both streams in memory instead of on disk (tests, benchmarks).
+	// Default false: file storage.
+	MemoryStorage bool
+	// Duplicates is the work stream's deduplication window for Nats-Msg-Id. Default 2m
+	// (the server's default).
+	Duplicates time.Duration
+	// DLQDuplicates is the DLQ stream's deduplication window: a message dead-lettered
+	// again within it (the Term after a dead-lettering was lost and the message came back)
+	// is stored once. Default 1h.
+	DLQDuplicates time.Duration
+	// SweepInterval is how often the Source looks for orphans: messages that reached
+	// MaxDeliver while no Source heard the server's advisory. Default 1m; negative: only
+	// when the Source starts. The advisory itself is always followed.
+	SweepInterval time.Duration
+	// Logger receives the backend's logs. Default slog.Default().
+	Logger *slog.Logger
+	// Now is the clock for the failure times of rescued orphans. Default time.Now.
+	Now func() time.Time
+}
+
+// Defaults of Config.
+const (
+	DefaultConsumer      = "redeliver"
+	DefaultAckWait       = 30 * time.Second
+	DefaultMaxAckPending = 1000
+	DefaultPrefetch      = 16
+	DefaultDuplicates    = 2 * time.Minute
+	DefaultDLQDuplicates = time.Hour
+	DefaultSweepInterval = time.Minute
+	minAckWait           = 100 * time.Millisecond
+)
+
+// withDefaults checks c and fills its zero fields.
+func (c Config) withDefaults() (Config, error) {
+	if err := checkSubject(c.Queue); err != nil {
+		return c, fmt.Errorf("%w: Queue: %w", ErrConfig, err)
+	}
+	if c.URL == "" {
+		c.URL = nats.DefaultURL
+	}
+	if c.Stream == "" {
+		c.Stream = streamName(c.Queue)
+	}
+	if c.Consumer == "" {
+		c.Consumer = DefaultConsumer
+	}
+	if c.DLQSubject == "" {
+		c.DLQSubject = c.Queue + ".dlq"
+	}
+	if c.DLQStream == "" {
+		c.DLQStream = c.Stream + "_dlq"
+	}
+	for _, n := range []struct{ field, name string }{
+		{"Stream", c.Stream}, {"Consumer", c.Consumer}, {"DLQStream", c.DLQStream},
+	} {
+		if err := checkName(n.name); err != nil {
+			return c, fmt.Errorf("%w: %s: %w", ErrConfig, n.field, err)
+		}
+	}
+	if err := checkSubject(c.DLQSubject); err != nil {
+		return c, fmt.Errorf("%w: DLQSubject: %w", ErrConfig, err)
+	}
+	if c.DLQSubject == c.Queue || c.Stream == c.DLQStream {
+		return c, fmt.Errorf("%w: the DLQ must differ from the work queue", ErrConfig)
+	}
+	c.Policy = c.Policy.WithDefaults()
+	if c.AckWait == 0 {
+		c.AckWait = DefaultAckWait
+	}
+	c.AckWait = max(c.AckWait, minAckWait)
+	switch {
+	case c.MaxDeliver == 0:
+		c.MaxDeliver = c.Policy.MaxAttempts + 2
+	case c.MaxDeliver < 0:
+		c.MaxDeliver = -1
+	}
+	if c.MaxAckPending <= 0 {
+		c.MaxAckPending = DefaultMaxAckPending
+	}
+	if c.Prefetch <= 0 {
+		c.Prefetch = DefaultPrefetch
+	}
+	if c.Replicas <= 0 {
+		c.Replicas = 1
+	}
+	if c.Duplicates <= 0 {
+		c.Duplicates = DefaultDuplicates
+	}
+	if c.DLQDuplicates <= 0 {
+		c.DLQDuplicates = DefaultDLQDuplicates
+	}
+	if c.SweepInterval == 0 {
+		c.SweepInterval = DefaultSweepInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c, nil
+}
+
+// checkSubject accepts a literal NATS subject.
+func checkSubject(s string) error {
+	if s == "" {
+		return errors.New("empty")
+	}
+	for _, tok := range strings.Split(s, ".") {
+		if tok == "" {
+			return fmt.Errorf("%q has an empty token", s)
+		}
+		if tok == "*" || tok == ">" {
+			return fmt.Errorf("%q has a wildcard", s)
+		}
+	}
+	for _, r := range s {
+		if r <= ' ' || r == 0x7f {
+			return fmt.Errorf("%q has white space or a control character", s)
+		}
+	}
+	return nil
+}
+
+// checkName accepts a stream or consumer name.
+func checkName(s string) error {
+	if s == "" {
+		return errors.New("empty")
+	}
+	if len(s) > 255 {
+		return fmt.Errorf("%q is longer than 255 bytes", s)
+	}
+	for _, r := range s {
+		if !nameRune(r) {
+			return fmt.Errorf("%q has a character a JetStream name cannot hold (%q)", s, r)
+		}
+	}
+	return nil
+}
+
+func nameRune(r rune) bool {
+	return r > ' ' && r != 0x7f && !strings.ContainsRune(".*>/\\", r)
+}
+
+// streamName derives a stream name from a subject.
+func streamName(subject string) string {
+	return strings.Map(func(r rune) rune {
+		if nameRune(r) {
+			return r
+		}
+		return '_'
+	}, subject)
+}
+
+// conn returns the connection to use and whether it is ours to close.
+func (c Config) conn(ctx context.Context) (*nats.Conn, bool, error) {
+	if c.Conn != nil {
+		return c.Conn, false, nil
+	}
+	nc, err := Dial(ctx, c.URL, "retrysafe redeliver "+c.Queue)
+	if err != nil {
+		return nil, false, err
+	}
+	return nc, true, nil
+}
+
+// Dial connects to the NATS server at url (default nats://127.0.0.1:4222) with a
+// connection that reconnects forever. When no server answers at first it tries again
+// until ctx ends, or for 30s when ctx has no deadline. name identifies the client in the
+// server's monitoring.
+func Dial(ctx context.Context, url, name string) (*nats.Conn, error) {
+	if url == "" {
+		url = nats.DefaultURL
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+	}
+	wait := 100 * time.Millisecond
+	for {
+		nc, err := nats.Connect(url,
+			nats.Name(name),
+			nats.MaxReconnects(-1),
+			nats.ReconnectWait(250*time.Millisecond),
+			nats.Timeout(2*time.Second),
+		)
+		if err == nil {
+			return nc, nil
+		}
+		if !errors.Is(err, nats.ErrNoServers) {
+			return nil, fmt.Errorf("jetstream: connecting to %s: %w", url, err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("jetstream: connecting to %s: %w (%w)", url, err, ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// streamConfigs returns the work and DLQ streams' configurations.
+func (c Config) streamConfigs() (work, dlq js.StreamConfig) {
+	storage := js.FileStorage
+	if c.MemoryStorage {
+		storage = js.MemoryStorage
+	}
+	work = js.StreamConfig{
+		Name:        c.Stream,
+		Description: "retrysafe redeliver work queue " + c.Queue,
+		Subjects:    []string{c.Queue},
+		Retention:   js.WorkQueuePolicy,
+		Storage:     storage,
+		Replicas:    c.Replicas,
+		Duplicates:  c.Duplicates,
+	}
+	dlq = js.StreamConfig{
+		Name:        c.DLQStream,
+		Description: "retrysafe redeliver dead letters of " + c.Queue,
+		Subjects:    []string{c.DLQSubject},
+		Retention:   js.LimitsPolicy,
+		Storage:     storage,
+		Replicas:    c.Replicas,
+		Duplicates:  c.DLQDuplicates,
+	}
+	return work, dlq
+}
+
+// consumerConfig returns the durable consumer's configuration.
+func (c Config) consumerConfig() js.ConsumerConfig {
+	return js.ConsumerConfig{
+		Durable:       c.Consumer,
+		Description:   "retrysafe redeliver consumer of " + c.Queue,
+		DeliverPolicy: js.DeliverAllPolicy,
+		AckPolicy:     js.AckExplicitPolicy,
+		AckWait:       c.AckWait,
+		MaxDeliver:    c.MaxDeliver,
+		FilterSubject: c.Queue,
+		MaxAckPending: c.MaxAckPending,
+		ReplayPolicy:  js.ReplayInstantPolicy,
+		Replicas:      0, // the stream's
+	}
+}
+
+// Declare creates or updates the work stream, the DLQ stream and the durable consumer
+// of cfg, idempotently: running it again, from any number of processes, changes
+// nothing. NewSource calls it; call it yourself to create the topology before the first
+// publish (a message published before the work stream exists is not stored).
+func Declare(ctx context.Context, cfg Config) error {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return err
+	}
+	nc, own, err := c.conn(ctx)
+	if err != nil {
+		return err
+	}
+	if own {
+		defer nc.Close()
+	}
+	j, err := js.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	_, err = c.declare(ctx, j)
+	return err
+}
+
+// declare creates or updates the topology and returns the work consumer.
+func (c Config) declare(ctx context.Context, j js.JetStream) (js.Consumer, error) {
+	work, dlq := c.streamConfigs()
+	for _, sc := range []js.StreamConfig{work, dlq} {
+		if err := createOrUpdateStream(ctx, j, sc); err != nil {
+			return nil, err
+		}
+	}
+	cons, err := j.CreateOrUpdateConsumer(ctx, c.Stream, c.consumerConfig())
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: declaring consumer %s on %s: %w", c.Consumer, c.Stream, err)
+	}
+	return cons, nil
+}
+
+func createOrUpdateStream(ctx context.Context, j js.JetStream, sc js.StreamConfig) error {
+	_, err := j.CreateOrUpdateStream(ctx, sc)
+	if errors.Is(err, js.ErrStreamNameAlreadyInUse) {
+		// Another process created it between our update and our create: update again.
+		_, err = j.CreateOrUpdateStream(ctx, sc)
+	}
+	if err != nil {
+		return fmt.Errorf("jetstream: declaring stream %s: %w", sc.Name, err)
+	}
+	return nil
+}

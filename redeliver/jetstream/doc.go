@@ -1,0 +1,117 @@
+// Package jetstream is the NATS JetStream backend of package redeliver: a Source for
+// redeliver.Consumer on a durable pull consumer, DeadLetters for the retrysafe dlq
+// command, a Publisher, and StartEmbedded, a NATS server inside the process (the default
+// broker of the demo and of the tests when no URL is given).
+//
+// # Topology
+//
+// For a queue "emitter.access" (Config.Queue, the subject producers publish to), NewSource
+// and Declare create or update, idempotently:
+//
+//   - the work stream "emitter_access" on that subject, with work-queue retention: a
+//     message leaves the stream when it is acknowledged or terminated;
+//   - the DLQ stream "emitter_access_dlq" on "emitter.access.dlq", with limits
+//     retention: dead letters stay until they are replayed or purged;
+//   - the durable pull consumer "redeliver" on the work stream: explicit acks, AckWait
+//     (default 30s), MaxDeliver (default MaxAttempts+2), MaxAckPending. Every Source of
+//     the queue, in any number of processes, shares it.
+//
+// # Pulling
+//
+// A Source pulls in batches of up to Config.Prefetch messages, one pull request at a
+// time, each waiting at most a second at the server, and hands them to the Consumer one
+// by one. A pulled message's AckWait is already running, so keep Prefetch × handler time
+// well under AckWait. Close hands the pulled messages the Consumer never took back to the
+// server (Nak) once the last pull request ends. While the connection is down the Source
+// waits for it (nats.go reconnects forever on a connection the Source dialled) rather
+// than send pull requests that would reach the server after their inbox is gone; when
+// the consumer disappears, it declares the topology again.
+//
+// # Settling a delivery
+//
+// Every settlement is a request the server answers (what nats.go's DoubleAck does for an
+// ack), so Ack, Retry, DeadLetter, Release and InProgress return only once the server
+// has the outcome, as redeliver.Delivery requires:
+//
+//   - success: +ACK;
+//   - a transient failure: NakWithDelay with the policy's backoff. The server redelivers
+//     the stored message as it is after the delay; nothing is republished, and the
+//     x-retry-count header is not rewritten;
+//   - the last attempt, a permanent error or a decode failure: the message (body and
+//     every header but JetStream's own Nats-*) with the dead-letter headers
+//     (redeliver.DeadInfo.Header) is published to the DLQ stream; once the server's
+//     PubAck arrives, +TERM removes the original from the work stream;
+//   - shutdown: -NAK (redelivered at once);
+//   - a slow handler: +WPI (InProgress) every AckWait/3 (Source.Heartbeat), which
+//     restarts the server's AckWait timer, so the message is not redelivered to another
+//     consumer meanwhile.
+//
+// # Attempt counting
+//
+// JetStream counts deliveries itself: each delivery's metadata carries NumDelivered, the
+// first delivery being 1, and it survives crashes (it is the consumer's state on the
+// server). The Source reports it as Message.DeliveryCount, and the Consumer takes the
+// larger of it and the count header + 1 (redeliver.AttemptOf). Because a Nak redelivers
+// the message unchanged, the header is only ever what the producer set (a message that
+// already had attempts elsewhere, or none) and NumDelivered does the counting, so no
+// republish is needed. A delivery lost to a crash counts as an attempt: a message that
+// crashes the process every time reaches Attempt > MaxAttempts and the Consumer
+// dead-letters it without running the handler again. A Release (shutdown) counts too: a
+// message interrupted by a shutdown has one attempt fewer left. A count header h set by
+// the producer is a floor: the first deliveries are all attempt h+1 until NumDelivered
+// passes it, so such a message may get up to h deliveries more than MaxAttempts − h
+// (never fewer).
+//
+// # MaxDeliver, the backstop, and orphans
+//
+// The consumer's MaxDeliver (default MaxAttempts+2) is the server's own limit, for when
+// no Source settles a message at all (the process crashes while it dead-letters the
+// message, or a Source without this package's logic consumes the queue). When a message
+// reaches it, the server stops delivering it but does not remove it: in a work-queue
+// stream, an unacknowledged message stays stored, invisible to the consumer — an
+// orphan. So it does not vanish silently:
+//
+//   - every Source subscribes to the consumer's MaxDeliver advisory
+//     ($JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>) and moves the
+//     message it names to the DLQ with reason "max-deliver" (ReasonMaxDeliver), class
+//     "unknown", attempts = the deliveries made, then deletes it from the work stream;
+//   - advisories are not stored: one sent while no Source runs is lost. So a Source also
+//     sweeps (Sweep) when it starts and every SweepInterval: when the consumer has nothing
+//     pending, every message still in the work stream at or below the consumer's last
+//     delivered sequence is an orphan, and is moved the same way. Under a load that never
+//     lets the pending count reach zero, such an orphan waits for the next lull.
+//
+// # Message ids and deduplication
+//
+// Message.ID is the HeaderID header ("redeliver-msg-id") when present, else the
+// Nats-Msg-Id the producer set (Publisher sets it from Message.ID), else
+// "<stream>-<sequence>", which is stable across redeliveries. Each stream deduplicates
+// on Nats-Msg-Id within its window (Config.Duplicates, Config.DLQDuplicates):
+//
+//   - a dead letter's Nats-Msg-Id is "<id>@<stream>:<sequence>", the message id and the
+//     work stream's sequence: if the +TERM after a dead-lettering is lost and the message
+//     comes back, its second dead-lettering is dropped as a duplicate (within
+//     DLQDuplicates, default 1h), while the same id dead-lettered again after a replay (a
+//     new sequence) is a new dead letter. A dead letter carries its id in HeaderID;
+//   - a replayed copy's Nats-Msg-Id names the dead letter it came from, so replaying the
+//     same dead letter twice (a crash between the publish and the removal from the DLQ)
+//     stores one copy within the work stream's window; its id travels in HeaderID. It
+//     could not be the original Nats-Msg-Id: a replay within Duplicates of the original
+//     publish would be dropped.
+//
+// # Dead letters
+//
+// DeadLetters reads the DLQ stream by sequence (a direct get of the next message on the
+// DLQ subject), so List and Get never consume or redeliver anything and need no
+// consumer. Replay publishes each selected dead letter to the work subject with the
+// count header and the dead-letter headers removed (redeliver.IsRedeliverHeader), the
+// id kept, waits for the PubAck, then deletes the dead letter. Purge deletes by id, or
+// purges everything present when it starts.
+//
+// # Servers
+//
+// The backend works against any nats-server with JetStream from 2.9 on (the tests run
+// against the machine's 2.9 server and the embedded 2.15 one). StartEmbedded runs one in
+// the process, on a random port of 127.0.0.1, storing in a directory of your choice or a
+// temporary one.
+package jetstream

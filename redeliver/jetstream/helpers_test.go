@@ -1,0 +1,296 @@
+package jetstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	js "github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/retrysafe/retrysafe/internal/testenv"
+	"github.com/retrysafe/retrysafe/redeliver"
+	"github.com/retrysafe/retrysafe/retry"
+)
+
+// embeddedURL is the in-process server every test shares, started by TestMain.
+var embeddedURL string
+
+func TestMain(m *testing.M) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	url, shutdown, err := StartEmbedded(ctx, "")
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "starting the embedded NATS server:", err)
+		os.Exit(1)
+	}
+	embeddedURL = url
+	code := m.Run()
+	shutdown()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// A harness is a NATS server the scenarios run against.
+type harness struct {
+	name string
+	url  func(t testing.TB) string
+}
+
+var harnesses = []harness{
+	{"nats", func(t testing.TB) string { return testenv.NATSURL(t) }},
+	{"embedded", func(testing.TB) string { return embeddedURL }},
+}
+
+// forEach runs fn as a parallel subtest on every harness.
+func forEach(t *testing.T, fn func(t *testing.T, url string)) {
+	t.Helper()
+	for _, h := range harnesses {
+		t.Run(h.name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, h.url(t))
+		})
+	}
+}
+
+// quietLogger discards logs, unless RETRYSAFE_TEST_LOG=1 sends them to stderr.
+func quietLogger() *slog.Logger {
+	if os.Getenv("RETRYSAFE_TEST_LOG") == "1" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// testPolicy: 3 attempts, waits of exactly 100ms then 200ms.
+func testPolicy() redeliver.Policy {
+	return redeliver.Policy{
+		MaxAttempts: 3,
+		Backoff:     retry.Policy{Base: 100 * time.Millisecond, Cap: time.Second, Jitter: retry.JitterNone},
+		Timeout:     30 * time.Second,
+	}
+}
+
+// newConfig returns a Config for a fresh queue on url, whose streams are deleted when t
+// ends.
+func newConfig(t testing.TB, url string) Config {
+	t.Helper()
+	cfg := Config{
+		Queue:         testenv.Name("rsjs") + ".work",
+		URL:           url,
+		Policy:        testPolicy(),
+		MemoryStorage: true,
+		Logger:        quietLogger(),
+	}
+	t.Cleanup(func() {
+		c, err := cfg.withDefaults()
+		if err != nil {
+			return
+		}
+		nc, err := nats.Connect(url)
+		if err != nil {
+			t.Logf("cleanup: %v", err)
+			return
+		}
+		defer nc.Close()
+		j, _ := js.New(nc)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for _, s := range []string{c.Stream, c.DLQStream} {
+			if err := j.DeleteStream(ctx, s); err != nil && !errors.Is(err, js.ErrStreamNotFound) {
+				t.Logf("cleanup: deleting %s: %v", s, err)
+			}
+		}
+	})
+	return cfg
+}
+
+// connect returns a connection closed when t ends.
+func connect(t testing.TB, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// publish publishes messages with the ids to cfg's queue.
+func publish(t testing.TB, nc *nats.Conn, cfg Config, ids ...string) {
+	t.Helper()
+	p, err := NewPublisher(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, id := range ids {
+		m := &redeliver.Message{ID: id, Body: []byte("body of " + id), ContentType: "text/plain",
+			Header: map[string]string{"tenant": "acme"}}
+		if err := p.Publish(ctx, cfg.Queue, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// running is a Consumer running over a Source.
+type running struct {
+	src  *Source
+	stop func() error
+}
+
+// run starts a Consumer with the handler over a new Source of cfg; it is stopped when t
+// ends (or by calling stop).
+func run(t testing.TB, cfg Config, h redeliver.Handler, tweak func(*redeliver.Config)) *running {
+	t.Helper()
+	ctx := context.Background()
+	src, err := NewSource(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := redeliver.Config{Source: src, Handler: h, Policy: cfg.Policy, Logger: cfg.Logger, ShutdownGrace: 5 * time.Second}
+	if tweak != nil {
+		tweak(&rc)
+	}
+	c, err := redeliver.New(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	var once sync.Once
+	var runErr error
+	stop := func() error {
+		once.Do(func() {
+			cancel()
+			runErr = <-done
+		})
+		return runErr
+	}
+	t.Cleanup(func() { _ = stop() })
+	return &running{src: src, stop: stop}
+}
+
+// eventually polls cond until it holds or the timeout passes.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// state is a queue's broker-side state.
+type state struct {
+	work, dlq            uint64 // messages stored
+	ackPending, unpulled int
+}
+
+func queueState(t testing.TB, nc *nats.Conn, cfg Config) state {
+	t.Helper()
+	c, err := cfg.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, _ := js.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var st state
+	for _, s := range []struct {
+		name string
+		n    *uint64
+	}{{c.Stream, &st.work}, {c.DLQStream, &st.dlq}} {
+		str, err := j.Stream(ctx, s.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := str.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		*s.n = info.State.Msgs
+	}
+	cons, err := j.Consumer(ctx, c.Stream, c.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ci, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.ackPending, st.unpulled = ci.NumAckPending, int(ci.NumPending)
+	return st
+}
+
+// deadLetters opens cfg's DLQ for the test.
+func deadLetters(t testing.TB, cfg Config) *DeadLetters {
+	t.Helper()
+	d, err := NewDeadLetters(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	return d
+}
+
+// recorder records deliveries by message id.
+type recorder struct {
+	mu        sync.Mutex
+	times     map[string][]time.Time
+	attempts  map[string][]int
+	successes map[string]int
+}
+
+func newRecorder() *recorder {
+	return &recorder{times: map[string][]time.Time{}, attempts: map[string][]int{}, successes: map[string]int{}}
+}
+
+func (r *recorder) delivered(m *redeliver.Message) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.times[m.ID] = append(r.times[m.ID], time.Now())
+	r.attempts[m.ID] = append(r.attempts[m.ID], m.Attempt)
+}
+
+func (r *recorder) succeeded(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.successes[id]++
+}
+
+func (r *recorder) deliveries(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.times[id])
+}
+
+func (r *recorder) success(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.successes[id]
+}
+
+func (r *recorder) totalSuccesses() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, c := range r.successes {
+		n += c
+	}
+	return n
+}

@@ -1,0 +1,120 @@
+package jetstream
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	js "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/retrysafe/retrysafe/redeliver"
+)
+
+// HeaderID carries a message's id on the copies this package publishes itself: a dead
+// letter and a replayed message, whose Nats-Msg-Id must differ from the original's (each
+// stream deduplicates on Nats-Msg-Id, and a replay within the work stream's window would
+// otherwise be dropped as a duplicate). A received message's id is this header when
+// present, else its Nats-Msg-Id, else "<stream>-<sequence>".
+const HeaderID = "redeliver-msg-id"
+
+// HeaderContentType carries Message.ContentType (NATS messages have no content type of
+// their own).
+const HeaderContentType = "Content-Type"
+
+// ReasonMaxDeliver is the reason (redeliver.HeaderReason) of an orphan: a message the
+// server stopped redelivering at the consumer's MaxDeliver without any Source settling
+// it (see the package documentation). The Source moved it to the DLQ itself.
+const ReasonMaxDeliver redeliver.Reason = "max-deliver"
+
+// ClassUnknown is the error class of an orphan: no handler reported an error.
+const ClassUnknown redeliver.Class = "unknown"
+
+// natsHeader reports whether name is one of the headers JetStream reads or sets itself
+// (Nats-Msg-Id, Nats-Expected-*, Nats-Stream …): never copied to a republished message.
+func natsHeader(name string) bool {
+	return len(name) >= 5 && strings.EqualFold(name[:5], "nats-")
+}
+
+// messageID returns a stored message's id.
+func messageID(h nats.Header, stream string, seq uint64) string {
+	if v := h.Get(HeaderID); v != "" {
+		return v
+	}
+	if v := h.Get(js.MsgIDHeader); v != "" {
+		return v
+	}
+	return stream + "-" + strconv.FormatUint(seq, 10)
+}
+
+// appHeader returns the application headers of h, first value of each: without
+// JetStream's own, HeaderID and HeaderContentType. Never nil.
+func appHeader(h nats.Header) map[string]string {
+	out := make(map[string]string, len(h))
+	for k, v := range h {
+		if natsHeader(k) || k == HeaderID || k == HeaderContentType || len(v) == 0 {
+			continue
+		}
+		out[k] = v[0]
+	}
+	return out
+}
+
+// copyHeader returns a copy of h without JetStream's own headers and without those drop
+// rejects (nil: none).
+func copyHeader(h nats.Header, drop func(string) bool) nats.Header {
+	out := make(nats.Header, len(h)+8)
+	for k, v := range h {
+		if natsHeader(k) || (drop != nil && drop(k)) {
+			continue
+		}
+		out[k] = slices.Clone(v)
+	}
+	return out
+}
+
+// deadMsg builds the dead letter of a stored message: its body and headers, its id in
+// HeaderID and the dead-letter headers.
+func deadMsg(subject, id string, h nats.Header, body []byte, info redeliver.DeadInfo) *nats.Msg {
+	out := &nats.Msg{Subject: subject, Header: copyHeader(h, nil), Data: body}
+	out.Header.Set(HeaderID, id)
+	for k, v := range info.Header() {
+		out.Header.Set(k, v)
+	}
+	return out
+}
+
+// deadKey is a dead letter's Nats-Msg-Id in the DLQ stream: the message id and the work
+// stream's sequence, so the same stored message is dead-lettered once however often it
+// is delivered (a lost Term), while a replayed copy (a new sequence) that fails again is
+// a new dead letter.
+func deadKey(id, stream string, seq uint64) string {
+	return id + "@" + stream + ":" + strconv.FormatUint(seq, 10)
+}
+
+// replayKey is a replayed copy's Nats-Msg-Id in the work stream: a second replay of the
+// same dead letter (a crash between the publish and the delete) is dropped as a
+// duplicate within the work stream's window.
+func replayKey(id, dlqStream string, seq uint64) string {
+	return id + "@replay:" + dlqStream + ":" + strconv.FormatUint(seq, 10)
+}
+
+// toDeadLetter converts a stored dead letter.
+func toDeadLetter(raw *js.RawStreamMsg, stream, queue string) redeliver.DeadLetter {
+	h := appHeader(raw.Header)
+	info := redeliver.ParseDeadInfo(h)
+	if info.Queue == "" {
+		info.Queue = queue
+	}
+	return redeliver.DeadLetter{
+		Message: redeliver.Message{
+			ID:          messageID(raw.Header, stream, raw.Sequence),
+			Queue:       info.Queue,
+			Body:        raw.Data,
+			ContentType: raw.Header.Get(HeaderContentType),
+			Header:      h,
+			Published:   raw.Time,
+		},
+		Info: info,
+	}
+}

@@ -1,0 +1,560 @@
+package jetstream
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	js "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/retrysafe/retrysafe/redeliver"
+)
+
+// Source is a redeliver.Source on a JetStream durable pull consumer. Make one with
+// NewSource; it is safe for concurrent use, and its deliveries may be settled from any
+// goroutine.
+type Source struct {
+	cfg    Config
+	nc     *nats.Conn
+	own    bool
+	js     js.JetStream
+	stream js.Stream
+	log    *slog.Logger
+
+	mu      sync.Mutex // guards cons and cur
+	cons    js.Consumer
+	cur     js.MessageBatch // the current pull
+	closing chan struct{}   // closed by Close
+
+	closed  atomic.Bool
+	stop    context.CancelFunc // ends the orphan loop
+	wg      sync.WaitGroup
+	advSub  *nats.Subscription
+	orphanC chan orphan
+	rescued atomic.Int64
+}
+
+var (
+	_ redeliver.Source      = (*Source)(nil)
+	_ redeliver.Heartbeater = (*Source)(nil)
+)
+
+// NewSource connects (Config.URL, or Config.Conn), declares the work stream, the DLQ
+// stream and the durable consumer (Declare), starts following the consumer's MaxDeliver
+// advisories and sweeps once for orphans. Close it, or let the redeliver.Consumer that
+// runs it close it.
+func NewSource(ctx context.Context, cfg Config) (*Source, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	nc, own, err := c.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*Source, error) {
+		if own {
+			nc.Close()
+		}
+		return nil, err
+	}
+	j, err := js.New(nc)
+	if err != nil {
+		return fail(fmt.Errorf("jetstream: %w", err))
+	}
+	cons, err := c.declare(ctx, j)
+	if err != nil {
+		return fail(err)
+	}
+	stream, err := j.Stream(ctx, c.Stream)
+	if err != nil {
+		return fail(fmt.Errorf("jetstream: stream %s: %w", c.Stream, err))
+	}
+	s := &Source{
+		cfg: c, nc: nc, own: own, js: j, stream: stream, cons: cons,
+		log:     c.Logger.With(slog.String("queue", c.Queue), slog.String("stream", c.Stream)),
+		orphanC: make(chan orphan, 256),
+		closing: make(chan struct{}),
+	}
+	// The server announces each message that reached MaxDeliver.
+	subj := "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + c.Stream + "." + c.Consumer
+	s.advSub, err = nc.Subscribe(subj, s.onAdvisory)
+	if err != nil {
+		return fail(fmt.Errorf("jetstream: subscribing to %s: %w", subj, err))
+	}
+	fctx, cancel := withTimeout(ctx)
+	err = nc.FlushWithContext(fctx)
+	cancel()
+	if err != nil {
+		_ = s.advSub.Unsubscribe()
+		return fail(fmt.Errorf("jetstream: %w", err))
+	}
+	loop, stop := context.WithCancel(context.WithoutCancel(ctx))
+	s.stop = stop
+	s.wg.Add(1)
+	go s.orphans(loop)
+	return s, nil
+}
+
+// withTimeout gives ctx a deadline of 10s when it has none (nats.go's flush requires one,
+// and a request without one could wait forever for a reply that was lost).
+func withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, 10*time.Second)
+}
+
+// Heartbeat is how often the redeliver.Consumer calls InProgress while a handler runs: a
+// third of AckWait.
+func (s *Source) Heartbeat() time.Duration { return s.cfg.AckWait / 3 }
+
+// Conn returns the connection the Source uses.
+func (s *Source) Conn() *nats.Conn { return s.nc }
+
+// Rescued returns how many orphans (messages that reached MaxDeliver) this Source moved
+// to the DLQ.
+func (s *Source) Rescued() int64 { return s.rescued.Load() }
+
+var errDisconnected = errors.New("not connected to the server")
+
+// pullWait is how long one pull request waits at the server for messages: the longest
+// an idle Source takes to notice a lost request, and to close.
+const pullWait = time.Second
+
+// Receive returns the next message of the durable consumer. It waits through broker
+// restarts (the connection reconnects by itself) and re-declares the topology when the
+// consumer disappears; it returns an error only when ctx ends, after Close
+// (redeliver.ErrClosed), or when the connection is closed for good.
+//
+// Messages are pulled in batches of up to Prefetch (one pull request each, waiting at
+// most a second at the server); a pulled message waits in the Source, its AckWait
+// running, until Receive returns it.
+func (s *Source) Receive(ctx context.Context) (redeliver.Delivery, error) {
+	wait := 50 * time.Millisecond
+	for {
+		if s.closed.Load() {
+			return nil, redeliver.ErrClosed
+		}
+		b, err := s.batch()
+		if err == nil {
+			select {
+			case msg, ok := <-b.Messages():
+				if ok {
+					return s.newDelivery(msg), nil
+				}
+				s.mu.Lock()
+				s.cur = nil
+				s.mu.Unlock()
+				if err = b.Error(); err == nil {
+					wait = 50 * time.Millisecond
+					continue // the batch is complete, or the pull expired: pull again
+				}
+			case <-ctx.Done():
+				return nil, ctx.Err() // the batch stays for the next Receive
+			case <-s.closing:
+				return nil, redeliver.ErrClosed
+			}
+		}
+		if s.closed.Load() {
+			return nil, redeliver.ErrClosed
+		}
+		if s.nc.IsClosed() {
+			return nil, fmt.Errorf("jetstream: receive: %w", nats.ErrConnectionClosed)
+		}
+		if errors.Is(err, js.ErrServerShutdown) || !s.nc.IsConnected() {
+			// The server is going away, or gone: the connection reconnects by itself;
+			// wait for it, then pull anew.
+			s.log.Info("jetstream: waiting for the server", slog.Any("error", err))
+			if errors.Is(err, js.ErrServerShutdown) {
+				if err := s.sleep(ctx, time.Second); err != nil {
+					return nil, err
+				}
+			}
+			if err := s.awaitConnected(ctx); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		// The consumer was deleted, or the server lost it: declare the topology again
+		// and pull anew.
+		s.log.Warn("jetstream: pulling failed; declaring the consumer again", slog.Any("error", err))
+		if err := s.sleep(ctx, wait); err != nil {
+			return nil, err
+		}
+		wait = min(2*wait, 5*time.Second)
+		if !s.nc.IsConnected() {
+			continue
+		}
+		dctx, cancel := withTimeout(ctx)
+		cons, derr := s.cfg.declare(dctx, s.js)
+		cancel()
+		if derr == nil {
+			s.mu.Lock()
+			s.cons = cons
+			s.mu.Unlock()
+		} else {
+			s.log.Warn("jetstream: declaring the topology failed", slog.Any("error", derr))
+		}
+	}
+}
+
+// sleep waits for d, or until ctx ends (its error) or the Source closes
+// (redeliver.ErrClosed).
+func (s *Source) sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.closing:
+		return redeliver.ErrClosed
+	case <-t.C:
+		return nil
+	}
+}
+
+// awaitConnected waits until the connection is up again, ctx ends (its error), or the
+// Source closes (redeliver.ErrClosed).
+func (s *Source) awaitConnected(ctx context.Context) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for !s.nc.IsConnected() {
+		if s.nc.IsClosed() {
+			return fmt.Errorf("jetstream: receive: %w", nats.ErrConnectionClosed)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.closing:
+			return redeliver.ErrClosed
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// batch returns the current pull, starting one when there is none.
+func (s *Source) batch() (js.MessageBatch, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur != nil {
+		return s.cur, nil
+	}
+	if !s.nc.IsConnected() {
+		// A pull request buffered while reconnecting would reach the server after its
+		// inbox is gone, and the messages it pulled would wait out AckWait.
+		return nil, fmt.Errorf("jetstream: pulling from %s: %w", s.cfg.Consumer, errDisconnected)
+	}
+	b, err := s.cons.Fetch(s.cfg.Prefetch, js.FetchMaxWait(pullWait))
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: pulling from %s: %w", s.cfg.Consumer, err)
+	}
+	s.cur = b
+	return b, nil
+}
+
+// Close stops pulling, hands the pulled messages Receive did not return back to the
+// server (Nak, so they are redelivered at once; this waits for the last pull request to
+// end, at most a second), stops following advisories and, when the Source dialled its
+// own connection, flushes and closes it. Deliveries already returned by Receive must be
+// settled before Close: the redeliver.Consumer does that. A second Close returns
+// redeliver.ErrClosed.
+func (s *Source) Close(ctx context.Context) error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return redeliver.ErrClosed
+	}
+	close(s.closing)
+	s.stop()
+	s.wg.Wait()
+	_ = s.advSub.Unsubscribe()
+
+	s.mu.Lock()
+	b := s.cur
+	s.cur = nil
+	s.mu.Unlock()
+	var errs []error
+	if b != nil {
+	drain:
+		for {
+			select {
+			case msg, ok := <-b.Messages():
+				if !ok {
+					break drain
+				}
+				if err := ackSync(ctx, s.nc, msg, ackNak); err != nil {
+					errs = append(errs, err)
+				}
+			case <-ctx.Done():
+				errs = append(errs, ctx.Err())
+				break drain
+			}
+		}
+	}
+	if s.own {
+		fctx, cancel := withTimeout(ctx)
+		err := s.nc.FlushWithContext(fctx)
+		cancel()
+		if err != nil && !s.nc.IsClosed() {
+			errs = append(errs, fmt.Errorf("jetstream: flush: %w", err))
+		}
+		s.nc.Close()
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("jetstream: returning pulled messages: %w", err)
+	}
+	return nil
+}
+
+// The acknowledgement bodies JetStream understands.
+var (
+	ackAck      = []byte("+ACK")
+	ackNak      = []byte("-NAK")
+	ackProgress = []byte("+WPI")
+	ackTerm     = []byte("+TERM")
+)
+
+// ackSync sends an acknowledgement of msg and waits for the server to confirm it (what
+// nats.go's DoubleAck does for +ACK), so a settle returns only once the server has the
+// outcome.
+func ackSync(ctx context.Context, nc *nats.Conn, msg js.Msg, body []byte) error {
+	reply := msg.Reply()
+	if reply == "" {
+		return fmt.Errorf("jetstream: %w", js.ErrMsgNoReply)
+	}
+	ctx, cancel := withTimeout(ctx)
+	defer cancel()
+	if _, err := nc.RequestWithContext(ctx, reply, body); err != nil {
+		return fmt.Errorf("jetstream: %s: %w", body, err)
+	}
+	return nil
+}
+
+// delivery is one received message.
+type delivery struct {
+	s   *Source
+	msg js.Msg
+	m   *redeliver.Message
+	seq uint64 // stream sequence
+}
+
+func (s *Source) newDelivery(msg js.Msg) *delivery {
+	d := &delivery{s: s, msg: msg}
+	h := msg.Headers()
+	m := &redeliver.Message{
+		Queue:       s.cfg.Queue,
+		Body:        msg.Data(),
+		ContentType: h.Get(HeaderContentType),
+		Header:      appHeader(h),
+		Received:    s.cfg.Now(),
+	}
+	if md, err := msg.Metadata(); err == nil {
+		d.seq = md.Sequence.Stream
+		m.DeliveryCount = int(min(md.NumDelivered, 1<<30))
+		m.Published = md.Timestamp
+	} else {
+		s.log.Warn("jetstream: message without metadata", slog.Any("error", err))
+	}
+	m.ID = messageID(h, s.cfg.Stream, d.seq)
+	d.m = m
+	return d
+}
+
+func (d *delivery) Message() *redeliver.Message { return d.m }
+
+func (d *delivery) Ack(ctx context.Context) error { return ackSync(ctx, d.s.nc, d.msg, ackAck) }
+
+// Retry asks the server to redeliver the message after r.Delay (NakWithDelay). The
+// message comes back as it is: r.Header is not written, because JetStream counts the
+// deliveries itself (Message.DeliveryCount) and the Consumer takes the larger of that
+// and the count header.
+func (d *delivery) Retry(ctx context.Context, r redeliver.RetryInfo) error {
+	body := ackNak
+	if r.Delay > 0 {
+		body = fmt.Appendf(nil, `%s {"delay": %d}`, ackNak, r.Delay.Nanoseconds())
+	}
+	return ackSync(ctx, d.s.nc, d.msg, body)
+}
+
+// DeadLetter publishes the message with info's headers to the DLQ stream, deduplicated
+// by deadKey, waits for the server's PubAck, then terminates the delivery (+TERM), which
+// removes it from the work stream.
+func (d *delivery) DeadLetter(ctx context.Context, info redeliver.DeadInfo) error {
+	if err := d.s.publishDead(ctx, d.m.ID, d.msg.Headers(), d.msg.Data(), info, d.seq); err != nil {
+		return err
+	}
+	return ackSync(ctx, d.s.nc, d.msg, ackTerm)
+}
+
+// Release hands the message back for immediate redelivery (Nak). JetStream counts the
+// delivery all the same: a released message has one attempt fewer left.
+func (d *delivery) Release(ctx context.Context) error {
+	return ackSync(ctx, d.s.nc, d.msg, ackNak)
+}
+
+// InProgress resets the server's AckWait timer of the message (+WPI).
+func (d *delivery) InProgress(ctx context.Context) error {
+	return ackSync(ctx, d.s.nc, d.msg, ackProgress)
+}
+
+// publishDead publishes a dead letter and waits for the PubAck. A duplicate (the same
+// stored message dead-lettered before) counts as success.
+func (s *Source) publishDead(ctx context.Context, id string, h nats.Header, body []byte, info redeliver.DeadInfo, seq uint64) error {
+	out := deadMsg(s.cfg.DLQSubject, id, h, body, info)
+	_, err := s.js.PublishMsg(ctx, out,
+		js.WithMsgID(deadKey(id, s.cfg.Stream, seq)), js.WithExpectStream(s.cfg.DLQStream))
+	if err != nil {
+		return fmt.Errorf("jetstream: publishing dead letter %s to %s: %w", id, s.cfg.DLQSubject, err)
+	}
+	return nil
+}
+
+// orphan is a message that reached MaxDeliver.
+type orphan struct {
+	seq        uint64
+	deliveries uint64
+}
+
+// onAdvisory receives the server's MaxDeliver advisories.
+func (s *Source) onAdvisory(m *nats.Msg) {
+	var a struct {
+		Stream     string `json:"stream"`
+		Consumer   string `json:"consumer"`
+		StreamSeq  uint64 `json:"stream_seq"`
+		Deliveries uint64 `json:"deliveries"`
+	}
+	if err := json.Unmarshal(m.Data, &a); err != nil || a.StreamSeq == 0 ||
+		a.Stream != s.cfg.Stream || a.Consumer != s.cfg.Consumer {
+		return
+	}
+	select {
+	case s.orphanC <- orphan{seq: a.StreamSeq, deliveries: a.Deliveries}:
+	default:
+		// The loop is behind: the next sweep finds the message.
+		s.log.Warn("jetstream: MaxDeliver advisory dropped; the next sweep handles it",
+			slog.Uint64("stream_seq", a.StreamSeq))
+	}
+}
+
+// orphans moves orphans to the DLQ: those the advisories name, and those a sweep finds
+// at the start and every SweepInterval.
+func (s *Source) orphans(ctx context.Context) {
+	defer s.wg.Done()
+	var tick <-chan time.Time
+	if s.cfg.SweepInterval > 0 {
+		t := time.NewTicker(s.cfg.SweepInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	sweep := func() {
+		if n, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("jetstream: sweeping for orphans failed", slog.Any("error", err))
+		} else if n > 0 {
+			s.log.Warn("jetstream: orphans moved to the DLQ", slog.Int("count", n))
+		}
+	}
+	sweep()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case o := <-s.orphanC:
+			if _, err := s.rescue(ctx, o.seq, o.deliveries); err != nil && ctx.Err() == nil {
+				s.log.Warn("jetstream: moving an orphan to the DLQ failed; the next sweep retries",
+					slog.Uint64("stream_seq", o.seq), slog.Any("error", err))
+			}
+		case <-tick:
+			sweep()
+		}
+	}
+}
+
+// Sweep moves to the DLQ every orphan of the work stream: a message the consumer has
+// delivered (its sequence is at most the consumer's last delivered one) that is neither
+// acknowledged (the work stream would have removed it) nor pending. It does so only
+// while nothing is pending, since an orphan cannot be told from a pending message
+// otherwise; it returns how many it moved. The Source calls it at start and every
+// SweepInterval.
+func (s *Source) Sweep(ctx context.Context) (int, error) {
+	s.mu.Lock()
+	cons := s.cons
+	s.mu.Unlock()
+	ci, err := cons.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("jetstream: consumer info: %w", err)
+	}
+	if ci.NumAckPending > 0 || ci.Delivered.Stream == 0 {
+		return 0, nil
+	}
+	last := ci.Delivered.Stream
+	si, err := s.stream.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("jetstream: stream info: %w", err)
+	}
+	n := 0
+	for seq := max(si.State.FirstSeq, 1); seq <= last; {
+		raw, err := nextMsg(ctx, s.stream, seq, last, s.cfg.Queue)
+		if errors.Is(err, js.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return n, fmt.Errorf("jetstream: reading messages from %d: %w", seq, err)
+		}
+		deliveries := uint64(max(ci.Config.MaxDeliver, 0))
+		if err := s.rescueMsg(ctx, raw, deliveries); err != nil {
+			return n, err
+		}
+		n++
+		seq = raw.Sequence + 1
+	}
+	return n, nil
+}
+
+// rescue moves the orphan at seq to the DLQ; it reports whether it found it.
+func (s *Source) rescue(ctx context.Context, seq, deliveries uint64) (bool, error) {
+	raw, err := s.stream.GetMsg(ctx, seq)
+	if errors.Is(err, js.ErrMsgNotFound) {
+		return false, nil // settled or rescued meanwhile
+	}
+	if err != nil {
+		return false, fmt.Errorf("jetstream: reading message %d: %w", seq, err)
+	}
+	return true, s.rescueMsg(ctx, raw, deliveries)
+}
+
+func (s *Source) rescueMsg(ctx context.Context, raw *js.RawStreamMsg, deliveries uint64) error {
+	id := messageID(raw.Header, s.cfg.Stream, raw.Sequence)
+	now := s.cfg.Now()
+	first := raw.Time // a lower bound: when it was stored
+	if t, err := time.Parse(time.RFC3339Nano, raw.Header.Get(redeliver.HeaderFirstFailure)); err == nil {
+		first = t
+	}
+	info := redeliver.DeadInfo{
+		Reason: ReasonMaxDeliver,
+		Class:  ClassUnknown,
+		Err: "the server stopped redelivering it after " + strconv.FormatUint(deliveries, 10) +
+			" deliveries (MaxDeliver) without any consumer settling it: a handler that crashed the process or never returned?",
+		Attempts:     int(min(deliveries, 1<<30)),
+		FirstFailure: first,
+		LastFailure:  now,
+		Queue:        s.cfg.Queue,
+		CountHeader:  s.cfg.Policy.Header,
+	}
+	if err := s.publishDead(ctx, id, raw.Header, raw.Data, info, raw.Sequence); err != nil {
+		return err
+	}
+	if err := s.stream.DeleteMsg(ctx, raw.Sequence); err != nil && !errors.Is(err, js.ErrMsgNotFound) {
+		return fmt.Errorf("jetstream: deleting orphan %d from %s: %w", raw.Sequence, s.cfg.Stream, err)
+	}
+	s.rescued.Add(1)
+	s.log.Warn("jetstream: orphan moved to the DLQ", slog.String("message_id", id),
+		slog.Uint64("stream_seq", raw.Sequence), slog.Uint64("deliveries", deliveries))
+	return nil
+}

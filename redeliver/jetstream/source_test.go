@@ -1,0 +1,446 @@
+package jetstream
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	js "github.com/nats-io/nats.go/jetstream"
+	_ "modernc.org/sqlite"
+
+	"github.com/retrysafe/retrysafe/redeliver"
+	"github.com/retrysafe/retrysafe/redeliver/sqlitebox"
+	"github.com/retrysafe/retrysafe/retry"
+)
+
+// A handler failing twice then succeeding: exactly three deliveries, growing delays,
+// one success, nothing left anywhere.
+func TestFailTwiceThenSucceed(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, url string) {
+		cfg := newConfig(t, url)
+		rec := newRecorder()
+		run(t, cfg, func(_ context.Context, m *redeliver.Message) error {
+			rec.delivered(m)
+			if m.Attempt < 3 {
+				return errors.New("flaky downstream")
+			}
+			rec.succeeded(m.ID)
+			return nil
+		}, nil)
+		nc := connect(t, url)
+		publish(t, nc, cfg, "pay-1")
+		eventually(t, 10*time.Second, "a success", func() bool { return rec.success("pay-1") == 1 })
+		time.Sleep(400 * time.Millisecond) // more than the last delay: no extra delivery comes
+
+		rec.mu.Lock()
+		times, attempts := rec.times["pay-1"], rec.attempts["pay-1"]
+		rec.mu.Unlock()
+		if len(times) != 3 || rec.success("pay-1") != 1 {
+			t.Fatalf("%d deliveries, %d successes; want 3 and 1", len(times), rec.success("pay-1"))
+		}
+		if fmt.Sprint(attempts) != "[1 2 3]" {
+			t.Errorf("attempts %v, want [1 2 3]", attempts)
+		}
+		gap1, gap2 := times[1].Sub(times[0]), times[2].Sub(times[1])
+		if gap1 < 100*time.Millisecond || gap2 < 200*time.Millisecond || gap2 <= gap1 {
+			t.Errorf("delays %v then %v; want ≥100ms then ≥200ms, growing", gap1, gap2)
+		}
+		eventually(t, 5*time.Second, "an empty queue", func() bool {
+			st := queueState(t, nc, cfg)
+			return st == state{}
+		})
+	})
+}
+
+// A handler failing always: exactly MaxAttempts deliveries, then one message in the DLQ
+// with every header; nothing left in the work stream or the consumer.
+func TestAlwaysFailingIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, url string) {
+		cfg := newConfig(t, url)
+		rec := newRecorder()
+		start := time.Now()
+		run(t, cfg, func(_ context.Context, m *redeliver.Message) error {
+			rec.delivered(m)
+			return fmt.Errorf("attempt %d: connection refused", m.Attempt)
+		}, nil)
+		nc := connect(t, url)
+		publish(t, nc, cfg, "grant-7")
+		dl := deadLetters(t, cfg)
+		var list []redeliver.DeadLetter
+		eventually(t, 10*time.Second, "a dead letter", func() bool {
+			var err error
+			list, err = dl.List(context.Background(), 0)
+			return err == nil && len(list) == 1
+		})
+		time.Sleep(300 * time.Millisecond)
+		if n := rec.deliveries("grant-7"); n != 3 {
+			t.Errorf("%d deliveries, want MaxAttempts = 3", n)
+		}
+		d := list[0]
+		if d.ID != "grant-7" || string(d.Body) != "body of grant-7" || d.ContentType != "text/plain" || d.Header["tenant"] != "acme" {
+			t.Errorf("dead letter lost the message: id %q body %q type %q header %v", d.ID, d.Body, d.ContentType, d.Header)
+		}
+		want := map[string]string{
+			redeliver.HeaderReason:     string(redeliver.ReasonMaxAttempts),
+			redeliver.HeaderError:      "attempt 3: connection refused",
+			redeliver.HeaderErrorClass: string(redeliver.ClassTransient),
+			redeliver.HeaderAttempts:   "3",
+			redeliver.HeaderQueue:      cfg.Queue,
+			redeliver.DefaultHeader:    "3",
+		}
+		for k, v := range want {
+			if d.Header[k] != v {
+				t.Errorf("header %s = %q, want %q", k, d.Header[k], v)
+			}
+		}
+		first, last := d.Info.FirstFailure, d.Info.LastFailure
+		if first.Before(start.Add(-time.Second)) || last.Before(first) || time.Since(last) > 10*time.Second {
+			t.Errorf("failure times first %v last %v (test started %v)", first, last, start)
+		}
+		if d.Info.Queue != cfg.Queue || d.Info.Attempts != 3 || d.Info.Reason != redeliver.ReasonMaxAttempts {
+			t.Errorf("parsed info %+v", d.Info)
+		}
+		eventually(t, 5*time.Second, "nothing left but the dead letter", func() bool {
+			return queueState(t, nc, cfg) == state{dlq: 1}
+		})
+	})
+}
+
+// A permanent error (or a decode failure) goes to the DLQ after one delivery.
+func TestPermanentErrorIsDeadLetteredAtOnce(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, url string) {
+		cfg := newConfig(t, url)
+		rec := newRecorder()
+		run(t, cfg, func(_ context.Context, m *redeliver.Message) error {
+			rec.delivered(m)
+			if m.ID == "bad-json" {
+				return redeliver.Decode(errors.New("unexpected end of JSON input"))
+			}
+			return retry.Permanent(errors.New("account closed"))
+		}, nil)
+		nc := connect(t, url)
+		publish(t, nc, cfg, "closed-acct", "bad-json")
+		dl := deadLetters(t, cfg)
+		eventually(t, 10*time.Second, "two dead letters", func() bool {
+			l, err := dl.List(context.Background(), 0)
+			return err == nil && len(l) == 2
+		})
+		for id, reason := range map[string]redeliver.Reason{"closed-acct": redeliver.ReasonPermanent, "bad-json": redeliver.ReasonDecode} {
+			d, err := dl.Get(context.Background(), id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Info.Reason != reason || d.Info.Attempts != 1 {
+				t.Errorf("%s: reason %q attempts %d, want %q after 1", id, d.Info.Reason, d.Info.Attempts, reason)
+			}
+			if n := rec.deliveries(id); n != 1 {
+				t.Errorf("%s: %d deliveries, want 1", id, n)
+			}
+		}
+		if st := queueState(t, nc, cfg); st != (state{dlq: 2}) {
+			t.Errorf("state %+v", st)
+		}
+	})
+}
+
+// A handler slower than AckWait keeps its message with InProgress: no redelivery.
+func TestSlowHandlerKeptAliveByInProgress(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, url string) {
+		cfg := newConfig(t, url)
+		cfg.AckWait = 500 * time.Millisecond
+		rec := newRecorder()
+		src := run(t, cfg, func(ctx context.Context, m *redeliver.Message) error {
+			rec.delivered(m)
+			select {
+			case <-time.After(2 * time.Second): // four AckWaits
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			rec.succeeded(m.ID)
+			return nil
+		}, nil).src
+		if hb := src.Heartbeat(); hb != cfg.AckWait/3 {
+			t.Errorf("Heartbeat() = %v, want AckWait/3", hb)
+		}
+		nc := connect(t, url)
+		publish(t, nc, cfg, "slow-1")
+		eventually(t, 10*time.Second, "a success", func() bool { return rec.success("slow-1") == 1 })
+		time.Sleep(cfg.AckWait + 200*time.Millisecond)
+		if n := rec.deliveries("slow-1"); n != 1 {
+			t.Errorf("%d deliveries, want 1 (InProgress must keep the message)", n)
+		}
+		eventually(t, 5*time.Second, "an empty queue", func() bool { return queueState(t, nc, cfg) == state{} })
+	})
+}
+
+// The consumer dies after its business write but before its ack (its connection closes):
+// the server redelivers after AckWait to another consumer, and the inbox (sqlitebox,
+// the id recorded in the business transaction) absorbs the duplicate: the business
+// table has one row.
+func TestKilledMidHandlingIsRedelivered(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, url string) {
+		ctx := context.Background()
+		cfg := newConfig(t, url)
+		cfg.AckWait = time.Second
+		db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "app.db")+
+			"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = db.Close() })
+		if _, err := db.ExecContext(ctx, "CREATE TABLE orders (id TEXT PRIMARY KEY)"); err != nil {
+			t.Fatal(err)
+		}
+		box, err := sqlitebox.NewInbox(sqlitebox.InboxConfig{DB: db})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := box.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		write := func(ctx context.Context, tx *sql.Tx, m *redeliver.Message) error {
+			_, err := tx.ExecContext(ctx, "INSERT INTO orders (id) VALUES (?)", m.ID)
+			return err
+		}
+		var deliveries atomic.Int32
+
+		// Process A: commits its write and the inbox row, then hangs until it is killed.
+		connA := connect(t, url)
+		cfgA := cfg
+		cfgA.Conn = connA
+		wrote := make(chan struct{})
+		var once sync.Once
+		a := run(t, cfgA, func(ctx context.Context, m *redeliver.Message) error {
+			deliveries.Add(1)
+			if _, err := box.Do(ctx, m, func(ctx context.Context, tx *sql.Tx) error { return write(ctx, tx, m) }); err != nil {
+				return err
+			}
+			once.Do(func() { close(wrote) })
+			<-ctx.Done()
+			return ctx.Err()
+		}, func(c *redeliver.Config) { c.ShutdownGrace = -1; c.Heartbeat = -1 })
+		nc := connect(t, url)
+		publish(t, nc, cfg, "order-42")
+		select {
+		case <-wrote:
+		case <-time.After(10 * time.Second):
+			t.Fatal("process A never got the message")
+		}
+		connA.Close() // the crash: no ack, no nak, no heartbeat
+		t.Logf("process A stopped: %v", a.stop())
+
+		// Process B gets it after AckWait; the inbox says it is done.
+		var ranB, attemptB atomic.Int32
+		handler := box.Handler(func(ctx context.Context, tx *sql.Tx, m *redeliver.Message) error {
+			ranB.Add(1)
+			return write(ctx, tx, m)
+		})
+		run(t, cfg, func(ctx context.Context, m *redeliver.Message) error {
+			deliveries.Add(1)
+			attemptB.Store(int32(m.Attempt))
+			return handler(ctx, m)
+		}, nil)
+		eventually(t, 10*time.Second, "the redelivery", func() bool { return deliveries.Load() == 2 })
+		eventually(t, 5*time.Second, "an empty queue", func() bool { return queueState(t, nc, cfg) == state{} })
+		var rows int
+		if err := db.QueryRowContext(ctx, "SELECT count(*) FROM orders").Scan(&rows); err != nil {
+			t.Fatal(err)
+		}
+		if deliveries.Load() != 2 || rows != 1 || ranB.Load() != 0 {
+			t.Errorf("%d deliveries, %d business rows, B ran the write %d times; want 2, 1, 0", deliveries.Load(), rows, ranB.Load())
+		}
+		if attemptB.Load() != 2 {
+			t.Errorf("the redelivery is attempt %d, want 2 (NumDelivered counts the crash)", attemptB.Load())
+		}
+	})
+}
+
+// 2,000 messages (10,000 with RETRYSAFE_LONG=1), 10% failing once, 1% failing for good:
+// every other message processed exactly once, every permanent failure in the DLQ. 10,000
+// take 8–10 s per server under -race on the project's 2-core machine when it is quiet,
+// two or three times that under the other builds' load, so they are not the default.
+func TestManyMessages(t *testing.T) {
+	t.Parallel()
+	n := 2000
+	if os.Getenv("RETRYSAFE_LONG") == "1" {
+		n = 10000
+	}
+	forEach(t, func(t *testing.T, url string) {
+		cfg := newConfig(t, url)
+		cfg.Policy.Backoff = retry.Policy{Base: 20 * time.Millisecond, Cap: 200 * time.Millisecond}
+		rec := newRecorder()
+		var transient atomic.Int32
+		permanent := map[string]bool{}
+		ids := make([]string, n)
+		for i := range ids {
+			ids[i] = "m-" + strconv.Itoa(i)
+			if i%100 == 7 {
+				permanent[ids[i]] = true
+			}
+		}
+		run(t, cfg, func(_ context.Context, m *redeliver.Message) error {
+			i, err := strconv.Atoi(m.ID[2:])
+			if err != nil {
+				return redeliver.Decode(err)
+			}
+			switch {
+			case i%100 == 7:
+				return retry.Permanent(errors.New("rejected"))
+			case i%10 == 0 && m.Attempt == 1:
+				transient.Add(1)
+				return errors.New("transient")
+			}
+			rec.succeeded(m.ID)
+			return nil
+		}, func(c *redeliver.Config) { c.Concurrency = 32 })
+
+		start := time.Now()
+		nc := connect(t, url)
+		p, err := NewPublisher(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for w := range 8 {
+			wg.Go(func() {
+				for i := w; i < n; i += 8 {
+					if err := p.Publish(context.Background(), cfg.Queue, &redeliver.Message{ID: ids[i], Body: []byte(ids[i])}); err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		want := n - len(permanent)
+		deadline := time.Now().Add(2 * time.Minute)
+		for rec.totalSuccesses() < want || queueState(t, nc, cfg).dlq < uint64(len(permanent)) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out: %d successes of %d, state %+v", rec.totalSuccesses(), want, queueState(t, nc, cfg))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		elapsed := time.Since(start)
+		time.Sleep(300 * time.Millisecond)
+		for _, id := range ids {
+			got := rec.success(id)
+			if permanent[id] && got != 0 || !permanent[id] && got != 1 {
+				t.Fatalf("%s processed %d times", id, got)
+			}
+		}
+		dl, err := deadLetters(t, cfg).List(context.Background(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(dl) != len(permanent) {
+			t.Errorf("%d dead letters, want %d", len(dl), len(permanent))
+		}
+		for _, d := range dl {
+			if !permanent[d.ID] {
+				t.Errorf("%s dead-lettered", d.ID)
+			}
+		}
+		if got, want := int(transient.Load()), n/10; got != want {
+			t.Errorf("%d transient failures, want %d", got, want)
+		}
+		eventually(t, 5*time.Second, "nothing left", func() bool {
+			return queueState(t, nc, cfg) == state{dlq: uint64(len(permanent))}
+		})
+		t.Logf("%d messages: %d processed once, %d retried once, %d dead-lettered, in %v",
+			n, rec.totalSuccesses(), transient.Load(), len(dl), elapsed.Round(time.Millisecond))
+	})
+}
+
+// A message the server stops redelivering at MaxDeliver (here 1, below MaxAttempts)
+// does not vanish: the advisory makes the Source move it to the DLQ.
+func TestMaxDeliverAdvisoryMovesOrphanToDLQ(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, url string) {
+		cfg := newConfig(t, url)
+		cfg.MaxDeliver = 1
+		rec := newRecorder()
+		r := run(t, cfg, func(_ context.Context, m *redeliver.Message) error {
+			rec.delivered(m)
+			return errors.New("try again")
+		}, nil)
+		nc := connect(t, url)
+		publish(t, nc, cfg, "orphan-1")
+		dl := deadLetters(t, cfg)
+		var d *redeliver.DeadLetter
+		eventually(t, 10*time.Second, "the orphan in the DLQ", func() bool {
+			var err error
+			d, err = dl.Get(context.Background(), "orphan-1")
+			return err == nil
+		})
+		if d.Info.Reason != ReasonMaxDeliver || d.Info.Attempts != 1 || d.Info.Class != ClassUnknown || string(d.Body) != "body of orphan-1" {
+			t.Errorf("orphan dead letter %+v body %q", d.Info, d.Body)
+		}
+		if n := rec.deliveries("orphan-1"); n != 1 {
+			t.Errorf("%d deliveries, want 1", n)
+		}
+		eventually(t, 5*time.Second, "Rescued() = 1", func() bool { return r.src.Rescued() == 1 })
+		eventually(t, 5*time.Second, "only the dead letter", func() bool { return queueState(t, nc, cfg) == state{dlq: 1} })
+	})
+}
+
+// An orphan made while no Source listened (the advisory went unheard) is found by the
+// next Source's sweep.
+func TestSweepFindsUnheardOrphan(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, url string) {
+		cfg := newConfig(t, url)
+		cfg.MaxDeliver = 1
+		cfg.AckWait = 200 * time.Millisecond
+		ctx := context.Background()
+		if err := Declare(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+		nc := connect(t, url)
+		publish(t, nc, cfg, "lost-1")
+		// A raw client takes the message and dies without a word.
+		c, _ := cfg.withDefaults()
+		j, _ := js.New(nc)
+		cons, err := j.Consumer(ctx, c.Stream, c.Consumer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := cons.Next(js.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if md, _ := m.Metadata(); md.NumDelivered != 1 {
+			t.Fatalf("NumDelivered %d", md.NumDelivered)
+		}
+		time.Sleep(3 * cfg.AckWait)
+
+		r := run(t, cfg, func(context.Context, *redeliver.Message) error {
+			t.Error("an orphan was delivered again")
+			return nil
+		}, nil)
+		dl := deadLetters(t, cfg)
+		eventually(t, 10*time.Second, "the orphan in the DLQ", func() bool {
+			d, err := dl.Get(ctx, "lost-1")
+			return err == nil && d.Info.Reason == ReasonMaxDeliver
+		})
+		eventually(t, 5*time.Second, "Rescued() = 1", func() bool { return r.src.Rescued() == 1 })
+		eventually(t, 5*time.Second, "only the dead letter", func() bool { return queueState(t, nc, cfg) == state{dlq: 1} })
+	})
+}
