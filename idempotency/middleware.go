@@ -295,7 +295,12 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		stop()
 		if panicked {
 			// A panic says the work was not done (or not finished): release the key so a
-			// retry runs again, then let the panic go on to the server.
+			// retry runs again, then let the panic go on to the server. A handler that
+			// declared the outcome unknown (Abandon) keeps the key to its lease.
+			if c.abandoned() {
+				m.outcome(r, OutcomeAbandoned)
+				return
+			}
 			m.release(r, c, "handler panicked")
 			m.outcome(r, OutcomeReleased)
 		}

@@ -508,6 +508,24 @@ func TestClientDisconnects(t *testing.T) {
 	}
 }
 
+func TestPanicAfterAbandonKeepsKey(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil, func(w http.ResponseWriter, r *http.Request) {
+		c, _ := idempotency.ClaimFromContext(r.Context())
+		c.Abandon()
+		panic(http.ErrAbortHandler)
+	})
+	func() {
+		defer func() { _ = recover() }()
+		e.do(http.MethodPost, "/x", "{}", withKey("k"))
+	}()
+	rec, err := e.store.Get(context.Background(), "", "k")
+	if err != nil || rec.State != idempotency.StateInProgress {
+		t.Fatalf("record after an abandoned request panicked: %+v, %v; want in progress until its lease", rec, err)
+	}
+	wantStatus(t, e.do(http.MethodPost, "/x", "{}", withKey("k")), http.StatusConflict)
+}
+
 func TestLargeResponseKeepsKey(t *testing.T) {
 	t.Parallel()
 	big := bytes.Repeat([]byte("x"), 100)
