@@ -1,0 +1,142 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// newFlagSet returns a flag set that reports nothing by itself: parse does.
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs
+}
+
+// envName is the environment variable a flag can also be set from:
+// RETRYSAFE_ and the flag's name, upper case, dashes as underscores.
+func envName(flagName string) string {
+	return "RETRYSAFE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parse sets the flags named in fromEnv (all of them when fromEnv is nil) from their
+// environment variables, then parses args, whose values win. It prints help on -h and
+// --help (status exitOK) and one line for any error (status exitUsage); ok is false in
+// both cases. Positional arguments are an error unless allowArgs.
+func parse(fs *flag.FlagSet, args []string, help string, fromEnv []string, allowArgs bool, stdout, stderr io.Writer) (ok bool, status int) {
+	env := func(name string) bool {
+		if fromEnv == nil {
+			return true
+		}
+		for _, n := range fromEnv {
+			if n == name {
+				return true
+			}
+		}
+		return false
+	}
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if envErr != nil || !env(f.Name) {
+			return
+		}
+		if v, set := os.LookupEnv(envName(f.Name)); set {
+			if err := fs.Set(f.Name, v); err != nil {
+				envErr = fmt.Errorf("%s=%q: %w", envName(f.Name), v, err)
+			}
+		}
+	})
+	if envErr != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", fs.Name(), oneLine(envErr))
+		return false, exitUsage
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, help)
+			return false, exitOK
+		}
+		fmt.Fprintf(stderr, "%s: %s (see %s --help)\n", fs.Name(), oneLine(err), fs.Name())
+		return false, exitUsage
+	}
+	if fs.NArg() > 0 && !allowArgs {
+		fmt.Fprintf(stderr, "%s: unexpected argument %q (see %s --help)\n", fs.Name(), fs.Arg(0), fs.Name())
+		return false, exitUsage
+	}
+	return true, exitOK
+}
+
+// fail prints err on one line, prefixed with the command, and returns status.
+func fail(stderr io.Writer, cmd string, err error, status int) int {
+	fmt.Fprintf(stderr, "%s: %s\n", cmd, oneLine(err))
+	return status
+}
+
+// oneLine collapses an error message onto one line.
+func oneLine(v any) string {
+	var s string
+	switch v := v.(type) {
+	case error:
+		s = v.Error()
+	default:
+		s = fmt.Sprint(v)
+	}
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// byteSize is a flag value of bytes: an integer with an optional unit, B, KiB, MiB,
+// GiB (powers of 1024; K, M and G alone are the same), or KB, MB, GB (powers of 1000).
+type byteSize int64
+
+var sizeUnits = map[string]int64{
+	"": 1, "b": 1,
+	"k": 1 << 10, "kib": 1 << 10, "kb": 1000,
+	"m": 1 << 20, "mib": 1 << 20, "mb": 1000 * 1000,
+	"g": 1 << 30, "gib": 1 << 30, "gb": 1000 * 1000 * 1000,
+}
+
+func parseSize(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	i := 0
+	for i < len(t) && t[i] >= '0' && t[i] <= '9' {
+		i++
+	}
+	if i == 0 {
+		return 0, fmt.Errorf("invalid size %q: want bytes, or a number with KiB, MiB or GiB (e.g. 512KiB, 4MiB)", s)
+	}
+	n, err := strconv.ParseInt(t[:i], 10, 64)
+	mult, known := sizeUnits[strings.ToLower(strings.TrimSpace(t[i:]))]
+	switch {
+	case !known:
+		return 0, fmt.Errorf("invalid size %q: unknown unit %q (use B, KiB, MiB, GiB, KB, MB or GB)", s, strings.TrimSpace(t[i:]))
+	case err != nil, n > (1<<62)/mult:
+		return 0, fmt.Errorf("invalid size %q: too large", s)
+	}
+	return n * mult, nil
+}
+
+func (b *byteSize) Set(s string) error {
+	n, err := parseSize(s)
+	if err != nil {
+		return err
+	}
+	*b = byteSize(n)
+	return nil
+}
+
+func (b *byteSize) String() string {
+	n := int64(*b)
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return strconv.FormatInt(n>>30, 10) + "GiB"
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return strconv.FormatInt(n>>20, 10) + "MiB"
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return strconv.FormatInt(n>>10, 10) + "KiB"
+	}
+	return strconv.FormatInt(n, 10)
+}

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+)
+
+func TestParseSize(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]int64{
+		"0": 0, "1048576": 1 << 20, "1MiB": 1 << 20, "4MiB": 4 << 20, "512KiB": 512 << 10, "512kib": 512 << 10,
+		"1 MiB": 1 << 20, "2K": 2048, "1GiB": 1 << 30, "1MB": 1000000, "10KB": 10000, "7B": 7,
+	} {
+		got, err := parseSize(in)
+		if err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "MiB", "-1", "1.5MiB", "1XB", "99999999999999999999", "9999999999GiB"} {
+		if n, err := parseSize(in); err == nil {
+			t.Errorf("parseSize(%q) = %d, want an error", in, n)
+		}
+	}
+	for n, want := range map[int64]string{1 << 20: "1MiB", 4 << 20: "4MiB", 512 << 10: "512KiB", 1000: "1000", 1 << 30: "1GiB"} {
+		b := byteSize(n)
+		if got := b.String(); got != want {
+			t.Errorf("byteSize(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+func TestEnvName(t *testing.T) {
+	t.Parallel()
+	for flag, want := range map[string]string{"upstream": "RETRYSAFE_UPSTREAM", "max-body": "RETRYSAFE_MAX_BODY", "scope-header": "RETRYSAFE_SCOPE_HEADER"} {
+		if got := envName(flag); got != want {
+			t.Errorf("envName(%q) = %q", flag, got)
+		}
+	}
+}
+
+// TestEnvAndFlags: flags win over the environment; the environment fills in the rest.
+func TestEnvAndFlags(t *testing.T) {
+	t.Setenv("RETRYSAFE_MAX_BODY", "2MiB")
+	t.Setenv("RETRYSAFE_LOG_FORMAT", "xml") // overridden by the flag below
+	t.Setenv("RETRYSAFE_UPSTREAM", "ftp://wrong")
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"gateway", "--log-format", "json", "--store", "bogus:"}, &stdout, &stderr)
+	// The upstream from the environment is checked (and refused) before the store.
+	if code != exitUsage || !strings.Contains(stderr.String(), "ftp://wrong") {
+		t.Fatalf("%d %q", code, stderr.String())
+	}
+}

@@ -1,0 +1,161 @@
+// Command retrysafe makes retries safe. Its main job is `retrysafe gateway`, a reverse
+// proxy that gives any HTTP API Idempotency-Key semantics; see `retrysafe help`.
+//
+// This file and its siblings only parse flags and wire the packages together: the
+// behaviour is in package gateway, the stores and internal/storedsn.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"syscall"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitFail  = 1 // the command ran and failed (or the demo saw a duplicate)
+	exitUsage = 2 // bad flags, or a setup error before serving
+)
+
+func main() {
+	// go-redis logs its dial retries on stderr by itself; route them to debug logs, so
+	// that a failure is reported once, on one line.
+	redis.SetLogger(redisLogger{})
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // a second signal kills the process the default way
+	}()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes the command line args and returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "gateway":
+		return runGateway(ctx, rest, stdout, stderr)
+	case "migrate":
+		return runMigrate(ctx, rest, stdout, stderr)
+	case "keys":
+		return runKeys(ctx, rest, stdout, stderr)
+	case "demo":
+		return runDemo(ctx, rest, stdout, stderr)
+	case "check":
+		return runCheck(ctx, rest, stdout, stderr)
+	case "sim":
+		return runSim(ctx, rest, stdout, stderr)
+	case "version", "--version", "-version":
+		if len(rest) > 0 {
+			if rest[0] == "-h" || rest[0] == "-help" || rest[0] == "--help" {
+				fmt.Fprint(stdout, helps()["version"])
+				return exitOK
+			}
+			fmt.Fprintf(stderr, "retrysafe version: unexpected argument %q\n", rest[0])
+			return exitUsage
+		}
+		fmt.Fprintf(stdout, "retrysafe %s (%s %s/%s)\n", version(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+		return exitOK
+	case "help", "-h", "-help", "--help":
+		if len(rest) > 0 {
+			if h, ok := helps()[rest[0]]; ok {
+				fmt.Fprint(stdout, h)
+				return exitOK
+			}
+			fmt.Fprintf(stderr, "retrysafe help: unknown command %q (commands: gateway, demo, keys, check, sim, migrate, version, help)\n", rest[0])
+			return exitUsage
+		}
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "retrysafe: unknown command %q (run retrysafe help)\n", cmd)
+	return exitUsage
+}
+
+func helps() map[string]string {
+	return map[string]string{
+		"gateway": gatewayHelp, "migrate": migrateHelp, "keys": keysHelp, "demo": demoHelp,
+		"check": checkHelp, "sim": simHelp,
+		"version": "usage: retrysafe version\n\nPrints the module version the binary was built from (\"dev\" for a\nbuild from a work tree), and the Go version and platform.\n\nexamples:\n  retrysafe version\n",
+		"help":    usage,
+	}
+}
+
+const usage = `retrysafe makes retries safe.
+
+usage: retrysafe <command> [flags]
+
+commands:
+  gateway   a reverse proxy that gives any HTTP API Idempotency-Key semantics
+  demo      run the gateway against a flaky network for a few seconds, in process
+  keys      list, show and delete idempotency records (list|show|delete)
+  check     check whether an endpoint honours Idempotency-Key (sends real requests)
+  sim       simulate what backoff, jitter and retry budgets buy (virtual time)
+  migrate   apply the store's schema
+  version   print the version
+  help      this text, or "retrysafe help <command>"
+
+examples:
+  retrysafe demo
+  retrysafe gateway --upstream http://127.0.0.1:3000
+  retrysafe gateway --upstream http://api:3000 --store postgres://app@db/app --listen :8080
+  retrysafe keys list --store sqlite:retrysafe.db --state in_progress
+  retrysafe migrate --store postgres://app@db/app
+
+Every command takes --help.
+`
+
+// version is the module version the binary was built from, or "dev".
+func version() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "dev"
+	}
+	v := info.Main.Version
+	if v == "" || v == "(devel)" {
+		v = "dev"
+	}
+	for _, s := range info.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			v += " (" + s.Value[:12] + ")"
+		}
+	}
+	return v
+}
+
+// newLogger returns the logger the commands write to stderr with.
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("invalid --log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch strings.ToLower(format) {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("invalid --log-format %q: want text or json", format)
+}
+
+// redisLogger sends go-redis's own log lines to slog's default logger at debug level.
+type redisLogger struct{}
+
+func (redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	slog.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
+}

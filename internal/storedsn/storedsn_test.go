@@ -1,0 +1,201 @@
+package storedsn_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/internal/storedsn"
+	"github.com/retrysafe/retrysafe/internal/testenv"
+)
+
+// roundTrip claims, completes and reads back one key.
+func roundTrip(t *testing.T, s idempotency.Store) {
+	t.Helper()
+	ctx := context.Background()
+	now := time.Now()
+	key := testenv.Name("k")
+	res, err := s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: "fp", Now: now,
+		LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)})
+	if err != nil || !res.Claimed {
+		t.Fatalf("Claim: %+v %v", res, err)
+	}
+	if err := s.Complete(ctx, idempotency.Completion{Key: key, Token: res.Token, Now: now, ExpiresAt: now.Add(time.Hour),
+		Response: idempotency.Response{Status: 201}}); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	rec, err := s.Get(ctx, "", key)
+	if err != nil || rec.State != idempotency.StateDone {
+		t.Fatalf("Get: %+v %v", rec, err)
+	}
+}
+
+func TestMemory(t *testing.T) {
+	t.Parallel()
+	o, err := storedsn.Open(context.Background(), "memory:", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if o.Kind != storedsn.KindMemory || o.Janitor == nil {
+		t.Fatalf("%+v", o)
+	}
+	if err := o.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, o.Store)
+}
+
+func TestSQLite(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, dsn := range []string{"sqlite:" + filepath.Join(dir, "a.db"), "sqlite://" + filepath.Join(dir, "b.db")} {
+		o, err := storedsn.Open(context.Background(), dsn, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", dsn, err)
+		}
+		if o.Kind != storedsn.KindSQLite || o.Janitor == nil {
+			t.Fatalf("%+v", o)
+		}
+		if err := o.Migrate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		roundTrip(t, o.Store)
+		if err := o.Close(); err != nil {
+			t.Fatal(err)
+		}
+		_ = o.Close() // twice is fine
+	}
+	for _, f := range []string{"a.db", "b.db"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestSQLiteDefault: the empty DSN and "sqlite:" are sqlite:retrysafe.db in the
+// working directory.
+func TestSQLiteDefault(t *testing.T) {
+	t.Chdir(t.TempDir())
+	for _, dsn := range []string{"", "sqlite:"} {
+		o, err := storedsn.Open(context.Background(), dsn, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Name != storedsn.Default {
+			t.Errorf("%q: Name %q", dsn, o.Name)
+		}
+		_ = o.Close()
+		if _, err := os.Stat("retrysafe.db"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestPostgres(t *testing.T) {
+	t.Parallel()
+	base := testenv.PostgresURL(t)
+	schema := testenv.Name("dsn")
+	u, _ := url.Parse(base)
+	q := u.Query()
+	q.Set("schema", schema)
+	u.RawQuery = q.Encode()
+	ctx := context.Background()
+	o, err := storedsn.Open(ctx, u.String(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = o.Close()
+		if pool, err := pgxpool.New(ctx, base); err == nil {
+			_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
+			pool.Close()
+		}
+	})
+	if o.Kind != storedsn.KindPostgres || o.Janitor == nil || strings.Contains(o.Name, "schema=") {
+		t.Fatalf("%+v", o)
+	}
+	if err := o.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, o.Store)
+	// The table is in the schema asked for.
+	pool, err := pgxpool.New(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".retrysafe_idempotency").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("rows in %s: %d %v", schema, n, err)
+	}
+}
+
+func TestRedis(t *testing.T) {
+	t.Parallel()
+	prefix := testenv.Name("dsn") + ":"
+	o, err := storedsn.Open(context.Background(), testenv.RedisURL(t)+"?prefix="+url.QueryEscape(prefix), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if o.Kind != storedsn.KindRedis || o.Janitor != nil {
+		t.Fatalf("%+v", o)
+	}
+	if err := o.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, o.Store)
+	page, err := o.Store.(idempotency.Lister).List(context.Background(), idempotency.ListFilter{})
+	if err != nil || len(page.Records) != 1 {
+		t.Fatalf("List under the prefix: %d records, %v", len(page.Records), err)
+	}
+	_ = o.Store.Delete(context.Background(), "", page.Records[0].Key)
+}
+
+func TestErrors(t *testing.T) {
+	t.Parallel()
+	dead := testenv.DeadAddr(t)
+	cases := []struct {
+		dsn  string
+		want error
+	}{
+		{"mysql://x", storedsn.ErrUnknownScheme},
+		{"retrysafe.db", storedsn.ErrUnknownScheme},
+		{"memory:foo", storedsn.ErrInvalid},
+		{"postgres://u:hunter2@" + dead + "/db?sslmode=disable", storedsn.ErrUnreachable},
+		{"postgres://u:hunter2@" + dead + "/db?schema=Bad-Name", storedsn.ErrInvalid},
+		{"postgres://u:hunter2@" + dead + "/db?sslmode=bogus", storedsn.ErrInvalid},
+		{"redis://:hunter2@" + dead + "/0", storedsn.ErrUnreachable},
+		{"redis://" + dead + "/0?nope=1", storedsn.ErrInvalid},
+		{"redis://" + dead + "/0?prefix=a{b}", storedsn.ErrInvalid},
+		{"sqlite:" + filepath.Join(t.TempDir(), "missing-dir", "x.db"), storedsn.ErrUnreachable},
+	}
+	for _, c := range cases {
+		start := time.Now()
+		o, err := storedsn.Open(context.Background(), c.dsn, nil)
+		if err == nil {
+			_ = o.Close()
+			t.Errorf("%s: opened", c.dsn)
+			continue
+		}
+		if !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", c.dsn, err, c.want)
+		}
+		msg := err.Error()
+		if strings.Contains(msg, "hunter2") {
+			t.Errorf("%s: the password leaks: %s", c.dsn, msg)
+		}
+		if time.Since(start) > storedsn.PingTimeout+time.Second {
+			t.Errorf("%s: took %v", c.dsn, time.Since(start))
+		}
+	}
+}
