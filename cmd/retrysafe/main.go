@@ -59,6 +59,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runCheck(ctx, rest, stdout, stderr)
 	case "sim":
 		return runSim(ctx, rest, stdout, stderr)
+	case "dlq":
+		return runDLQ(ctx, rest, stdout, stderr)
 	case "version", "--version", "-version":
 		if len(rest) > 0 {
 			if rest[0] == "-h" || rest[0] == "-help" || rest[0] == "--help" {
@@ -76,7 +78,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				fmt.Fprint(stdout, h)
 				return exitOK
 			}
-			fmt.Fprintf(stderr, "retrysafe help: unknown command %q (commands: gateway, demo, keys, check, sim, migrate, version, help)\n", rest[0])
+			fmt.Fprintf(stderr, "retrysafe help: unknown command %q (commands: gateway, demo, keys, check, sim, dlq, migrate, version, help)\n", rest[0])
 			return exitUsage
 		}
 		fmt.Fprint(stdout, usage)
@@ -89,7 +91,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func helps() map[string]string {
 	return map[string]string{
 		"gateway": gatewayHelp, "migrate": migrateHelp, "keys": keysHelp, "demo": demoHelp,
-		"check": checkHelp, "sim": simHelp,
+		"check": checkHelp, "sim": simHelp, "dlq": dlqHelp,
 		"version": "usage: retrysafe version\n\nPrints the module version the binary was built from (\"dev\" for a\nbuild from a work tree), and the Go version and platform.\n\nexamples:\n  retrysafe version\n",
 		"help":    usage,
 	}
@@ -105,6 +107,7 @@ commands:
   keys      list, show and delete idempotency records (list|show|delete)
   check     check whether an endpoint honours Idempotency-Key (sends real requests)
   sim       simulate what backoff, jitter and retry budgets buy (virtual time)
+  dlq       inspect, replay and purge dead letters on RabbitMQ or NATS (list|show|replay|purge)
   migrate   apply the store's schema
   version   print the version
   help      this text, or "retrysafe help <command>"

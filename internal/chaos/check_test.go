@@ -1,0 +1,98 @@
+package chaos
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestCheck shows that each check catches what it is meant to: the checker of a chaos
+// suite that cannot fail proves nothing.
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	ok := func(user, ref, key string, id int64) (Payment, Row, StoreRecord) {
+		r := Row{ID: id, User: user, Key: key, Ref: ref, Amount: 100 + id}
+		return Payment{User: user, Ref: ref, Amount: r.Amount, Key: key, Status: 201, Answer: r}, r,
+			StoreRecord{Key: key, Status: 201, AnswerID: id}
+	}
+	p1, r1, s1 := ok("alice", "a-1", "k1", 1)
+	p2, r2, s2 := ok("alice", "a-2", "k2", 2)
+	p3, r3, s3 := ok("bob", "b-1", "k3", 3)
+	base := func() ([]Payment, []Row, []StoreRecord) {
+		return []Payment{p1, p2, p3}, []Row{r1, r2, r3}, []StoreRecord{s1, s2, s3}
+	}
+
+	cases := []struct {
+		name   string
+		change func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord)
+		want   func(c Checks) int // the count that must be 1
+		words  string             // in the evidence
+	}{
+		{"duplicate under the same key", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
+			d := r1
+			d.ID = 9
+			return ps, append(rs, d), ss
+		}, func(c Checks) int { return c.Duplicates }, "duplicate: payment alice/a-1"},
+		{"duplicate under another key", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
+			d := r2
+			d.ID, d.Key = 9, "k-changed"
+			return ps, append(rs, d), ss
+		}, func(c Checks) int { return c.Duplicates }, "duplicate: payment alice/a-2"},
+		{"lost", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
+			return ps, rs[1:], ss
+		}, func(c Checks) int { return c.Lost }, "lost: payment alice/a-1"},
+		{"phantom", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
+			return ps, append(rs, Row{ID: 9, User: "carol", Key: "k9", Ref: "c-1", Amount: 5}), ss
+		}, func(c Checks) int { return c.Phantoms }, "phantom: ledger row 9"},
+		{"phantom in another scope", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
+			return ps, append(rs, Row{ID: 9, User: "bob", Key: "k1", Ref: "a-1", Amount: 101}), ss
+		}, func(c Checks) int { return c.Phantoms }, "phantom: ledger row 9"},
+		{"answer names another payment", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
+			ps[0].Answer.ID = 2
+			return ps, rs, ss
+		}, func(c Checks) int { return c.Mismatched }, "mismatched: payment alice/a-1"},
+		{"row with another amount", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
+			rs[2].Amount++
+			ps[2].Answer.Amount++
+			return ps, rs, ss
+		}, func(c Checks) int { return c.Mismatched }, "mismatched: ledger row 3"},
+		{"stuck", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
+			return ps, rs, append(ss, StoreRecord{Key: "k-abandoned", InProgress: true, LeaseUntil: now.Add(-time.Second)})
+		}, func(c Checks) int { return c.Stuck }, `stuck: key "k-abandoned" in progress (lease expired 1s ago)`},
+		{"store never completed", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
+			ss[1] = StoreRecord{Key: "k2", InProgress: true, LeaseUntil: now.Add(-time.Second)}
+			return ps, rs, ss
+		}, func(c Checks) int { return c.StoreDisagrees }, "store: payment alice/a-2"},
+		{"store replays another answer", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
+			ss[0].AnswerID = 7
+			return ps, rs, ss
+		}, func(c Checks) int { return c.StoreDisagrees }, "store: payment alice/a-1"},
+		{"unfinished", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
+			ps = append(ps, Payment{User: "bob", Ref: "b-2", Amount: 7, Key: "k8"})
+			// It may have been executed: its row is no phantom.
+			return ps, append(rs, Row{ID: 8, User: "bob", Key: "k8", Ref: "b-2", Amount: 7}), ss
+		}, func(c Checks) int { return c.Unfinished }, ""},
+		{"failed", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
+			return append(ps, Payment{User: "bob", Ref: "b-2", Amount: 7, Key: "k8", Status: 422}), rs, ss
+		}, func(c Checks) int { return c.Failed }, "failed: payment bob/b-2"},
+	}
+	ps, rs, ss := base()
+	if c := Check(ps, rs, ss, now); !c.OK() || c.Succeeded != 3 || c.Rows != 3 || c.Records != 3 || len(c.Evidence) != 0 {
+		t.Fatalf("a clean run: %+v", c)
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ps, rs, ss := base()
+			ps, rs, ss = tc.change(ps, rs, ss)
+			c := Check(ps, rs, ss, now)
+			if c.OK() || tc.want(c) != 1 {
+				t.Fatalf("not caught once: %+v", c)
+			}
+			if !strings.Contains(strings.Join(c.Evidence, "\n"), tc.words) {
+				t.Errorf("evidence lacks %q:\n%s", tc.words, strings.Join(c.Evidence, "\n"))
+			}
+		})
+	}
+}
