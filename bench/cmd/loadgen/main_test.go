@@ -1,0 +1,63 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/retrysafe/retrysafe/bench/load"
+)
+
+func TestParse(t *testing.T) {
+	t.Parallel()
+	cfg, format, err := parse([]string{"--url", "http://127.0.0.1:1/p", "-c", "8", "-d", "2s", "--keys", "shared",
+		"-H", "Content-Type: application/json", "-H", "X-A: 1", "--tag", "subject=x", "--body", "{}", "--format", "json"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Clients != 8 || cfg.Duration != 2*time.Second || cfg.Keys != load.KeyShared || format != "json" ||
+		cfg.Header.Get("Content-Type") != "application/json" || cfg.Header.Get("X-A") != "1" ||
+		cfg.Tags["subject"] != "x" || string(cfg.Body) != "{}" {
+		t.Errorf("parsed %+v, format %q", cfg, format)
+	}
+	for _, args := range [][]string{
+		{},
+		{"--url", "x"},
+		{"--url", "http://h/", "--keys", "some"},
+		{"--url", "http://h/", "--format", "xml"},
+		{"--url", "http://h/", "-H", "novalue"},
+		{"--url", "http://h/", "--tag", "novalue"},
+		{"--url", "http://h/", "--body", "a", "--body-file", "f"},
+		{"--url", "http://h/", "--body-file", "/nonexistent/file"},
+		{"--url", "http://h/", "-c", "-3"},
+		{"--url", "http://h/", "extra"},
+	} {
+		if _, _, err := parse(args, io.Discard); err == nil {
+			t.Errorf("%q: no error", args)
+		}
+	}
+}
+
+func TestRunJSON(t *testing.T) {
+	t.Parallel()
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer ts.Close()
+	var out, errOut strings.Builder
+	if code := run(context.Background(), []string{"--url", ts.URL, "-n", "10", "-c", "2", "--format", "json"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	var res load.Result
+	if err := json.Unmarshal([]byte(out.String()), &res); err != nil || res.Status["201"] != 10 {
+		t.Errorf("%v: %s", err, out.String())
+	}
+	if code := run(context.Background(), []string{"--url", "x"}, io.Discard, io.Discard); code != 2 {
+		t.Errorf("bad URL: exit %d, want 2", code)
+	}
+}
