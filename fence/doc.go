@@ -53,12 +53,12 @@
 // gaps (a contended acquisition draws and discards one).
 //
 // This is the rule of the idempotency PostgreSQL store (package idempotency/pgstore),
-// whose claim takes over an expired in-progress record with token = nextval(sequence) in
-// DO UPDATE. The code is not shared: pgstore's claim is one statement over its records
-// table that also reads or replays the stored response, and its expiry uses the time the
-// middleware passes in (an injectable clock the conformance suite drives), while a fence
-// lease is its own row with the database's clock. Sharing would cost pgstore a second
-// statement per request.
+// whose takeover of an expired in-progress record sets token = nextval(sequence) in an
+// UPDATE conditioned on the token it read. The code is not shared: pgstore's claim is one
+// statement over its records table that also reads or replays the stored response, and
+// its expiry uses the time the middleware passes in (an injectable clock the conformance
+// suite drives), while a fence lease is its own row with the database's clock. Sharing
+// would cost pgstore a second statement per request.
 //
 // # Heartbeat
 //
