@@ -61,6 +61,7 @@ type options struct {
 	store         string
 	schema        string
 	tx            bool
+	batch         bool
 	noIdempotency bool
 }
 
@@ -87,6 +88,9 @@ func parse(args []string, out io.Writer) (options, error) {
 	fs.BoolVar(&o.tx, "tx", true,
 		"transaction mode: the ledger insert and the stored response commit in one transaction\n"+
 			"(the store's WithTx); --tx=false writes the ledger first and stores the response after")
+	fs.BoolVar(&o.batch, "batch", true,
+		"PostgreSQL: batch concurrent claims (and, with --tx=false, completions) into shared statements\n"+
+			"(pgstore's Config.Batch, group commit)")
 	fs.BoolVar(&o.noIdempotency, "no-idempotency", false,
 		"serve POST /payments unprotected, without Idempotency-Key (the benchmark baseline; retries pay twice)")
 	fs.Usage = func() {
@@ -173,7 +177,7 @@ func open(ctx context.Context, o options, cfg ledger.Config) (srv *ledger.Server
 		if err != nil {
 			return nil, nil, "", fmt.Errorf("postgres: %w", err)
 		}
-		srv, err = ledger.NewPostgres(ctx, ledger.PostgresConfig{Config: cfg, Pool: pool, Schema: o.schema})
+		srv, err = ledger.NewPostgres(ctx, ledger.PostgresConfig{Config: cfg, Pool: pool, Schema: o.schema, Batch: o.batch})
 		if err != nil {
 			pool.Close()
 			return nil, nil, "", err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/url"
@@ -45,7 +46,13 @@ func newPool(t *testing.T, rawURL string, edit func(*pgxpool.Config)) *pgxpool.P
 // newStore returns a migrated store in a fresh schema of pool, dropped when t ends.
 func newStore(t *testing.T, pool *pgxpool.Pool) (*pgstore.Store, string) {
 	t.Helper()
-	st, schema := unmigrated(t, pool)
+	return newStoreConfig(t, pgstore.Config{Pool: pool})
+}
+
+// newStoreConfig is newStore with cfg (its Schema is replaced).
+func newStoreConfig(t *testing.T, cfg pgstore.Config) (*pgstore.Store, string) {
+	t.Helper()
+	st, schema := unmigratedConfig(t, cfg)
 	if err := st.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -55,8 +62,15 @@ func newStore(t *testing.T, pool *pgxpool.Pool) (*pgstore.Store, string) {
 // unmigrated returns a store in a schema that does not exist yet, dropped when t ends.
 func unmigrated(t *testing.T, pool *pgxpool.Pool) (*pgstore.Store, string) {
 	t.Helper()
+	return unmigratedConfig(t, pgstore.Config{Pool: pool})
+}
+
+func unmigratedConfig(t *testing.T, cfg pgstore.Config) (*pgstore.Store, string) {
+	t.Helper()
+	pool := cfg.Pool
 	schema := testenv.Name("rs")
-	st, err := pgstore.New(pgstore.Config{Pool: pool, Schema: schema})
+	cfg.Schema = schema
+	st, err := pgstore.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,15 +84,24 @@ func unmigrated(t *testing.T, pool *pgxpool.Pool) (*pgstore.Store, string) {
 
 func TestConformance(t *testing.T) {
 	t.Parallel()
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%t", batch), func(t *testing.T) {
+			t.Parallel()
+			conformance(t, batch)
+		})
+	}
+}
+
+func conformance(t *testing.T, batch bool) {
 	pool := newPool(t, testenv.PostgresURL(t), func(c *pgxpool.Config) { c.MaxConns = 16 })
 	idempotencytest.Run(t, idempotencytest.Harness{
 		New: func(t *testing.T) idempotency.Store {
-			st, _ := newStore(t, pool)
+			st, _ := newStoreConfig(t, pgstore.Config{Pool: pool, Batch: batch})
 			return st
 		},
 		Down: func(t *testing.T) idempotency.Store {
 			dead := newPool(t, "postgres://postgres@"+testenv.DeadAddr(t)+"/test?sslmode=disable&connect_timeout=2", nil)
-			st, err := pgstore.New(pgstore.Config{Pool: dead})
+			st, err := pgstore.New(pgstore.Config{Pool: dead, Batch: batch})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -160,6 +183,15 @@ func (c *counter) reset() (queries, writes int64) { return c.queries.Swap(0), c.
 
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%t", batch), func(t *testing.T) {
+			t.Parallel()
+			roundTrips(t, batch)
+		})
+	}
+}
+
+func roundTrips(t *testing.T, batch bool) {
 	var n counter
 	pool := newPool(t, testenv.PostgresURL(t), func(cfg *pgxpool.Config) {
 		cfg.MaxConns = 1 // one connection, whose statements the warm-up prepares
@@ -174,7 +206,7 @@ func TestRoundTrips(t *testing.T) {
 			return countingConn{conn, &n}, nil
 		}
 	})
-	st, _ := newStore(t, pool)
+	st, _ := newStoreConfig(t, pgstore.Config{Pool: pool, Batch: batch})
 	ctx := t.Context()
 	now := time.Now()
 	execute := func(key string) (idempotency.ClaimResult, error) {
@@ -482,6 +514,139 @@ func TestAnswersFromExistingRecordTakeNoLock(t *testing.T) {
 		cancel()
 		if err != nil || res.Claimed || res.Existing == nil {
 			t.Errorf("Claim(%s, %s) behind a row lock: %+v, %v; want the existing record at once", c.key, c.fp, res, err)
+		}
+	}
+}
+
+// With Config.Batch, concurrent claims and completions share statements, and each call
+// still gets its own outcome: claimed or not, its token, a stale completion refused, a
+// completion the server rejects failing alone.
+func TestBatch(t *testing.T) {
+	t.Parallel()
+	var n counter
+	pool := newPool(t, testenv.PostgresURL(t), func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 4
+		cfg.ConnConfig.Tracer = &n
+	})
+	st, _ := newStoreConfig(t, pgstore.Config{Pool: pool, Batch: true})
+	ctx := t.Context()
+	now := time.Now()
+	req := func(key string) idempotency.ClaimRequest {
+		return idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "f",
+			Now: now, LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)}
+	}
+	// together runs f(0) … f(n-1) at once and waits for them.
+	together := func(calls int, f func(i int)) {
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range calls {
+			wg.Go(func() {
+				<-start
+				f(i)
+			})
+		}
+		close(start)
+		wg.Wait()
+	}
+	const calls = 64
+	n.reset()
+
+	// 64 keys, claimed at once; and 16 claims of one more key.
+	results := make([]idempotency.ClaimResult, calls)
+	dup := make([]idempotency.ClaimResult, 16)
+	errs := make(chan error, calls+len(dup))
+	together(calls+len(dup), func(i int) {
+		var err error
+		if i < calls {
+			results[i], err = st.Claim(ctx, req(fmt.Sprint("k", i)))
+		} else {
+			dup[i-calls], err = st.Claim(ctx, req("dup"))
+		}
+		if err != nil {
+			errs <- err
+		}
+	})
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if q, _ := n.reset(); q > (calls+int64(len(dup)))/2 {
+		t.Errorf("%d concurrent claims took %d statements; batching should need far fewer", calls+len(dup), q)
+	} else {
+		t.Logf("%d concurrent claims: %d statements", calls+len(dup), q)
+	}
+	tokens := map[int64]bool{}
+	for i, r := range results {
+		if !r.Claimed || tokens[r.Token] {
+			t.Fatalf("claim %d: %+v (a claim of a new key must win, with a token of its own)", i, r)
+		}
+		tokens[r.Token] = true
+	}
+	won := 0
+	for _, r := range dup {
+		switch {
+		case r.Claimed:
+			won++
+		case r.Existing == nil || r.Existing.State != idempotency.StateInProgress:
+			t.Errorf("a losing claim of a key in progress: %+v", r)
+		}
+	}
+	if won != 1 {
+		t.Errorf("16 concurrent claims of one key: %d won, want 1", won)
+	}
+
+	// Complete them in two rounds of calls at once. The first: key 0 with a stale token
+	// (refused), key 2 with no header and no body, the rest as they should. The second
+	// (keys 48 to 63): key 48 with a header jsonb rejects (a NUL), which fails the
+	// batch's statement; each call is then retried alone, and only key 48's fails.
+	completeErrs := make([]error, calls)
+	complete := func(i int) {
+		c := idempotency.Completion{Scope: "s", Key: fmt.Sprint("k", i), Token: results[i].Token,
+			Response: idempotency.Response{Status: 201, Header: http.Header{"X-I": {fmt.Sprint(i)}}, Body: []byte(fmt.Sprint("body ", i))},
+			Now: now, ExpiresAt: now.Add(time.Hour)}
+		switch i {
+		case 0:
+			c.Token--
+		case 48:
+			c.Response.Header = http.Header{"X-Bad": {"a\x00b"}}
+		case 2:
+			c.Response.Header, c.Response.Body = nil, nil
+		}
+		completeErrs[i] = st.Complete(ctx, c)
+	}
+	together(48, complete)
+	if q, _ := n.reset(); q > 24 {
+		t.Errorf("48 concurrent completions took %d statements", q)
+	}
+	together(16, func(i int) { complete(48 + i) })
+	if !errors.Is(completeErrs[0], idempotency.ErrLeaseLost) {
+		t.Errorf("completion with a stale token: %v, want ErrLeaseLost", completeErrs[0])
+	}
+	if completeErrs[48] == nil || errors.Is(completeErrs[48], idempotency.ErrLeaseLost) {
+		t.Errorf("completion with a NUL in a header: %v, want the server's error", completeErrs[48])
+	}
+	for i := 1; i < calls; i++ {
+		if i == 48 {
+			continue
+		}
+		if completeErrs[i] != nil {
+			t.Fatalf("completion %d: %v", i, completeErrs[i])
+		}
+		rec, err := st.Get(ctx, "s", fmt.Sprint("k", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := &idempotency.Response{Status: 201, Header: http.Header{"X-I": {fmt.Sprint(i)}}, Body: []byte(fmt.Sprint("body ", i))}
+		if i == 2 {
+			want.Header, want.Body = nil, nil
+		}
+		if rec.State != idempotency.StateDone || rec.Token != results[i].Token || !reflect.DeepEqual(rec.Response, want) {
+			t.Errorf("record %d: %+v, response %+v; want done with token %d and %+v", i, rec, rec.Response, results[i].Token, want)
+		}
+	}
+	for _, i := range []int{0, 48} {
+		if rec, err := st.Get(ctx, "s", fmt.Sprint("k", i)); err != nil || rec.State != idempotency.StateInProgress {
+			t.Errorf("record %d after a refused completion: %+v, %v; want still in progress", i, rec, err)
 		}
 	}
 }

@@ -7,9 +7,12 @@
 //	postgres://…, postgresql://…
 //	                            PostgreSQL through a pgxpool. Every pgx and pgxpool parameter
 //	                            works (sslmode, pool_max_conns, …). One more, schema=NAME,
-//	                            puts the table in that schema (default public); it is removed
-//	                            from the URL before connecting, because PostgreSQL would take
-//	                            it for a run-time parameter and refuse the connection.
+//	                            puts the table in that schema (default public), and
+//	                            batch=false turns off pgstore's batching of concurrent claims
+//	                            and completions (group commit; on by default); both are
+//	                            removed from the URL before connecting, because PostgreSQL
+//	                            would take them for run-time parameters and refuse the
+//	                            connection.
 //	redis://…, rediss://…       Redis through go-redis (redis.ParseURL: user, password, db
 //	                            number in the path, client options as query parameters).
 //	                            One more, prefix=P, sets the key prefix (default
@@ -29,6 +32,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -164,7 +168,16 @@ func openPostgres(ctx context.Context, dsn string) (*Opened, error) {
 	}
 	q := u.Query()
 	schema := q.Get("schema")
+	batch := true
+	if v := q.Get("batch"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("%w: postgres URL: batch=%q: want true or false", ErrInvalid, v)
+		}
+		batch = b
+	}
 	q.Del("schema")
+	q.Del("batch")
 	u.RawQuery = q.Encode()
 	name := u.Redacted()
 	cfg, err := pgxpool.ParseConfig(u.String())
@@ -175,7 +188,7 @@ func openPostgres(ctx context.Context, dsn string) (*Opened, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w %s: %w", ErrInvalid, name, err)
 	}
-	s, err := pgstore.New(pgstore.Config{Pool: pool, Schema: schema})
+	s, err := pgstore.New(pgstore.Config{Pool: pool, Schema: schema, Batch: batch})
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("%w %s: %w", ErrInvalid, name, err)

@@ -30,6 +30,10 @@ type PostgresConfig struct {
 	// Schema holds the ledger table, "payments", and pgstore's table. It is created when
 	// missing. Default "public".
 	Schema string
+
+	// Batch is pgstore's Config.Batch: concurrent claims (and, in middleware mode,
+	// completions) share statements.
+	Batch bool
 }
 
 // NewPostgres returns a Server on PostgreSQL. It applies the migrations (pgstore's and
@@ -43,7 +47,7 @@ func NewPostgres(ctx context.Context, cfg PostgresConfig) (*Server, error) {
 	b := &pgBackend{pool: cfg.Pool, table: table}
 	var store idempotency.Store
 	if cfg.Mode != ModeUnprotected {
-		st, err := pgstore.New(pgstore.Config{Pool: cfg.Pool, Schema: schema})
+		st, err := pgstore.New(pgstore.Config{Pool: cfg.Pool, Schema: schema, Batch: cfg.Batch})
 		if err != nil {
 			return nil, fmt.Errorf("ledger: %w", err)
 		}
