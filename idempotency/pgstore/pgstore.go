@@ -101,6 +101,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/internal/batch"
 )
 
 //go:embed schema.sql
@@ -133,8 +134,8 @@ type Store struct {
 	table string // quoted, schema-qualified
 	sql   statements
 
-	claims    *group[*claimCall]    // nil without Config.Batch
-	completes *group[*completeCall] // nil without Config.Batch
+	claims    *batch.Group[*claimCall]    // nil without Config.Batch
+	completes *batch.Group[*completeCall] // nil without Config.Batch
 }
 
 type statements struct {
@@ -253,8 +254,8 @@ WHERE r.scope = u.scope AND r.key = u.key AND r.token = u.token AND r.state = 'i
 RETURNING u.ord`),
 	}
 	if cfg.Batch {
-		s.claims = &group[*claimCall]{run: s.runClaims}
-		s.completes = &group[*completeCall]{run: s.runCompletes}
+		s.claims = &batch.Group[*claimCall]{Run: s.runClaims, InFlight: batchInFlight}
+		s.completes = &batch.Group[*completeCall]{Run: s.runCompletes, InFlight: batchInFlight}
 	}
 	return s, nil
 }
@@ -327,8 +328,8 @@ func (s *Store) claimRow(ctx context.Context, req idempotency.ClaimRequest, args
 		rec, err = scanRecord(s.pool.QueryRow(ctx, s.sql.claim, args...), &claimed, &claimable)
 		return rec, claimed, claimable, err
 	}
-	c := &claimCall{call: call{ctx: ctx}, req: req}
-	if err := s.claims.do(c); err != nil {
+	c := &claimCall{req: req}
+	if err := s.claims.Do(ctx, c); err != nil {
 		return nil, false, false, err
 	}
 	switch {

@@ -603,7 +603,7 @@ func TestBatch(t *testing.T) {
 	complete := func(i int) {
 		c := idempotency.Completion{Scope: "s", Key: fmt.Sprint("k", i), Token: results[i].Token,
 			Response: idempotency.Response{Status: 201, Header: http.Header{"X-I": {fmt.Sprint(i)}}, Body: []byte(fmt.Sprint("body ", i))},
-			Now: now, ExpiresAt: now.Add(time.Hour)}
+			Now:      now, ExpiresAt: now.Add(time.Hour)}
 		switch i {
 		case 0:
 			c.Token--

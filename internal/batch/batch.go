@@ -1,0 +1,163 @@
+// Package batch groups concurrent calls of one kind so that a store runs them as one
+// statement or one transaction: group commit done by the application.
+//
+// Nothing waits for a batch to fill. A call that finds fewer than Group.InFlight
+// batches running starts one at once with whatever is pending, so a lone call is
+// delayed by nothing; calls that arrive while every slot is busy go together in the
+// next batch. A batch never holds two calls with the same ID (the later waits for the
+// next batch), and its calls are sorted by ID, so that stores taking row locks in that
+// order cannot deadlock one batch against another.
+package batch
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Call is what every batched call embeds: its caller's context, and a channel closed
+// when the call's result is set.
+type Call struct {
+	ctx  context.Context
+	done chan struct{}
+}
+
+// Ctx is the context the call was made with.
+func (c *Call) Ctx() context.Context { return c.ctx }
+
+func (c *Call) call() *Call { return c }
+
+// Item is a batched call: a struct embedding Call, with the call's parameters and
+// fields for its result.
+type Item interface {
+	call() *Call
+	// ID is the row (or resource) the call writes; a batch never holds two calls with
+	// one ID, and holds its calls in ID order.
+	ID() string
+}
+
+// Group batches calls of one kind. Set Run, and optionally Max and InFlight, before
+// the first call; the zero value of the rest is ready.
+type Group[C Item] struct {
+	// Run does a batch's I/O and sets each call's result. Its calls are sorted by ID.
+	Run func(calls []C)
+	// Max is the most calls in one batch. Default 128.
+	Max int
+	// InFlight is the most batches running at once. Default 1.
+	InFlight int
+
+	mu       sync.Mutex
+	pending  []C
+	inFlight int
+}
+
+// Do runs c in a batch and returns when its result is set, or when ctx ends (then it
+// returns ctx's error; if c's batch had started, its result is lost, as a single
+// statement's would be when its context ends after the server ran it).
+func (g *Group[C]) Do(ctx context.Context, c C) error {
+	b := c.call()
+	b.ctx, b.done = ctx, make(chan struct{})
+	g.mu.Lock()
+	g.pending = append(g.pending, c)
+	lead := g.inFlight < max(g.InFlight, 1)
+	if lead {
+		g.inFlight++
+	}
+	g.mu.Unlock()
+	if lead {
+		g.lead()
+	}
+	select {
+	case <-b.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Pending returns the number of calls waiting for a batch.
+func (g *Group[C]) Pending() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.pending)
+}
+
+// lead runs one batch in a slot the caller holds, then hands the slot to a new
+// goroutine when calls are waiting, or gives it back.
+func (g *Group[C]) lead() {
+	g.mu.Lock()
+	batch := g.take()
+	g.mu.Unlock()
+	if len(batch) > 0 {
+		g.Run(batch)
+		for _, c := range batch {
+			close(c.call().done)
+		}
+	}
+	g.mu.Lock()
+	if len(g.pending) > 0 {
+		g.mu.Unlock()
+		go g.lead()
+		return
+	}
+	g.inFlight--
+	g.mu.Unlock()
+}
+
+// take removes from pending up to Max calls with distinct IDs, sorted by ID, and drops
+// the calls whose context has ended. g.mu is held.
+func (g *Group[C]) take() []C {
+	limit := g.Max
+	if limit <= 0 {
+		limit = 128
+	}
+	var batch []C
+	seen := make(map[string]bool)
+	rest := g.pending[:0]
+	for _, c := range g.pending {
+		switch id := c.ID(); {
+		case c.call().ctx.Err() != nil: // its caller has gone
+		case len(batch) == limit || seen[id]:
+			rest = append(rest, c)
+		default:
+			seen[id] = true
+			batch = append(batch, c)
+		}
+	}
+	clear(g.pending[len(rest):])
+	g.pending = rest
+	slices.SortFunc(batch, func(a, b C) int { return strings.Compare(a.ID(), b.ID()) })
+	return batch
+}
+
+// Context returns the context for a batch's I/O: it keeps the values of the first
+// call's context, is cancelled by none of the calls' contexts, and has the latest of
+// their deadlines, or none when one of them has none.
+func Context[C Item](calls []C) (context.Context, context.CancelFunc) {
+	base := context.WithoutCancel(calls[0].call().ctx)
+	var latest time.Time
+	for _, c := range calls {
+		d, ok := c.call().ctx.Deadline()
+		if !ok {
+			return context.WithCancel(base)
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return context.WithDeadline(base, latest)
+}
+
+// RowID is an ID for the row (scope, key) that sorts as the pair does, bytewise.
+func RowID(scope, key string) string {
+	// The scope's length first would sort by length; a separator that cannot be
+	// confused needs escaping. Encode each byte of the scope as two, 0x00 ending it.
+	b := make([]byte, 0, 2*len(scope)+1+len(key))
+	for i := range len(scope) {
+		b = append(b, 1+scope[i]>>7, scope[i]&0x7f+1)
+	}
+	b = append(b, 0)
+	return string(append(b, key...))
+}

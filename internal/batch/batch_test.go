@@ -1,0 +1,228 @@
+package batch_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/retrysafe/retrysafe/internal/batch"
+)
+
+type item struct {
+	batch.Call
+	id     string
+	result string
+}
+
+func (i *item) ID() string { return i.id }
+
+// recorder is a Run that records its batches and answers each call with its ID
+// upper-cased; block, when not nil, holds every batch until it is closed.
+type recorder struct {
+	mu      sync.Mutex
+	batches [][]string
+	block   chan struct{}
+	running int
+	most    int
+}
+
+func (r *recorder) run(calls []*item) {
+	r.mu.Lock()
+	ids := make([]string, len(calls))
+	for i, c := range calls {
+		ids[i] = c.id
+	}
+	r.batches = append(r.batches, ids)
+	r.running++
+	r.most = max(r.most, r.running)
+	r.mu.Unlock()
+	if r.block != nil {
+		<-r.block
+	}
+	for _, c := range calls {
+		c.result = strings.ToUpper(c.id)
+	}
+	r.mu.Lock()
+	r.running--
+	r.mu.Unlock()
+}
+
+func TestLoneCallRunsAtOnce(t *testing.T) {
+	var r recorder
+	g := &batch.Group[*item]{Run: r.run}
+	c := &item{id: "a"}
+	if err := g.Do(t.Context(), c); err != nil || c.result != "A" {
+		t.Fatalf("Do = %v, result %q", err, c.result)
+	}
+	if len(r.batches) != 1 {
+		t.Errorf("batches %v", r.batches)
+	}
+}
+
+// While the slots are busy, calls gather; they run together next, sorted, with no ID
+// twice in one batch, and each gets its own result.
+func TestCallsGatherWhileBusy(t *testing.T) {
+	r := recorder{block: make(chan struct{})}
+	g := &batch.Group[*item]{Run: r.run, InFlight: 1, Max: 4}
+	var wg sync.WaitGroup
+	first := &item{id: "first"}
+	wg.Go(func() { _ = g.Do(t.Context(), first) })
+	waitFor(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.batches) == 1 })
+
+	ids := []string{"e", "d", "c", "b", "a", "c"} // 6 calls: "c" twice, Max 4
+	calls := make([]*item, len(ids))
+	for i, id := range ids {
+		calls[i] = &item{id: id}
+		wg.Go(func() {
+			if err := g.Do(t.Context(), calls[i]); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	waitFor(t, func() bool { return g.Pending() == len(ids) })
+	close(r.block)
+	wg.Wait()
+	for _, c := range append(calls, first) {
+		if c.result != strings.ToUpper(c.id) {
+			t.Errorf("call %q: result %q", c.id, c.result)
+		}
+	}
+	if r.most != 1 {
+		t.Errorf("%d batches ran at once, InFlight is 1", r.most)
+	}
+	all := map[string]int{}
+	for _, b := range r.batches[1:] {
+		if len(b) > 4 || !slices.IsSorted(b) || len(slices.Compact(slices.Clone(b))) != len(b) {
+			t.Errorf("batch %v: want at most 4 distinct IDs, sorted", b)
+		}
+		for _, id := range b {
+			all[id]++
+		}
+	}
+	if len(r.batches) != 3 || all["c"] != 2 || len(all) != 5 {
+		t.Errorf("batches %v: want the 6 waiting calls in 2 batches (4 + 2: the second \"c\" waits)", r.batches)
+	}
+}
+
+// A call whose context ends while it waits returns the context's error and is not run.
+func TestCancelledWhileWaiting(t *testing.T) {
+	r := recorder{block: make(chan struct{})}
+	g := &batch.Group[*item]{Run: r.run, InFlight: 1}
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = g.Do(t.Context(), &item{id: "first"}) })
+	waitFor(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.batches) == 1 })
+	ctx, cancel := context.WithCancel(t.Context())
+	errc := make(chan error, 1)
+	go func() { errc <- g.Do(ctx, &item{id: "gone"}) }()
+	waitFor(t, func() bool { return g.Pending() == 1 })
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Errorf("Do = %v, want context.Canceled", err)
+	}
+	close(r.block)
+	wg.Wait()
+	last := &item{id: "last"}
+	if err := g.Do(t.Context(), last); err != nil || last.result != "LAST" {
+		t.Fatalf("a call after: %v, %q", err, last.result)
+	}
+	for _, b := range r.batches {
+		if slices.Contains(b, "gone") {
+			t.Errorf("the cancelled call ran: %v", r.batches)
+		}
+	}
+}
+
+// Many callers at once: everyone gets an answer, never more than InFlight batches run.
+func TestManyCallers(t *testing.T) {
+	var r recorder
+	g := &batch.Group[*item]{Run: r.run, InFlight: 2}
+	var wg sync.WaitGroup
+	for i := range 500 {
+		wg.Go(func() {
+			c := &item{id: fmt.Sprint(i % 50)}
+			if err := g.Do(t.Context(), c); err != nil || c.result != c.id {
+				t.Errorf("call %d: %v, %q", i, err, c.result)
+			}
+		})
+	}
+	wg.Wait()
+	if r.most > 2 {
+		t.Errorf("%d batches at once, InFlight is 2", r.most)
+	}
+}
+
+// A batch's context keeps the first call's values, ignores the calls' cancellation
+// and has the latest of their deadlines.
+func TestContext(t *testing.T) {
+	type key struct{}
+	soon, cancel1 := context.WithTimeout(context.WithValue(t.Context(), key{}, "v"), time.Minute)
+	defer cancel1()
+	later, cancel2 := context.WithTimeout(t.Context(), time.Hour)
+	defer cancel2()
+
+	r := recorder{block: make(chan struct{})}
+	checked := make(chan struct{})
+	g := &batch.Group[*item]{InFlight: 1, Run: func(calls []*item) {
+		if len(calls) == 2 {
+			ctx, cancel := batch.Context(calls)
+			defer cancel()
+			if ctx.Value(key{}) != "v" {
+				t.Error("the batch's context lost the first call's values")
+			}
+			if d, ok := ctx.Deadline(); !ok || time.Until(d) < 59*time.Minute {
+				t.Errorf("deadline %v %v, want the latest (in an hour)", d, ok)
+			}
+			cancel1()
+			if ctx.Err() != nil {
+				t.Error("a call's cancellation ended the batch's context")
+			}
+			close(checked)
+		}
+		r.run(calls)
+	}}
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = g.Do(t.Context(), &item{id: "first"}) })
+	waitFor(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.batches) == 1 })
+	wg.Go(func() { _ = g.Do(soon, &item{id: "a"}) })
+	waitFor(t, func() bool { return g.Pending() == 1 })
+	wg.Go(func() { _ = g.Do(later, &item{id: "b"}) })
+	waitFor(t, func() bool { return g.Pending() == 2 })
+	close(r.block)
+	wg.Wait()
+	select {
+	case <-checked:
+	default:
+		t.Errorf("a and b did not run as one batch: %v", r.batches)
+	}
+}
+
+func TestRowIDOrder(t *testing.T) {
+	pairs := [][2]string{{"", ""}, {"", "a"}, {"a", ""}, {"a", "b"}, {"ab", ""}, {"a\x00", "z"}, {"\xff", ""}, {"\x80", "x"}, {"b", "\x00"}}
+	slices.SortFunc(pairs, func(x, y [2]string) int {
+		if c := strings.Compare(x[0], y[0]); c != 0 {
+			return c
+		}
+		return strings.Compare(x[1], y[1])
+	})
+	for i := 1; i < len(pairs); i++ {
+		if a, b := batch.RowID(pairs[i-1][0], pairs[i-1][1]), batch.RowID(pairs[i][0], pairs[i][1]); a >= b {
+			t.Errorf("RowID%q >= RowID%q", pairs[i-1], pairs[i])
+		}
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
