@@ -35,12 +35,18 @@ func openConfig(t testing.TB, cfg sqlitestore.Config) *sqlitestore.Store {
 }
 
 func TestConformance(t *testing.T) {
+	for _, b := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%t", b), func(t *testing.T) { conformance(t, b) })
+	}
+}
+
+func conformance(t *testing.T, b bool) {
 	idempotencytest.Run(t, idempotencytest.Harness{
 		New: func(t *testing.T) idempotency.Store {
-			return open(t, filepath.Join(t.TempDir(), "idem.db"))
+			return openConfig(t, sqlitestore.Config{Path: filepath.Join(t.TempDir(), "idem.db"), Batch: b})
 		},
 		Down: func(t *testing.T) idempotency.Store {
-			s := open(t, filepath.Join(t.TempDir(), "idem.db"))
+			s := openConfig(t, sqlitestore.Config{Path: filepath.Join(t.TempDir(), "idem.db"), Batch: b})
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}

@@ -4,6 +4,8 @@
 //	sqlite:PATH                 SQLite file at PATH (created when missing; its directory must
 //	                            exist). "sqlite:" alone, and the empty string, mean
 //	                            sqlite:retrysafe.db. sqlite:///abs/path is /abs/path.
+//	                            Concurrent writes share transactions (sqlitestore's
+//	                            Config.Batch: group commit).
 //	postgres://…, postgresql://…
 //	                            PostgreSQL through a pgxpool. Every pgx and pgxpool parameter
 //	                            works (sslmode, pool_max_conns, …). One more, schema=NAME,
@@ -154,7 +156,7 @@ func openSQLite(ctx context.Context, path string) (*Opened, error) {
 	name := "sqlite:" + path
 	pctx, cancel := context.WithTimeout(ctx, PingTimeout)
 	defer cancel()
-	s, err := sqlitestore.Open(pctx, sqlitestore.Config{Path: path})
+	s, err := sqlitestore.Open(pctx, sqlitestore.Config{Path: path, Batch: true})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, name, err)
 	}

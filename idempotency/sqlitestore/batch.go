@@ -1,0 +1,74 @@
+package sqlitestore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/internal/batch"
+)
+
+// writeOp is the write of one Claim or one Complete, batched (Config.Batch).
+type writeOp struct {
+	batch.Call
+	claim    *idempotency.ClaimRequest // one of claim and complete is set
+	complete *idempotency.Completion
+
+	res idempotency.ClaimResult // a claim's result
+	err error
+}
+
+func (o *writeOp) ID() string {
+	if o.claim != nil {
+		return batch.RowID(o.claim.Scope, o.claim.Key)
+	}
+	return batch.RowID(o.complete.Scope, o.complete.Key)
+}
+
+// runWrites runs ops in one write transaction and commits it once. When a statement
+// fails (other than a completion that finds its claim gone) or the commit does, the
+// transaction is rolled back and each op runs again alone, so that one bad op cannot
+// fail the others and no op is left half done.
+func (s *Store) runWrites(ops []*writeOp) {
+	ctx, cancel := batch.Context(ops)
+	defer cancel()
+	if len(ops) > 1 {
+		if err := s.writeBatch(ctx, ops); err == nil {
+			return
+		}
+	}
+	for _, op := range ops {
+		if op.claim != nil {
+			op.res, op.err = s.claimWrite(ctx, *op.claim)
+		} else {
+			op.err = s.complete(ctx, s.st.complete, *op.complete)
+		}
+	}
+}
+
+func (s *Store) writeBatch(ctx context.Context, ops []*writeOp) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	tx, err := s.write.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("sqlitestore: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	complete := tx.StmtContext(ctx, s.st.complete)
+	for _, op := range ops {
+		if op.claim != nil {
+			op.res, op.err = s.claimTx(ctx, tx, *op.claim)
+		} else {
+			op.err = s.complete(ctx, complete, *op.complete)
+		}
+		if op.err != nil && !errors.Is(op.err, idempotency.ErrLeaseLost) {
+			return op.err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("sqlitestore: commit: %w", err)
+	}
+	return nil
+}
