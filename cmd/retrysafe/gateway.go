@@ -34,9 +34,10 @@ flags (each can also be set from the environment: --max-body from RETRYSAFE_MAX_
   --admin ADDR             /healthz, /readyz, /metrics (default 127.0.0.1:9090; "off"
                            disables)
   --store DSN              sqlite:PATH (default sqlite:retrysafe.db), postgres://…
-                           (optional ?schema=NAME; ?batch=false turns off the batching
-                           of concurrent claims and completions), redis://… (optional
-                           ?prefix=P), memory: — the schema is applied at start
+                           (optional ?schema=NAME), redis://… (optional ?prefix=P),
+                           memory: — the schema is applied at start. SQLite and
+                           PostgreSQL batch the writes of concurrent requests into
+                           shared commits (group commit); ?batch=false turns it off
   --ttl DURATION           how long responses are kept for replay (default 24h)
   --lease DURATION         how long a key stays in progress without its owner, e.g.
                            after a crash or an upstream timeout (default 30s)

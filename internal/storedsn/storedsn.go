@@ -5,7 +5,8 @@
 //	                            exist). "sqlite:" alone, and the empty string, mean
 //	                            sqlite:retrysafe.db. sqlite:///abs/path is /abs/path.
 //	                            Concurrent writes share transactions (sqlitestore's
-//	                            Config.Batch: group commit).
+//	                            Config.Batch: group commit); sqlite:PATH?batch=false turns
+//	                            that off (a '?' always starts parameters).
 //	postgres://…, postgresql://…
 //	                            PostgreSQL through a pgxpool. Every pgx and pgxpool parameter
 //	                            works (sslmode, pool_max_conns, …). One more, schema=NAME,
@@ -150,13 +151,28 @@ func openSQLite(ctx context.Context, path string) (*Opened, error) {
 	if strings.HasPrefix(path, "//") { // sqlite:///abs/path, sqlite://rel/path
 		path = path[2:]
 	}
+	batch := true
+	if p, query, ok := strings.Cut(path, "?"); ok {
+		q, err := url.ParseQuery(query)
+		if err != nil {
+			return nil, fmt.Errorf("%w: sqlite parameters %q: %s", ErrInvalid, query, oneLine(err.Error()))
+		}
+		for k, v := range q {
+			b, err := strconv.ParseBool(v[len(v)-1])
+			if k != "batch" || err != nil {
+				return nil, fmt.Errorf("%w: sqlite parameter %s=%q: the only one is batch=true|false", ErrInvalid, k, v[len(v)-1])
+			}
+			batch = b
+		}
+		path = p
+	}
 	if path == "" {
 		path = strings.TrimPrefix(Default, "sqlite:")
 	}
 	name := "sqlite:" + path
 	pctx, cancel := context.WithTimeout(ctx, PingTimeout)
 	defer cancel()
-	s, err := sqlitestore.Open(pctx, sqlitestore.Config{Path: path, Batch: true})
+	s, err := sqlitestore.Open(pctx, sqlitestore.Config{Path: path, Batch: batch})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, name, err)
 	}

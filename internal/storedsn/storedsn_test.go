@@ -57,7 +57,8 @@ func TestMemory(t *testing.T) {
 func TestSQLite(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	for _, dsn := range []string{"sqlite:" + filepath.Join(dir, "a.db"), "sqlite://" + filepath.Join(dir, "b.db")} {
+	for _, dsn := range []string{"sqlite:" + filepath.Join(dir, "a.db"), "sqlite://" + filepath.Join(dir, "b.db"),
+		"sqlite:" + filepath.Join(dir, "c.db") + "?batch=false"} {
 		o, err := storedsn.Open(context.Background(), dsn, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", dsn, err)
@@ -74,7 +75,7 @@ func TestSQLite(t *testing.T) {
 		}
 		_ = o.Close() // twice is fine
 	}
-	for _, f := range []string{"a.db", "b.db"} {
+	for _, f := range []string{"a.db", "b.db", "c.db"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			t.Fatal(err)
 		}
@@ -174,6 +175,8 @@ func TestErrors(t *testing.T) {
 		{"postgres://u:hunter2@" + dead + "/db?sslmode=disable", storedsn.ErrUnreachable},
 		{"postgres://u:hunter2@" + dead + "/db?schema=Bad-Name", storedsn.ErrInvalid},
 		{"postgres://u:hunter2@" + dead + "/db?batch=maybe", storedsn.ErrInvalid},
+		{"sqlite:" + filepath.Join(t.TempDir(), "x.db") + "?batch=maybe", storedsn.ErrInvalid},
+		{"sqlite:" + filepath.Join(t.TempDir(), "x.db") + "?other=1", storedsn.ErrInvalid},
 		{"postgres://u:hunter2@" + dead + "/db?sslmode=bogus", storedsn.ErrInvalid},
 		{"redis://:hunter2@" + dead + "/0", storedsn.ErrUnreachable},
 		{"redis://" + dead + "/0?nope=1", storedsn.ErrInvalid},
