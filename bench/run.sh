@@ -10,6 +10,8 @@
 #   payments-mw       examples/payments --tx=false (middleware mode)
 #   gw-<store>        retrysafe gateway (memory, sqlite, postgres, redis store) in front
 #                     of the unprotected server above
+#   *-nobatch         payments-tx, gw-sqlite and gw-postgres with the stores' batching
+#                     (group commit) turned off: what it gains (matrix only)
 #   express           bench/baselines/express: seed 001's Express + node-postgres design,
 #                     one node process as the seed shows
 #   express-cluster2  the same under node's cluster module, 2 workers
@@ -72,7 +74,7 @@ url_with() { case $1 in *\?*) printf '%s&%s' "$1" "$2" ;; *) printf '%s?%s' "$1"
 PG_POOLED=$(url_with "$PG_URL" "pool_max_conns=$POOL&pool_max_conn_idle_time=1s&pool_health_check_period=500ms")
 psql_q() { psql "$PG_URL" -X -q -v ON_ERROR_STOP=1 "$@"; }
 
-SCHEMAS=("${RUN}_up" "${RUN}_tx" "${RUN}_mw" "${RUN}_gw" "${RUN}_ex" "${RUN}_exc" "${RUN}_exa" "${RUN}_pgb" "${RUN}_pgbx")
+SCHEMAS=("${RUN}_up" "${RUN}_tx" "${RUN}_mw" "${RUN}_txn" "${RUN}_gw" "${RUN}_gwn" "${RUN}_ex" "${RUN}_exc" "${RUN}_exa" "${RUN}_pgb" "${RUN}_pgbx")
 REDIS_PREFIX="$RUN:"
 PIDS=()
 
@@ -153,6 +155,9 @@ start payments-tx "$BIN/payments" --addr "127.0.0.1:${PORT[payments-tx]}" --stor
 assign_port payments-mw
 SCHEMA[payments-mw]=${RUN}_mw
 start payments-mw "$BIN/payments" --addr "127.0.0.1:${PORT[payments-mw]}" --store "$PG_POOLED" --schema "${RUN}_mw" --tx=false
+assign_port payments-tx-nobatch
+SCHEMA[payments-tx-nobatch]=${RUN}_txn
+start payments-tx-nobatch "$BIN/payments" --addr "127.0.0.1:${PORT[payments-tx-nobatch]}" --store "$PG_POOLED" --schema "${RUN}_txn" --batch=false
 wait_http unprotected "${PORT[unprotected]}"
 
 # The gateways log at warn: their per-request info line (one slog line per request)
@@ -162,8 +167,10 @@ declare -A GWSTORE=(
 	[gw-sqlite]="sqlite:$WORK/gateway.db"
 	[gw-postgres]="$(url_with "$PG_POOLED" "schema=${RUN}_gw")"
 	[gw-redis]="$(url_with "$REDIS_URL" "prefix=$REDIS_PREFIX")"
+	[gw-sqlite-nobatch]="sqlite:$WORK/gateway-nobatch.db?batch=false"
+	[gw-postgres-nobatch]="$(url_with "$PG_POOLED" "schema=${RUN}_gwn&batch=false")"
 )
-for gw in gw-memory gw-sqlite gw-postgres gw-redis; do
+for gw in gw-memory gw-sqlite gw-postgres gw-redis gw-sqlite-nobatch gw-postgres-nobatch; do
 	assign_port $gw
 	SCHEMA[$gw]=${RUN}_up # their ledger is the upstream's
 	start "$gw" "$BIN/retrysafe" gateway --upstream "http://127.0.0.1:${PORT[unprotected]}" \
@@ -186,7 +193,8 @@ assign_port express-autocommit
 SCHEMA[express-autocommit]=${RUN}_exa
 start express-autocommit "${EXPRESS[@]}" PG_SCHEMA="${RUN}_exa" PORT="${PORT[express-autocommit]}" EXPRESS_TX=0 node "$SERVER_JS"
 
-for s in payments-tx payments-mw gw-memory gw-sqlite gw-postgres gw-redis express express-cluster2 express-autocommit; do
+for s in payments-tx payments-mw payments-tx-nobatch gw-memory gw-sqlite gw-postgres gw-redis gw-sqlite-nobatch gw-postgres-nobatch \
+	express express-cluster2 express-autocommit; do
 	wait_http "$s" "${PORT[$s]}"
 done
 for pid in "${PIDS[@]}"; do
@@ -299,7 +307,8 @@ pgb() {
 }
 
 # ---- 1. matrix ---------------------------------------------------------------------
-SUBJECTS=(unprotected payments-tx payments-mw gw-memory gw-sqlite gw-postgres gw-redis express express-cluster2)
+SUBJECTS=(unprotected payments-tx payments-mw payments-tx-nobatch gw-memory gw-sqlite gw-postgres gw-redis
+	gw-sqlite-nobatch gw-postgres-nobatch express express-cluster2)
 log "phase 1: matrix ($CONCURRENCY clients, $ROUNDS rounds, $DURATION after $WARMUP warm-up; pgbench ${PGBENCH_DURATION}s)"
 ci=0
 for c in $CONCURRENCY; do

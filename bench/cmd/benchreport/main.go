@@ -40,8 +40,8 @@ func (r *record) clients() int {
 // subjectRank orders the subjects in the tables as bench/run.sh lists them.
 func subjectRank(s string) int {
 	order := []string{
-		"unprotected", "payments-tx", "payments-mw",
-		"gw-memory", "gw-sqlite", "gw-postgres", "gw-redis",
+		"unprotected", "payments-tx", "payments-mw", "payments-tx-nobatch",
+		"gw-memory", "gw-sqlite", "gw-postgres", "gw-redis", "gw-sqlite-nobatch", "gw-postgres-nobatch",
 		"express", "express-cluster2", "express-autocommit",
 	}
 	if i := slices.Index(order, s); i >= 0 {
