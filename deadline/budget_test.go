@@ -57,14 +57,16 @@ func TestReserveEndsBeforeParent(t *testing.T) {
 
 func TestReserveRealTime(t *testing.T) {
 	t.Parallel()
-	parent, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	// The child ends 200ms in, long before the parent (8s): a child that kept no
+	// reserve would end with the parent, far past the bound below.
+	parent, cancel := context.WithTimeout(context.Background(), 8*time.Second)
 	defer cancel()
-	child, cancelChild := Reserve(parent, 150*time.Millisecond)
+	child, cancelChild := Reserve(parent, 8*time.Second-200*time.Millisecond)
 	defer cancelChild()
 	start := time.Now()
 	<-child.Done()
-	if took := time.Since(start); took > 120*time.Millisecond {
-		t.Errorf("child ended after %v, want about 50ms", took)
+	if took := time.Since(start); took > 4*time.Second {
+		t.Errorf("child ended after %v, want about 200ms", took)
 	}
 	if parent.Err() != nil {
 		t.Errorf("parent ended with the child: %v", parent.Err())

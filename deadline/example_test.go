@@ -44,7 +44,7 @@ func ExampleMiddleware() {
 func ExampleTransport() {
 	next := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ms, _ := strconv.Atoi(r.Header.Get("Request-Budget-Ms"))
-		fmt.Println("next hop's budget between 1s and 1.5s:", ms > 1000 && ms <= 1500)
+		fmt.Println("next hop's budget between 5s and 9.5s:", ms > 5000 && ms <= 9500)
 	}))
 	defer next.Close()
 	client := &http.Client{Transport: deadline.Transport{
@@ -52,7 +52,7 @@ func ExampleTransport() {
 		Reserve: 500 * time.Millisecond,
 	}}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, next.URL, nil)
 	if resp, err := client.Do(req); err == nil {
@@ -67,7 +67,7 @@ func ExampleTransport() {
 	_, err := client.Do(req)
 	fmt.Println("failed fast:", errors.Is(err, context.DeadlineExceeded))
 	// Output:
-	// next hop's budget between 1s and 1.5s: true
+	// next hop's budget between 5s and 9.5s: true
 	// failed fast: true
 }
 

@@ -150,7 +150,10 @@ func TestExpiry(t *testing.T) {
 	b := sameTable(t, pool, schema, fence.Config{})
 	ctx := t.Context()
 
-	a, err := st.Acquire(ctx, "job", "a", 200*time.Millisecond)
+	// A TTL of seconds, so that a loaded machine still tries b's Acquire before the
+	// expiry; the sleep outlasts it (the database's clock is the machine's).
+	const ttl = 2 * time.Second
+	a, err := st.Acquire(ctx, "job", "a", ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +161,7 @@ func TestExpiry(t *testing.T) {
 	if _, err := b.Acquire(ctx, "job", "b", time.Second); !errors.Is(err, fence.ErrHeld) {
 		t.Fatalf("Acquire before expiry: %v", err)
 	}
-	time.Sleep(250 * time.Millisecond)
+	time.Sleep(ttl + 100*time.Millisecond)
 	if a.Context().Err() != nil {
 		t.Error("the Context ended though the application's clock did not move")
 	}
@@ -173,7 +176,7 @@ func TestExpiry(t *testing.T) {
 	if err := a.Renew(ctx); !errors.Is(err, fence.ErrLeaseLost) {
 		t.Errorf("Renew of a taken-over lease: %v", err)
 	}
-	if cause := waitDone(t, a.Context(), time.Second); !errors.Is(cause, fence.ErrLeaseLost) {
+	if cause := waitDone(t, a.Context(), 10*time.Second); !errors.Is(cause, fence.ErrLeaseLost) {
 		t.Errorf("Context cause: %v", cause)
 	}
 	if err := a.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) {
@@ -203,13 +206,16 @@ func TestHeartbeat(t *testing.T) {
 	st, schema := newStore(t, pool, fence.Config{})
 	ctx := t.Context()
 
-	a, err := st.Acquire(ctx, "job", "a", 450*time.Millisecond)
+	// Renewals every 500ms keep a 1.5s lease: a loaded machine may delay one by a
+	// second before the lease (and its Context) ends.
+	const ttl = 1500 * time.Millisecond
+	a, err := st.Acquire(ctx, "job", "a", ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
 	release(t, a)
 	first := a.Expires()
-	time.Sleep(time.Second) // more than two TTLs
+	time.Sleep(2*ttl + 200*time.Millisecond) // more than two TTLs
 	if err := a.Context().Err(); err != nil {
 		t.Fatalf("Context ended while the heartbeat ran: %v", context.Cause(a.Context()))
 	}
@@ -232,7 +238,7 @@ func TestHeartbeat(t *testing.T) {
 		t.Fatal(err)
 	}
 	release(t, b)
-	if cause := waitDone(t, a.Context(), time.Second); !errors.Is(cause, fence.ErrLeaseLost) {
+	if cause := waitDone(t, a.Context(), 10*time.Second); !errors.Is(cause, fence.ErrLeaseLost) {
 		t.Errorf("Context cause after a takeover: %v", cause)
 	}
 	if err := b.Context().Err(); err != nil {

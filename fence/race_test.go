@@ -223,7 +223,9 @@ func TestCheckHoldsTakeover(t *testing.T) {
 	if _, err := pool.Exec(ctx, "CREATE TABLE "+schema+".log (holder text, at timestamptz)"); err != nil {
 		t.Fatal(err)
 	}
-	a, err := paused.Acquire(ctx, "job", "A", 200*time.Millisecond)
+	// A's Check must come before the expiry: a TTL of seconds for a loaded machine.
+	const ttl = 2 * time.Second
+	a, err := paused.Acquire(ctx, "job", "A", ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +238,7 @@ func TestCheckHoldsTakeover(t *testing.T) {
 		if err := a.Check(ctx, tx); err != nil {
 			return err
 		}
-		time.Sleep(300 * time.Millisecond) // the lease expires while the transaction runs
+		time.Sleep(ttl + 100*time.Millisecond) // the lease expires while the transaction runs
 		go func() {
 			defer close(acquired)
 			for {

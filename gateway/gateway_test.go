@@ -491,12 +491,16 @@ var contractCases = []struct {
 		}
 	}},
 	{"504 upstream timeout, key kept until its lease ends", func(t *testing.T, f *fixture) {
-		g := newFixture(t, f.store, f.up, func(c *gateway.Config) {
-			c.UpstreamTimeout = 200 * time.Millisecond
+		// A gateway and an upstream of their own: the first call is held upstream until
+		// the timeout, the one after the lease answers at once. The timeout is seconds,
+		// so that a loaded machine still answers that one in time.
+		g := newFixture(t, f.store, nil, func(c *gateway.Config) {
+			c.UpstreamTimeout = 2 * time.Second
 			c.Lease = 30 * time.Second
 		})
 		key := testenv.Name("timeout")
-		r := g.do("POST", "/slow-once?ms=600", key, `{}`)
+		r := g.do("POST", "/block", key, `{}`)
+		g.up.release()
 		if r.status != http.StatusGatewayTimeout || r.problemType() != gateway.ProblemUpstreamTimeout || r.header.Get("Retry-After") != "30" {
 			t.Fatalf("first: %d %v %s", r.status, r.header, r.body)
 		}
@@ -504,11 +508,11 @@ var contractCases = []struct {
 		if err != nil || rec.State != idempotency.StateInProgress {
 			t.Fatalf("record after 504: %+v %v", rec, err)
 		}
-		if r := g.do("POST", "/slow-once?ms=600", key, `{}`); r.status != http.StatusConflict {
+		if r := g.do("POST", "/block", key, `{}`); r.status != http.StatusConflict {
 			t.Fatalf("retry within the lease: %d %s", r.status, r.body)
 		}
 		g.clock.advance(31 * time.Second)
-		r = g.do("POST", "/slow-once?ms=600", key, `{}`)
+		r = g.do("POST", "/block", key, `{}`)
 		if r.status != http.StatusCreated {
 			t.Fatalf("retry after the lease: %d %s", r.status, r.body)
 		}
@@ -517,25 +521,40 @@ var contractCases = []struct {
 		}
 	}},
 	{"client disconnect: upstream completes, retry replays", func(t *testing.T, f *fixture) {
+		// A gateway of its own, so that releasing its upstream blocks no one else. The
+		// client gives up once its request is upstream (held there): the key is claimed
+		// and the gateway's upstream call is under way.
+		g := newFixture(t, f.store, nil, nil)
 		key := testenv.Name("gone")
-		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		req, _ := http.NewRequestWithContext(ctx, "POST", f.front.URL+"/slow?ms=400", strings.NewReader(`{"a":1}`))
+		req, _ := http.NewRequestWithContext(ctx, "POST", g.front.URL+"/block", strings.NewReader(`{"a":1}`))
 		req.Header.Set("Idempotency-Key", key)
 		req.Header.Set("Content-Type", "application/json")
-		if res, err := http.DefaultClient.Do(req); err == nil {
-			res.Body.Close()
-			t.Fatalf("the client did not give up: %d", res.StatusCode)
+		gone := make(chan error, 1)
+		go func() {
+			res, err := http.DefaultClient.Do(req)
+			if err == nil {
+				res.Body.Close()
+			}
+			gone <- err
+		}()
+		waitFor(t, "the request upstream", func() bool { return g.up.callsFor(key) == 1 })
+		cancel()
+		err := <-gone
+		g.up.release()
+		if err == nil {
+			t.Fatal("the client did not give up")
 		}
 		var r reply
 		waitFor(t, "the replay", func() bool {
-			r = f.do("POST", "/slow?ms=400", key, `{"a":1}`)
+			r = g.do("POST", "/block", key, `{"a":1}`)
 			return r.status != http.StatusConflict
 		})
 		if r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "true" {
 			t.Fatalf("retry: %d %v %s", r.status, r.header, r.body)
 		}
-		if n := f.up.callsFor(key); n != 1 {
+		if n := g.up.callsFor(key); n != 1 {
 			t.Fatalf("upstream called %d times", n)
 		}
 	}},

@@ -479,9 +479,9 @@ func TestClientDisconnects(t *testing.T) {
 			_ = conn.Close()
 			<-returned
 
-			// The completion or release ran after the handler; wait for it briefly.
+			// The completion or release runs after the handler; wait for it (up to 10 s).
 			var rec *idempotency.Record
-			for range 100 {
+			for range 1000 {
 				rec, err = store.Get(context.Background(), "", "k")
 				if (finishes && err == nil && rec.State == idempotency.StateDone) || (!finishes && errors.Is(err, idempotency.ErrNotFound)) {
 					break
@@ -582,7 +582,9 @@ func TestHeartbeatKeepsSlowHandlersLease(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	var runs atomic.Int64
 	store := memstore.New()
-	mw, _ := idempotency.New(idempotency.Config{Store: store, Lease: 150 * time.Millisecond})
+	// A lease of a second, renewed every third of it, so that a stall of the machine
+	// (the race detector, parallel packages) cannot let it lapse between renewals.
+	mw, _ := idempotency.New(idempotency.Config{Store: store, Lease: time.Second})
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if runs.Add(1) == 1 {
 			close(entered)
@@ -600,7 +602,7 @@ func TestHeartbeatKeepsSlowHandlersLease(t *testing.T) {
 	done := make(chan int)
 	go func() { done <- do() }()
 	<-entered
-	time.Sleep(500 * time.Millisecond) // more than three leases
+	time.Sleep(3500 * time.Millisecond) // more than three leases
 	if code := do(); code != http.StatusConflict {
 		t.Errorf("retry during a slow handler got %d, want 409", code)
 	}

@@ -184,7 +184,9 @@ func TestLeaseLostMidPass(t *testing.T) {
 	}()
 	r, err := reconcile.New(reconcile.Config[string]{
 		Name: "sync", Desired: newSide(wantDesired), Actual: newSide(nil), Leases: e.leases,
-		LeaseTTL: 300 * time.Millisecond, Logger: quiet, Retry: fast,
+		// A TTL of seconds: a loaded machine must not lose the lease on its own before
+		// the first repair takes it over; the heartbeat (every TTL/3) notices the takeover.
+		LeaseTTL: 3 * time.Second, Logger: quiet, Retry: fast,
 		Repair: func(ctx context.Context, d reconcile.Drift[string]) error {
 			if d.Key != "a" {
 				t.Errorf("repair of %s after the lease was lost", d.Key)
@@ -201,7 +203,7 @@ func TestLeaseLostMidPass(t *testing.T) {
 			select {
 			case <-ctx.Done():
 				return context.Cause(ctx)
-			case <-time.After(2 * time.Second):
+			case <-time.After(15 * time.Second):
 				return errors.New("the repair's context was not cancelled")
 			}
 		},

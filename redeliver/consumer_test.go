@@ -296,7 +296,7 @@ func TestShutdown(t *testing.T) {
 		if op := d.wait(t); op != "release" {
 			t.Errorf("op = %s, want release", op)
 		}
-		if el := time.Since(begin); el > 2*time.Second {
+		if el := time.Since(begin); el > 10*time.Second { // the grace is 50ms
 			t.Errorf("shutdown took %v", el)
 		}
 	})
@@ -307,6 +307,10 @@ func TestConcurrencyLimit(t *testing.T) {
 	const n, limit = 40, 4
 	src := newFakeSource(n)
 	var cur, peak atomic.Int32
+	// The first handlers wait until limit of them run at once (2s at most), so that a
+	// loaded machine, slow to start them, still reaches the limit.
+	full := make(chan struct{})
+	var fullOnce sync.Once
 	run(t, redeliver.Config{Source: src, Concurrency: limit,
 		Handler: func(ctx context.Context, m *redeliver.Message) error {
 			c := cur.Add(1)
@@ -315,6 +319,13 @@ func TestConcurrencyLimit(t *testing.T) {
 				if c <= p || peak.CompareAndSwap(p, c) {
 					break
 				}
+			}
+			if c >= limit {
+				fullOnce.Do(func() { close(full) })
+			}
+			select {
+			case <-full:
+			case <-time.After(2 * time.Second):
 			}
 			time.Sleep(5 * time.Millisecond)
 			cur.Add(-1)
@@ -336,11 +347,18 @@ func TestHeartbeat(t *testing.T) {
 	t.Parallel()
 	src := beatingSource{newFakeSource(1)}
 	src.beat = 10 * time.Millisecond
+	delivered := make(chan *fakeDelivery, 1)
 	run(t, redeliver.Config{Source: src, Handler: func(ctx context.Context, m *redeliver.Message) error {
-		time.Sleep(80 * time.Millisecond)
+		// Run until a few heartbeats came (a loaded machine may delay them), 3s at most:
+		// a consumer that never beats still settles within d.wait's bound.
+		d := <-delivered
+		for deadline := time.Now().Add(3 * time.Second); d.beats.Load() < 3 && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
 		return nil
 	}})
 	d := src.push(&redeliver.Message{ID: "a", Queue: "q"})
+	delivered <- d
 	d.wait(t)
 	if b := d.beats.Load(); b < 3 {
 		t.Errorf("%d heartbeats, want several", b)
@@ -371,33 +389,50 @@ func TestMetrics(t *testing.T) {
 	} {
 		d.wait(t)
 	}
-	time.Sleep(10 * time.Millisecond) // counters are bumped right after settling
-	got := map[string]float64{}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			key := mf.GetName()
-			for _, l := range m.GetLabel() {
-				key += " " + l.GetName() + "=" + l.GetValue()
-			}
-			if c := m.GetCounter(); c != nil {
-				got[key] = c.GetValue()
-			}
-		}
-	}
-	for key, want := range map[string]float64{
+	want := map[string]float64{
 		"retrysafe_redeliver_received_total queue=q1":                            3,
 		"retrysafe_redeliver_received_total queue=q2":                            1,
 		"retrysafe_redeliver_succeeded_total queue=q1":                           1,
 		"retrysafe_redeliver_succeeded_total queue=q2":                           1,
 		"retrysafe_redeliver_retried_total error_class=transient queue=q1":       1,
 		"retrysafe_redeliver_dead_lettered_total error_class=permanent queue=q1": 1,
-	} {
-		if got[key] != want {
-			t.Errorf("%s = %v, want %v", key, got[key], want)
+	}
+	gather := func() map[string]float64 {
+		got := map[string]float64{}
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				key := mf.GetName()
+				for _, l := range m.GetLabel() {
+					key += " " + l.GetName() + "=" + l.GetValue()
+				}
+				if c := m.GetCounter(); c != nil {
+					got[key] = c.GetValue()
+				}
+			}
+		}
+		return got
+	}
+	matches := func(got map[string]float64) bool {
+		for key, v := range want {
+			if got[key] != v {
+				return false
+			}
+		}
+		return true
+	}
+	// The counters are bumped right after settling, on the consumer's goroutines: wait
+	// for them (a loaded machine may take a while), then compare.
+	got := gather()
+	for deadline := time.Now().Add(5 * time.Second); !matches(got) && time.Now().Before(deadline); got = gather() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for key, v := range want {
+		if got[key] != v {
+			t.Errorf("%s = %v, want %v", key, got[key], v)
 		}
 	}
 }

@@ -25,7 +25,9 @@ import (
 // answers 200 to the third.
 func TestTransportFourFailures(t *testing.T) {
 	t.Parallel()
-	const attemptTimeout = 100 * time.Millisecond
+	// Long enough that a loaded machine still answers the attempts that succeed in time
+	// (and runs the server's handler before the client gives up on a silent one).
+	const attemptTimeout = time.Second
 	failures := []struct {
 		name string
 		fail func(t *testing.T, w http.ResponseWriter, r *http.Request)
@@ -486,7 +488,7 @@ func TestTransportDeadline(t *testing.T) {
 			w.Header().Set("Retry-After", "30")
 			w.WriteHeader(503)
 		})
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		retried := false
 		tr := &Transport{Base: newBase(t), Policy: Policy{MaxAttempts: 3},
@@ -500,22 +502,22 @@ func TestTransportDeadline(t *testing.T) {
 		if resp.StatusCode != 503 || retried || srv.Executions() != 1 {
 			t.Errorf("got %d, retried %v, %d executions; want the 503 at once", resp.StatusCode, retried, srv.Executions())
 		}
-		if el := time.Since(start); el > 2*time.Second {
+		if el := time.Since(start); el > 10*time.Second { // waiting would take 20s (the deadline)
 			t.Errorf("took %v", el)
 		}
 	})
 	t.Run("backoff beyond the deadline", func(t *testing.T) {
 		t.Parallel()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		tr := &Transport{Base: newBase(t), Policy: Policy{MaxAttempts: 3, Base: 10 * time.Second, Jitter: JitterNone}}
+		tr := &Transport{Base: newBase(t), Policy: Policy{MaxAttempts: 3, Base: time.Minute, Jitter: JitterNone}}
 		start := time.Now()
 		_, err := tr.RoundTrip(newRequest(t, ctx, http.MethodGet, "http://"+closedAddr(t), ""))
 		var ex *ExhaustedError
 		if !errors.As(err, &ex) || ex.Attempts != 1 || !errors.Is(err, ErrDeadline) {
 			t.Fatalf("err = %v, want ErrDeadline after 1 attempt", err)
 		}
-		if el := time.Since(start); el > time.Second {
+		if el := time.Since(start); el > 10*time.Second { // waiting would take 20s (the deadline)
 			t.Errorf("took %v", el)
 		}
 	})
@@ -612,10 +614,11 @@ func TestTransportAttemptTimeoutKeepsBody(t *testing.T) {
 	srv := newScript(t, func(n int, w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "first half, ")
 		http.NewResponseController(w).Flush()
-		time.Sleep(600 * time.Millisecond)
+		time.Sleep(2 * time.Second) // the body ends after the AttemptTimeout, whatever the load
 		io.WriteString(w, "second half")
 	})
-	tr := &Transport{Base: newBase(t), Policy: testPolicy(newFakeClock()), AttemptTimeout: 200 * time.Millisecond}
+	// The headers come at once: the AttemptTimeout leaves a loaded machine a second.
+	tr := &Transport{Base: newBase(t), Policy: testPolicy(newFakeClock()), AttemptTimeout: time.Second}
 	resp, err := tr.RoundTrip(newRequest(t, context.Background(), http.MethodGet, srv.URL, ""))
 	if err != nil {
 		t.Fatal(err)

@@ -175,17 +175,19 @@ func (p *proc) wait(d time.Duration) int {
 //	/slow?ms=N       as /pay after N ms
 //	/slow-once?ms=N  as /slow on a key's first call, as /pay after
 //	/hang-once       hangs on a key's first call until the test ends, as /pay after
+//	/held-once       hangs on a key's first call until release(key), as /pay after
 //	/status/N        N
 type upstream struct {
 	*httptest.Server
 	calls  atomic.Int64
 	mu     sync.Mutex
 	perKey map[string]int
+	gates  map[string]chan struct{}
 	stop   chan struct{}
 }
 
 func newUpstream(t *testing.T) *upstream {
-	u := &upstream{perKey: map[string]int{}, stop: make(chan struct{})}
+	u := &upstream{perKey: map[string]int{}, gates: map[string]chan struct{}{}, stop: make(chan struct{})}
 	u.Server = httptest.NewServer(http.HandlerFunc(u.serve))
 	t.Cleanup(func() {
 		close(u.stop)
@@ -200,6 +202,23 @@ func (u *upstream) callsFor(key string) int {
 	return u.perKey[key]
 }
 
+// gate returns the channel a /held-once call on key waits for; u.mu is held.
+func (u *upstream) gate(key string) chan struct{} {
+	g, ok := u.gates[key]
+	if !ok {
+		g = make(chan struct{})
+		u.gates[key] = g
+	}
+	return g
+}
+
+// release lets the /held-once call on key answer.
+func (u *upstream) release(key string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	close(u.gate(key))
+}
+
 func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	n := u.calls.Add(1)
 	key := r.Header.Get("Idempotency-Key")
@@ -207,6 +226,7 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	u.perKey[key]++
 	nth := u.perKey[key]
+	gate := u.gate(key)
 	u.mu.Unlock()
 	ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
 	switch {
@@ -218,6 +238,12 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	case r.URL.Path == "/hang-once" && nth == 1:
 		<-u.stop
 		return
+	case r.URL.Path == "/held-once" && nth == 1:
+		select {
+		case <-gate:
+		case <-u.stop:
+			return
+		}
 	case strings.HasPrefix(r.URL.Path, "/status/"):
 		code, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/status/"))
 		http.Error(w, "upstream says "+strconv.Itoa(code), code)
@@ -340,9 +366,13 @@ func TestE2EContract(t *testing.T) {
 			t.Parallel()
 			dsn := s.dsn(t)
 			up := newUpstream(t)
-			// The upstream and the lease from the environment, the rest as flags.
-			gw := startGateway(t, []string{"RETRYSAFE_UPSTREAM=" + up.URL, "RETRYSAFE_LEASE=1s"},
-				"--store", dsn, "--max-body", "1KiB", "--upstream-timeout", "1s")
+			// The upstream and the lease from the environment, the rest as flags. The
+			// upstream timeout is seconds, so that a loaded machine does not turn a
+			// held request into a 504, and shorter than the lease, so that a key kept
+			// after a 504 is still in progress for a while.
+			const lease = 5 * time.Second
+			gw := startGateway(t, []string{"RETRYSAFE_UPSTREAM=" + up.URL, "RETRYSAFE_LEASE=" + lease.String()},
+				"--store", dsn, "--max-body", "1KiB", "--upstream-timeout", "3s")
 			dead := startGateway(t, nil, "--store", dsn, "--upstream", "http://"+testenv.DeadAddr(t))
 			ctx := context.Background()
 			key := func(what string) string { return testenv.Name(what) }
@@ -363,9 +393,10 @@ func TestE2EContract(t *testing.T) {
 				t.Parallel()
 				k := key("inflight")
 				done := make(chan reply, 1)
-				go func() { done <- post(ctx, gw.addr, "/slow?ms=800", k, `{}`) }()
-				waitFor(t, "the first request upstream", 5*time.Second, func() bool { return up.callsFor(k) == 1 })
-				dup := post(ctx, gw.addr, "/slow?ms=800", k, `{}`)
+				go func() { done <- post(ctx, gw.addr, "/held-once", k, `{}`) }()
+				waitFor(t, "the first request upstream", 10*time.Second, func() bool { return up.callsFor(k) == 1 })
+				dup := post(ctx, gw.addr, "/held-once", k, `{}`) // the first is held upstream
+				up.release(k)
 				if dup.status != 409 || dup.header.Get("Retry-After") == "" || dup.problem() != idempotency.ProblemInFlight {
 					t.Fatalf("duplicate: %v", dup)
 				}
@@ -419,16 +450,17 @@ func TestE2EContract(t *testing.T) {
 			t.Run("504 upstream timeout, key kept until the lease ends", func(t *testing.T) {
 				t.Parallel()
 				k := key("timeout")
-				if r := post(ctx, gw.addr, "/slow-once?ms=3000", k, `{}`); r.status != 504 || r.problem() != "urn:retrysafe:problem:upstream-timeout" {
+				sent := time.Now() // the key is claimed after this, its lease ends lease later at the earliest
+				if r := post(ctx, gw.addr, "/slow-once?ms=60000", k, `{}`); r.status != 504 || r.problem() != "urn:retrysafe:problem:upstream-timeout" {
 					t.Fatalf("first: %v", r)
 				}
-				answered := time.Now()
-				if r := post(ctx, gw.addr, "/slow-once?ms=3000", k, `{}`); r.status != 409 && time.Since(answered) < 500*time.Millisecond {
+				// Answered before the lease could have ended: the key was in progress.
+				if r := post(ctx, gw.addr, "/slow-once?ms=60000", k, `{}`); r.status != 409 && time.Since(sent) < lease {
 					t.Fatalf("within the lease: %v", r)
 				}
 				var r reply
-				waitFor(t, "the lease to end", 5*time.Second, func() bool {
-					r = post(ctx, gw.addr, "/slow-once?ms=3000", k, `{}`)
+				waitFor(t, "the lease to end", 4*lease, func() bool {
+					r = post(ctx, gw.addr, "/slow-once?ms=60000", k, `{}`)
 					return r.status != 409
 				})
 				if r.status != 201 || up.callsFor(k) != 2 {
@@ -438,14 +470,20 @@ func TestE2EContract(t *testing.T) {
 			t.Run("client disconnect, upstream completes, retry replays", func(t *testing.T) {
 				t.Parallel()
 				k := key("gone")
-				cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-				r := post(cctx, gw.addr, "/slow?ms=250", k, `{}`)
+				// The client gives up once its request is upstream (held there), so that
+				// the key is claimed and the gateway's upstream call is under way.
+				cctx, cancel := context.WithCancel(ctx)
+				lost := make(chan reply, 1)
+				go func() { lost <- post(cctx, gw.addr, "/held-once", k, `{}`) }()
+				waitFor(t, "the request upstream", 10*time.Second, func() bool { return up.callsFor(k) == 1 })
 				cancel()
+				r := <-lost
+				up.release(k)
 				if r.err == nil {
 					t.Fatalf("the client did not give up: %v", r)
 				}
-				waitFor(t, "the replay", 5*time.Second, func() bool {
-					r = post(ctx, gw.addr, "/slow?ms=250", k, `{}`)
+				waitFor(t, "the replay", 10*time.Second, func() bool {
+					r = post(ctx, gw.addr, "/held-once", k, `{}`)
 					return r.status != 409
 				})
 				if r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" || up.callsFor(k) != 1 {
@@ -520,13 +558,13 @@ func TestE2ESIGTERM(t *testing.T) {
 		keys[i] = testenv.Name("term")
 		go func() { replies <- post(context.Background(), gw.addr, "/slow?ms=500", keys[i], `{}`) }()
 	}
-	waitFor(t, "the requests upstream", 5*time.Second, func() bool { return up.calls.Load() == n })
+	waitFor(t, "the requests upstream", 20*time.Second, func() bool { return up.calls.Load() == n })
 	if err := gw.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	// Stopped accepting: a new connection is refused while the others finish.
 	addr := strings.TrimPrefix(gw.addr, "http://")
-	waitFor(t, "the listener to close", 2*time.Second, func() bool {
+	waitFor(t, "the listener to close", 10*time.Second, func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err == nil {
 			c.Close()
@@ -561,12 +599,14 @@ func TestE2EKill9Restart(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
 	store := "sqlite:" + filepath.Join(t.TempDir(), "keys.db")
-	args := []string{"--store", store, "--upstream", up.URL, "--lease", "1s"}
+	const lease = 3 * time.Second
+	args := []string{"--store", store, "--upstream", up.URL, "--lease", lease.String()}
 	first := startGateway(t, nil, args...)
 	k := testenv.Name("crash")
 	lost := make(chan reply, 1)
+	sent := time.Now() // the key is claimed after this, its lease ends lease later at the earliest
 	go func() { lost <- post(context.Background(), first.addr, "/hang-once", k, `{}`) }()
-	waitFor(t, "the request upstream", 5*time.Second, func() bool { return up.callsFor(k) == 1 })
+	waitFor(t, "the request upstream", 10*time.Second, func() bool { return up.callsFor(k) == 1 })
 	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -574,20 +614,19 @@ func TestE2EKill9Restart(t *testing.T) {
 	if r := <-lost; r.err == nil {
 		t.Fatalf("the request in flight got an answer: %v", r)
 	}
-	killed := time.Now()
 
 	second := startGateway(t, nil, args...)
 	out, code := runBinary(t, "keys", "show", "--store", store, "--key", k)
 	if code != 0 || !strings.Contains(out, "in_progress") {
 		t.Fatalf("keys show after the crash: %d\n%s", code, out)
 	}
-	var r reply
-	if time.Since(killed) < 700*time.Millisecond {
-		if r = post(context.Background(), second.addr, "/hang-once", k, `{}`); r.status != 409 {
-			t.Fatalf("within the lease: %v", r)
-		}
+	// Answered before the lease could have ended (a slow machine may be past it):
+	// the key was still in progress.
+	r := post(context.Background(), second.addr, "/hang-once", k, `{}`)
+	if r.status != 409 && time.Since(sent) < lease {
+		t.Fatalf("within the lease: %v", r)
 	}
-	waitFor(t, "the lease to end", 5*time.Second, func() bool {
+	waitFor(t, "the lease to end", 4*lease, func() bool {
 		r = post(context.Background(), second.addr, "/hang-once", k, `{}`)
 		return r.status != 409
 	})

@@ -78,6 +78,14 @@ func start(t *testing.T, s *server, cfg Config) *Proxy {
 	return p
 }
 
+// settled waits up to 10s for cond, for counters the proxy updates on its own
+// goroutines, which a client that timed out has no happens-before edge with.
+func settled(cond func() bool) {
+	for deadline := time.Now().Add(10 * time.Second); !cond() && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func client(t *testing.T, timeout time.Duration, keepAlive bool) *http.Client {
 	t.Helper()
 	tr := &http.Transport{DisableKeepAlives: !keepAlive, MaxIdleConnsPerHost: 4}
@@ -212,6 +220,7 @@ func TestBlackHole(t *testing.T) {
 	if n := s.executed.Load(); n != 0 {
 		t.Errorf("server executed %d requests through a black hole", n)
 	}
+	settled(func() bool { return p.Stats().BlackHoled != 0 }) // a loaded machine may accept late
 	if st := p.Stats(); st.BlackHoled != 1 || st.Requests != 0 {
 		t.Errorf("stats %+v", st)
 	}
@@ -221,7 +230,8 @@ func TestReadTimeout(t *testing.T) {
 	t.Parallel()
 	s := newServer(t)
 	p := start(t, s, Config{ReadTimeout: 1})
-	c := client(t, 300*time.Millisecond, false)
+	c := client(t, 2*time.Second, false) // long enough for the request to be forwarded
+	begin := time.Now()
 	resp, err := c.Post(p.URL()+"/echo", "text/plain", strings.NewReader("x"))
 	if err == nil {
 		resp.Body.Close()
@@ -231,7 +241,11 @@ func TestReadTimeout(t *testing.T) {
 	if !errors.As(err, &ne) || !ne.Timeout() {
 		t.Errorf("want a client timeout, got %v", err)
 	}
+	if time.Since(begin) < 1500*time.Millisecond {
+		t.Errorf("failed after %v, before the client's timeout", time.Since(begin))
+	}
 	// The request was forwarded: the server executed it, the client saw a timeout.
+	settled(func() bool { return s.executed.Load() != 0 && p.Stats().ReadTimeouts != 0 })
 	if n := s.executed.Load(); n != 1 {
 		t.Errorf("server executed %d requests, want 1", n)
 	}

@@ -97,7 +97,11 @@ func TestFailTwiceThenSucceed(t *testing.T) {
 	r := newRMQ(t, false)
 	var log deliveryLog
 	var ok atomic.Int32
-	consume(t, r.config(), redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
+	// Delays of 200ms then 400ms (two of the buckets): the second gap exceeds the first
+	// by 200ms, more than a loaded machine adds to either.
+	policy := testPolicy(5)
+	policy.Backoff.Base = 200 * time.Millisecond
+	consume(t, r.config(), redeliver.Config{Policy: policy, Handler: func(ctx context.Context, m *redeliver.Message) error {
 		log.add(m)
 		if m.Attempt < 3 {
 			return errors.New("not yet")
@@ -107,7 +111,7 @@ func TestFailTwiceThenSucceed(t *testing.T) {
 	}})
 	r.publish(t, "m1")
 	eventually(t, 10*time.Second, "success", func() bool { return ok.Load() == 1 })
-	time.Sleep(300 * time.Millisecond) // nothing more arrives
+	time.Sleep(500 * time.Millisecond) // nothing more arrives
 	got := log.of("m1")
 	if len(got) != 3 || ok.Load() != 1 {
 		t.Fatalf("%d deliveries, %d successes, want 3 and 1", len(got), ok.Load())
@@ -128,8 +132,8 @@ func TestFailTwiceThenSucceed(t *testing.T) {
 	}
 	gap1, gap2 := got[1].at.Sub(got[0].at), got[2].at.Sub(got[1].at)
 	t.Logf("delays: %v, %v", gap1, gap2)
-	if gap1 < 50*time.Millisecond || gap2 < 100*time.Millisecond || gap2 <= gap1 {
-		t.Errorf("delays %v then %v: want ≥50ms, then ≥100ms and growing", gap1, gap2)
+	if gap1 < 200*time.Millisecond || gap2 < 400*time.Millisecond || gap2 <= gap1 {
+		t.Errorf("delays %v then %v: want ≥200ms, then ≥400ms and growing", gap1, gap2)
 	}
 	r.expectQueues(t, 0)
 }
