@@ -54,6 +54,10 @@ func (c *claimCall) ID() string { return batch.RowID(c.req.Scope, c.req.Key) }
 func (s *Store) runClaims(calls []*claimCall) {
 	ctx, cancel := batch.Context(calls)
 	defer cancel()
+	if len(calls) == 1 { // the single statement is the cheaper one
+		s.claimAlone(ctx, calls[0])
+		return
+	}
 	n := len(calls)
 	scopes, keys, fps := make([][]byte, n), make([][]byte, n), make([][]byte, n)
 	nows, leases, expires := make([]time.Time, n), make([]time.Time, n), make([]time.Time, n)
@@ -85,17 +89,22 @@ func (s *Store) runClaims(calls []*claimCall) {
 	if err == nil {
 		return
 	}
-	if rejected(err) && n > 1 {
+	if rejected(err) {
 		for _, c := range calls {
-			c.found, c.claimed, c.claimable, c.rec, c.err = false, false, false, nil, nil
-			rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.claim, s.claimArgs(c.req)...), &c.claimed, &c.claimable)
-			c.found, c.rec, c.err = err == nil, rec, noRows(err)
+			s.claimAlone(ctx, c)
 		}
 		return
 	}
 	for _, c := range calls {
 		c.found, c.err = false, err
 	}
+}
+
+// claimAlone runs the claim statement for c alone.
+func (s *Store) claimAlone(ctx context.Context, c *claimCall) {
+	c.found, c.claimed, c.claimable, c.rec, c.err = false, false, false, nil, nil
+	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.claim, s.claimArgs(c.req)...), &c.claimed, &c.claimable)
+	c.found, c.rec, c.err = err == nil, rec, noRows(err)
 }
 
 // completeCall is one Complete, batched.
@@ -136,6 +145,10 @@ func (s *Store) completeBatched(ctx context.Context, c idempotency.Completion) e
 func (s *Store) runCompletes(calls []*completeCall) {
 	ctx, cancel := batch.Context(calls)
 	defer cancel()
+	if len(calls) == 1 { // the single statement is the cheaper one
+		s.completeAlone(ctx, calls[0])
+		return
+	}
 	n := len(calls)
 	scopes, keys, bodies := make([][]byte, n), make([][]byte, n), make([][]byte, n)
 	tokens, statuses := make([]int64, n), make([]int32, n)
@@ -168,22 +181,27 @@ func (s *Store) runCompletes(calls []*completeCall) {
 	if err == nil {
 		return
 	}
-	if rejected(err) && n > 1 {
+	if rejected(err) {
 		for _, cc := range calls {
-			var header []byte
-			if cc.header != nil {
-				header = []byte(*cc.header)
-			}
-			c := cc.c
-			tag, err := s.pool.Exec(ctx, s.sql.complete, []byte(c.Scope), []byte(c.Key), c.Token,
-				c.Response.Status, header, c.Response.Body, c.Response.BodyOmitted, c.Now, c.ExpiresAt)
-			cc.wrote, cc.err = err == nil && tag.RowsAffected() > 0, err
+			s.completeAlone(ctx, cc)
 		}
 		return
 	}
 	for _, cc := range calls {
 		cc.wrote, cc.err = false, err
 	}
+}
+
+// completeAlone runs the completion statement for cc alone.
+func (s *Store) completeAlone(ctx context.Context, cc *completeCall) {
+	var header []byte
+	if cc.header != nil {
+		header = []byte(*cc.header)
+	}
+	c := cc.c
+	tag, err := s.pool.Exec(ctx, s.sql.complete, []byte(c.Scope), []byte(c.Key), c.Token,
+		c.Response.Status, header, c.Response.Body, c.Response.BodyOmitted, c.Now, c.ExpiresAt)
+	cc.wrote, cc.err = err == nil && tag.RowsAffected() > 0, err
 }
 
 // qualify prefixes each of the comma-separated columns with alias and a dot.

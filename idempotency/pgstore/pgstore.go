@@ -59,8 +59,9 @@
 // With Config.Batch, Claim and Complete calls that arrive together share one statement
 // of each kind (the arrays of their parameters, unnest-ed): group commit by the
 // application. A call that finds fewer than two statements of its kind in flight starts
-// one at once, so a lone request waits for nothing; under load, the calls that arrive
-// during a statement go together in the next (at most 128). Each call learns its own
+// one at once, so a lone request waits for nothing, and a batch of one runs the
+// single-key statement, so it costs what it would without batching; under load, the
+// calls that arrive during a statement go together in the next (at most 128). Each call learns its own
 // outcome, exactly as without batching. When the server rejects a batch, each of its
 // calls is run alone, so one bad request (a header value jsonb refuses) fails only
 // itself. Rows are taken in (scope, key) order in every batch, so batches of several
