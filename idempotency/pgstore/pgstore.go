@@ -255,8 +255,12 @@ WHERE r.scope = u.scope AND r.key = u.key AND r.token = u.token AND r.state = 'i
 RETURNING u.ord`),
 	}
 	if cfg.Batch {
-		s.claims = &batch.Group[*claimCall]{Run: s.runClaims, InFlight: batchInFlight}
-		s.completes = &batch.Group[*completeCall]{Run: s.runCompletes, InFlight: batchInFlight}
+		// Duplicates of a key in a batch (a storm of retries of one request) run alone,
+		// as they would without batching.
+		s.claims = &batch.Group[*claimCall]{Run: s.runClaims, InFlight: batchInFlight,
+			Alone: func(c *claimCall) { s.claimAlone(c.Ctx(), c) }}
+		s.completes = &batch.Group[*completeCall]{Run: s.runCompletes, InFlight: batchInFlight,
+			Alone: func(c *completeCall) { s.completeAlone(c.Ctx(), c) }}
 	}
 	return s, nil
 }

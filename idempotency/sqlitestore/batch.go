@@ -47,6 +47,15 @@ func (s *Store) runWrites(ops []*writeOp) {
 	}
 }
 
+// writeAlone runs op in a transaction of its own: a duplicate of a key in a batch.
+func (s *Store) writeAlone(op *writeOp) {
+	if op.claim != nil {
+		op.res, op.err = s.claimWrite(op.Ctx(), *op.claim)
+	} else {
+		op.err = s.complete(op.Ctx(), s.st.complete, *op.complete)
+	}
+}
+
 func (s *Store) writeBatch(ctx context.Context, ops []*writeOp) error {
 	if err := s.check(ctx); err != nil {
 		return err

@@ -209,7 +209,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	read.SetMaxIdleConns(n)
 	s := &Store{write: write, read: read, owned: true}
 	if cfg.Batch {
-		s.writes = &batch.Group[*writeOp]{Run: s.runWrites, InFlight: 1}
+		s.writes = &batch.Group[*writeOp]{Run: s.runWrites, InFlight: 1, Alone: s.writeAlone}
 	}
 	if err := write.PingContext(ctx); err != nil {
 		_ = s.Close()
@@ -254,7 +254,7 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Store, error) {
 	}
 	s := &Store{write: db, read: db}
 	if cfg.Batch {
-		s.writes = &batch.Group[*writeOp]{Run: s.runWrites, InFlight: 1}
+		s.writes = &batch.Group[*writeOp]{Run: s.runWrites, InFlight: 1, Alone: s.writeAlone}
 	}
 	if err := s.init(ctx, table); err != nil {
 		_ = s.Close()

@@ -4,8 +4,8 @@
 // Nothing waits for a batch to fill. A call that finds fewer than Group.InFlight
 // batches running starts one at once with whatever is pending, so a lone call is
 // delayed by nothing; calls that arrive while every slot is busy go together in the
-// next batch. A batch never holds two calls with the same ID (the later waits for the
-// next batch), and its calls are sorted by ID, so that stores taking row locks in that
+// next batch. A batch never holds two calls with the same ID (the later runs alone, or
+// waits for the next batch), and its calls are sorted by ID, so that stores taking row locks in that
 // order cannot deadlock one batch against another.
 package batch
 
@@ -47,13 +47,18 @@ type Group[C Item] struct {
 	Max int
 	// InFlight is the most batches running at once. Default 1.
 	InFlight int
+	// Alone, when set, runs a call whose ID is already in the batch being formed: at
+	// once, in a goroutine of its own, outside any batch. Without it such a call waits
+	// for a later batch, so that a thousand calls on one ID (a storm of retries of one
+	// request) would run one batch after another.
+	Alone func(c C)
 
 	mu       sync.Mutex
 	pending  []C
 	inFlight int
 }
 
-// Do runs c in a batch and returns when its result is set, or when ctx ends (then it
+// Do runs c in a batch (or alone, see Group.Alone) and returns when its result is set, or when ctx ends (then it
 // returns ctx's error; if c's batch had started, its result is lost, as a single
 // statement's would be when its context ends after the server ran it).
 func (g *Group[C]) Do(ctx context.Context, c C) error {
@@ -88,8 +93,14 @@ func (g *Group[C]) Pending() int {
 // goroutine when calls are waiting, or gives it back.
 func (g *Group[C]) lead() {
 	g.mu.Lock()
-	batch := g.take()
+	batch, dups := g.take()
 	g.mu.Unlock()
+	for _, c := range dups {
+		go func() {
+			g.Alone(c)
+			close(c.call().done)
+		}()
+	}
 	if len(batch) > 0 {
 		g.Run(batch)
 		for _, c := range batch {
@@ -106,19 +117,21 @@ func (g *Group[C]) lead() {
 	g.mu.Unlock()
 }
 
-// take removes from pending up to Max calls with distinct IDs, sorted by ID, and drops
-// the calls whose context has ended. g.mu is held.
-func (g *Group[C]) take() []C {
+// take removes from pending up to Max calls with distinct IDs, sorted by ID, and,
+// when Alone is set, the calls whose ID is among them (dups); it drops the calls whose
+// context has ended. g.mu is held.
+func (g *Group[C]) take() (batch, dups []C) {
 	limit := g.Max
 	if limit <= 0 {
 		limit = 128
 	}
-	var batch []C
 	seen := make(map[string]bool)
 	rest := g.pending[:0]
 	for _, c := range g.pending {
 		switch id := c.ID(); {
 		case c.call().ctx.Err() != nil: // its caller has gone
+		case seen[id] && g.Alone != nil:
+			dups = append(dups, c)
 		case len(batch) == limit || seen[id]:
 			rest = append(rest, c)
 		default:
@@ -129,7 +142,7 @@ func (g *Group[C]) take() []C {
 	clear(g.pending[len(rest):])
 	g.pending = rest
 	slices.SortFunc(batch, func(a, b C) int { return strings.Compare(a.ID(), b.ID()) })
-	return batch
+	return batch, dups
 }
 
 // Context returns the context for a batch's I/O: it keeps the values of the first
