@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -337,38 +338,53 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 // lost it cancels the handler's context with ErrLeaseLost. The returned stop waits for
 // a renewal in progress, so no renewal races the completion.
 func (m *middleware) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, c *Claim) (stop func()) {
-	done := make(chan struct{})
-	exited := make(chan struct{})
-	go func() {
-		defer close(exited)
-		t := time.NewTicker(m.cfg.Lease / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-			sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StoreTimeout)
-			err := m.cfg.Store.Extend(sctx, c.Scope, c.Key, c.Token, m.cfg.Clock().Add(m.cfg.Lease))
-			scancel()
-			if errors.Is(err, ErrLeaseLost) {
-				m.cfg.Logger.WarnContext(ctx, "idempotency: lease lost while the handler ran", "key", c.Key)
-				cancel(ErrLeaseLost)
-				return
-			}
-			if err != nil {
-				m.cfg.Logger.WarnContext(ctx, "idempotency: lease renewal failed", "key", c.Key, "err", err)
-			}
+	// A timer, not a goroutine and a ticker: most handlers finish long before the first
+	// renewal is due, and then the heartbeat cost one timer.
+	var (
+		mu      sync.Mutex
+		stopped bool
+		t       *time.Timer
+		renewal sync.WaitGroup // a renewal in flight
+	)
+	renew := func() {
+		mu.Lock()
+		if stopped {
+			mu.Unlock()
+			return
 		}
-	}()
-	stopped := false
-	return func() {
+		renewal.Add(1)
+		mu.Unlock()
+		defer renewal.Done()
+		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StoreTimeout)
+		err := m.cfg.Store.Extend(sctx, c.Scope, c.Key, c.Token, m.cfg.Clock().Add(m.cfg.Lease))
+		scancel()
+		if errors.Is(err, ErrLeaseLost) {
+			m.cfg.Logger.WarnContext(ctx, "idempotency: lease lost while the handler ran", "key", c.Key)
+			cancel(ErrLeaseLost)
+			return
+		}
+		if err != nil {
+			m.cfg.Logger.WarnContext(ctx, "idempotency: lease renewal failed", "key", c.Key, "err", err)
+		}
+		mu.Lock()
 		if !stopped {
-			stopped = true
-			close(done)
-			<-exited
+			t.Reset(m.cfg.Lease / 3)
 		}
+		mu.Unlock()
+	}
+	mu.Lock()
+	t = time.AfterFunc(m.cfg.Lease/3, renew)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		if stopped {
+			mu.Unlock()
+			return
+		}
+		stopped = true
+		t.Stop()
+		mu.Unlock()
+		renewal.Wait() // a renewal in flight ends before the request is finished
 	}
 }
 
