@@ -25,6 +25,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/faultproxy"
+	"github.com/retrysafe/retrysafe/internal/payclient"
 	"github.com/retrysafe/retrysafe/internal/storedsn"
 	"github.com/retrysafe/retrysafe/internal/testenv"
 	"github.com/retrysafe/retrysafe/retry"
@@ -237,7 +238,7 @@ func runStore(t *testing.T, cluster *pgCluster, bin string, sc storeCase, set se
 	}
 
 	// The clients.
-	var st clientStats
+	var st payclient.Counts
 	base := &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: clients,
@@ -246,7 +247,7 @@ func runStore(t *testing.T, cluster *pgCluster, bin string, sc storeCase, set se
 	}
 	defer base.CloseIdleConnections()
 	hc := &http.Client{Transport: &retry.Transport{
-		Base:    &balancer{base: base, targets: targets, st: &st},
+		Base:    &payclient.Observer{Base: base, Counts: &st, Targets: targets},
 		AutoKey: true,
 		// Many attempts and short waits, no budget: the clients want a final answer. The
 		// server's Retry-After (409, 503) is honoured.
@@ -263,8 +264,9 @@ func runStore(t *testing.T, cluster *pgCluster, bin string, sc storeCase, set se
 	var clientsWG sync.WaitGroup
 	for i := range clients {
 		clientsWG.Go(func() {
-			c := &client{hc: hc, url: "http://" + targets[0] + "/payments", user: fmt.Sprintf("client-%02d", i+1),
-				rng: rand.New(rand.NewPCG(seed, uint64(i))), st: &st, patience: patience}
+			c := &client{pc: &payclient.Client{HC: hc, URL: "http://" + targets[0] + "/payments", User: fmt.Sprintf("client-%02d", i+1),
+				Counts: &st, Backoff: 20 * time.Millisecond, Patience: patience, Final: payclient.FinalStatus},
+				rng: rand.New(rand.NewPCG(seed, uint64(i)))}
 			for n := 0; time.Now().Before(loadEnd) && runCtx.Err() == nil; n++ {
 				payments[i] = append(payments[i], c.pay(runCtx, fmt.Sprintf("%s-c%02d-%06d", sc.name, i+1, n)))
 			}
@@ -346,7 +348,7 @@ progress:
 			kills := rep.Kills
 			chaosMu.Unlock()
 			t.Logf("chaos: %s: %5.1fs  payments %6d  attempts %6d  replays %5d  409s %5d  kills %d",
-				sc.name, time.Since(loadStart).Seconds(), st.payments.Load(), st.attempts.Load(), st.replays.Load(), st.conflicts.Load(), kills)
+				sc.name, time.Since(loadStart).Seconds(), st.Payments.Load(), st.Attempts.Load(), st.Replays.Load(), st.Conflicts.Load(), kills)
 		}
 	}
 	tick.Stop()
@@ -396,8 +398,8 @@ progress:
 		all = append(all, ps...)
 	}
 	rep.Checks = Check(all, rows, records, listed)
-	rep.Attempts, rep.Resends, rep.Replays = st.attempts.Load(), st.resends.Load(), st.replays.Load()
-	rep.Conflicts, rep.ServerErrors, rep.TransportErrors = st.conflicts.Load(), st.serverErrors.Load(), st.transportErrors.Load()
+	rep.Attempts, rep.Resends, rep.Replays = st.Attempts.Load(), st.Resends.Load(), st.Replays.Load()
+	rep.Conflicts, rep.ServerErrors, rep.TransportErrors = st.Conflicts.Load(), st.ServerErrors.Load(), st.TransportErrors.Load()
 	rep.Outcomes = map[string]int64{}
 	for _, r := range replicas {
 		o, warn := r.Outcomes()

@@ -4,56 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net/http"
-	"strings"
-	"sync/atomic"
-	"time"
 
-	"github.com/retrysafe/retrysafe/retry"
+	"github.com/retrysafe/retrysafe/internal/payclient"
 )
-
-// counters are the clients' shared counts, read live by the progress line.
-type counters struct {
-	payments, attempts, resends, replays, conflicts atomic.Int64
-}
-
-// observer is the RoundTripper below retry.Transport: it sees every attempt, so it
-// counts them, and the replays and 409s among their responses (Transport retries 409s,
-// so the caller above it would never see them). It also tells the client which key
-// AutoKey gave its payment, through the keyProbe in the request's context.
-type observer struct {
-	base http.RoundTripper
-	cnt  *counters
-}
-
-func (o *observer) RoundTrip(req *http.Request) (*http.Response, error) {
-	o.cnt.attempts.Add(1)
-	if p, ok := req.Context().Value(probeKey{}).(*keyProbe); ok {
-		p.key.Store(req.Header.Get(retry.IdempotencyKeyHeader))
-	}
-	resp, err := o.base.RoundTrip(req)
-	if err == nil {
-		if resp.StatusCode == http.StatusConflict {
-			o.cnt.conflicts.Add(1)
-		}
-		if resp.Header.Get("Idempotent-Replayed") == "true" {
-			o.cnt.replays.Add(1)
-		}
-	}
-	return resp, err
-}
-
-type probeKey struct{}
-
-// keyProbe receives the Idempotency-Key the attempts of one payment carried.
-type keyProbe struct{ key atomic.Value }
-
-func (p *keyProbe) get() string {
-	k, _ := p.key.Load().(string)
-	return k
-}
 
 // record is what a client saw of one logical payment.
 type record struct {
@@ -65,67 +19,26 @@ type record struct {
 
 func (r record) succeeded() bool { return r.status >= 200 && r.status < 300 }
 
+// client makes the demo's logical payments through a payclient.Client, which sends a
+// payment again with the same key when its outcome is unknown (retry.Transport gave up,
+// or the body broke off once the response was returned) and keeps any answer it reads
+// whole.
 type client struct {
-	hc   *http.Client
-	url  string
-	user string
-	rng  *rand.Rand
-	cnt  *counters
+	pc  *payclient.Client
+	rng *rand.Rand
 }
 
-// pay makes one logical payment and returns what the client saw of it. retry.Transport
-// retries each attempt that fails before the response is returned; an error after that
-// (a reset while the body is read), or a Transport that gave up, makes the client send
-// the payment again with the same key, until a final answer or ctx's end.
+// pay makes one logical payment and returns what the client saw of it.
 func (c *client) pay(ctx context.Context) record {
-	c.cnt.payments.Add(1)
-	body := fmt.Sprintf(`{"amount": %d}`, 100+c.rng.IntN(99900))
-	probe := &keyProbe{}
-	pctx := context.WithValue(ctx, probeKey{}, probe)
-	rec := record{user: c.user}
-	for send := 0; ; send++ {
-		if send > 0 {
-			c.cnt.resends.Add(1)
-			t := time.NewTimer(time.Duration(min(send, 10)) * 10 * time.Millisecond)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				rec.key = probe.get()
-				return rec // unfinished
-			case <-t.C:
-			}
+	o := c.pc.Pay(ctx, fmt.Sprintf(`{"amount": %d}`, 100+c.rng.IntN(99900)))
+	rec := record{user: c.pc.User, key: o.Key, status: o.Status}
+	if rec.succeeded() {
+		var p payment
+		if json.Unmarshal(o.Body, &p) == nil {
+			rec.id, rec.bodyKey = p.ID, p.Key
 		}
-		req, err := http.NewRequestWithContext(pctx, http.MethodPost, c.url, strings.NewReader(body))
-		if err != nil {
-			return rec // a malformed URL: not reachable with the demo's own address
-		}
-		req.Header.Set("Authorization", "Bearer "+c.user)
-		req.Header.Set("Content-Type", "application/json")
-		if k := probe.get(); k != "" {
-			req.Header.Set(retry.IdempotencyKeyHeader, k) // the same payment: the same key
-		}
-		resp, err := c.hc.Do(req)
-		rec.key = probe.get()
-		if err != nil {
-			if ctx.Err() != nil {
-				return rec
-			}
-			continue
-		}
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			continue // cut mid-body: the payment's outcome is unknown, send it again
-		}
-		rec.status = resp.StatusCode
-		if rec.succeeded() {
-			var p payment
-			if json.Unmarshal(b, &p) == nil {
-				rec.id, rec.bodyKey = p.ID, p.Key
-			}
-		}
-		return rec
 	}
+	return rec
 }
 
 // check compares the ledger with what the clients saw, and fills res's counts.

@@ -52,6 +52,7 @@ import (
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/sqlitestore"
 	"github.com/retrysafe/retrysafe/internal/faultproxy"
+	"github.com/retrysafe/retrysafe/internal/payclient"
 	"github.com/retrysafe/retrysafe/retry"
 )
 
@@ -246,7 +247,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 	fmt.Fprintf(out, "  upstream  %s, payments on an in-memory ledger that is not idempotency-aware\n\n", upstream.addr)
 
 	// The clients.
-	var cnt counters
+	var cnt payclient.Counts
 	base := &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: cfg.Clients,
@@ -255,7 +256,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 	}
 	defer base.CloseIdleConnections()
 	hc := &http.Client{Transport: &retry.Transport{
-		Base:    &observer{base: base, cnt: &cnt},
+		Base:    &payclient.Observer{Base: base, Counts: &cnt},
 		AutoKey: true,
 		// Generous, so that every payment gets a final answer: many attempts, short
 		// waits, no budget (the demo wants to finish, not to protect the upstream).
@@ -275,8 +276,8 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := &client{hc: hc, url: proxy.URL() + "/payments", user: fmt.Sprintf("client-%d", i+1),
-				rng: rand.New(rand.NewPCG(cfg.Seed, uint64(i))), cnt: &cnt}
+			c := &client{pc: &payclient.Client{HC: hc, URL: proxy.URL() + "/payments", User: fmt.Sprintf("client-%d", i+1),
+				Counts: &cnt, Backoff: 10 * time.Millisecond}, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(i)))}
 			for time.Now().Before(stopStarting) && ctx.Err() == nil {
 				records[i] = append(records[i], c.pay(runCtx))
 			}
@@ -286,7 +287,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 	progress := func() {
 		st := proxy.Stats()
 		fmt.Fprintf(out, "\r  %5.1fs  payments %6d  attempts %6d  faults %5d  replays %5d  409s %4d ",
-			time.Since(start).Seconds(), cnt.payments.Load(), cnt.attempts.Load(), st.Faults, cnt.replays.Load(), cnt.conflicts.Load())
+			time.Since(start).Seconds(), cnt.Payments.Load(), cnt.Attempts.Load(), st.Faults, cnt.Replays.Load(), cnt.Conflicts.Load())
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
@@ -323,10 +324,10 @@ loop:
 	for _, rs := range records {
 		all = append(all, rs...)
 	}
-	res.HTTPAttempts = int(cnt.attempts.Load())
-	res.Resends = int(cnt.resends.Load())
-	res.Replays = int(cnt.replays.Load())
-	res.Conflicts = int(cnt.conflicts.Load())
+	res.HTTPAttempts = int(cnt.Attempts.Load())
+	res.Resends = int(cnt.Resends.Load())
+	res.Replays = int(cnt.Replays.Load())
+	res.Conflicts = int(cnt.Conflicts.Load())
 	check(&res, all, led.snapshot())
 	writeTable(out, cfg, res)
 	if err := ctx.Err(); err != nil {
