@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/idempotencytest"
 	"github.com/retrysafe/retrysafe/idempotency/sqlitestore"
@@ -105,13 +107,14 @@ func TestReopenKeepsRecordsAndTokens(t *testing.T) {
 	}
 }
 
-// TestMain lets the test binary act as a second process on a shared database file.
+// TestMain lets the test binary act as a second process on a shared database file, and
+// checks that no goroutine (a batch's, with Config.Batch) outlives the tests.
 func TestMain(m *testing.M) {
 	if path := os.Getenv("SQLITESTORE_CHILD_DB"); path != "" {
 		child(path)
 		return
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
 
 var childNow = time.UnixMilli(1_700_000_000_000)
