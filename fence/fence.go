@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/retrysafe/retrysafe/internal/pgddl"
 	"github.com/retrysafe/retrysafe/retry"
 )
 
@@ -112,10 +113,10 @@ func New(cfg Config) (*Store, error) {
 	}
 	schema := cmp.Or(cfg.Schema, "public")
 	table := cmp.Or(cfg.Table, "retrysafe_leases")
-	if !validName(schema, 63) {
+	if !pgddl.ValidName(schema, 63) {
 		return nil, fmt.Errorf("fence: invalid schema name %q", schema)
 	}
-	if !validName(table, 53) {
+	if !pgddl.ValidName(table, 53) {
 		return nil, fmt.Errorf("fence: invalid table name %q", table)
 	}
 	s := &Store{pool: cfg.Pool, clock: cfg.Clock, logger: cfg.Logger, manual: cfg.ManualRenew}
@@ -178,27 +179,11 @@ FROM {table} WHERE name = $1 FOR SHARE`),
 	return s, nil
 }
 
-func validName(s string, maxLen int) bool {
-	if s == "" || len(s) > maxLen || (s[0] >= '0' && s[0] <= '9') {
-		return false
-	}
-	for _, c := range []byte(s) {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
-
 // Migrate creates the schema, the token sequence and the leases table when they do not
 // exist. It is idempotent, and concurrent calls (from several replicas) are safe: they
 // run one at a time under a transaction-level advisory lock.
 func (s *Store) Migrate(ctx context.Context) error {
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, s.sql.schema) // no arguments: simple protocol, several statements
-		return err
-	})
-	if err != nil {
+	if err := pgddl.Apply(ctx, s.pool, s.sql.schema); err != nil {
 		return fmt.Errorf("fence: migrate: %w", err)
 	}
 	return nil

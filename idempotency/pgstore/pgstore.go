@@ -59,11 +59,11 @@
 // With Config.Batch, Claim and Complete calls that arrive together share one statement
 // of each kind (the arrays of their parameters, unnest-ed): group commit by the
 // application. A call that finds fewer than two statements of its kind in flight starts
-// one at once, so a lone request waits for nothing, and a batch of one runs the
-// single-key statement, so it costs what it would without batching; under load, the
-// calls that arrive during a statement go together in the next (at most 128). Each call learns its own
-// outcome, exactly as without batching. When the server rejects a batch, each of its
-// calls is run alone, so one bad request (a header value jsonb refuses) fails only
+// one at once, so a lone request waits for nothing, and a batch of one runs the single-
+// key statement, so it costs what it would without batching; under load, the calls that
+// arrive during a statement go together in the next (at most 128), and a second call
+// on a key already in the batch runs alone at once. Each call learns its own outcome, exactly as without batching. When the server rejects a batch, each of
+// its calls is run alone, so one bad request (a header value jsonb refuses) fails only
 // itself. Rows are taken in (scope, key) order in every batch, so batches of several
 // replicas cannot deadlock. Takeovers, Extend, Release and completions inside WithTx
 // are never batched.
@@ -103,6 +103,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/batch"
+	"github.com/retrysafe/retrysafe/internal/pgddl"
 )
 
 //go:embed schema.sql
@@ -174,10 +175,10 @@ func New(cfg Config) (*Store, error) {
 	}
 	schema := cmp.Or(cfg.Schema, "public")
 	table := cmp.Or(cfg.Table, "retrysafe_idempotency")
-	if !validName(schema, 63) {
+	if !pgddl.ValidName(schema, 63) {
 		return nil, fmt.Errorf("pgstore: invalid schema name %q", schema)
 	}
-	if !validName(table, 48) {
+	if !pgddl.ValidName(table, 48) {
 		return nil, fmt.Errorf("pgstore: invalid table name %q", table)
 	}
 	s := &Store{pool: cfg.Pool, table: pgx.Identifier{schema, table}.Sanitize()}
@@ -265,27 +266,11 @@ RETURNING u.ord`),
 	return s, nil
 }
 
-func validName(s string, maxLen int) bool {
-	if s == "" || len(s) > maxLen || (s[0] >= '0' && s[0] <= '9') {
-		return false
-	}
-	for _, c := range []byte(s) {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
-
 // Migrate creates the schema, the token sequence, the table and its index when they do
 // not exist. It is idempotent, and concurrent calls (from several replicas) are safe:
 // they run one at a time under a transaction-level advisory lock.
 func (s *Store) Migrate(ctx context.Context) error {
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, s.sql.schema) // no arguments: simple protocol, several statements
-		return err
-	})
-	if err != nil {
+	if err := pgddl.Apply(ctx, s.pool, s.sql.schema); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	return nil

@@ -39,20 +39,20 @@ func (s *Store) runWrites(ops []*writeOp) {
 		}
 	}
 	for _, op := range ops {
-		if op.claim != nil {
-			op.res, op.err = s.claimWrite(ctx, *op.claim)
-		} else {
-			op.err = s.complete(ctx, s.st.complete, *op.complete)
-		}
+		s.writeOne(ctx, op)
 	}
 }
 
-// writeAlone runs op in a transaction of its own: a duplicate of a key in a batch.
-func (s *Store) writeAlone(op *writeOp) {
+// writeAlone runs op in a transaction of its own, under its caller's context: a
+// duplicate of a key in a batch (batch.Group.Alone).
+func (s *Store) writeAlone(op *writeOp) { s.writeOne(op.Ctx(), op) }
+
+// writeOne runs op in a transaction of its own.
+func (s *Store) writeOne(ctx context.Context, op *writeOp) {
 	if op.claim != nil {
-		op.res, op.err = s.claimWrite(op.Ctx(), *op.claim)
+		op.res, op.err = s.claimWrite(ctx, *op.claim)
 	} else {
-		op.err = s.complete(op.Ctx(), s.st.complete, *op.complete)
+		op.err = s.complete(ctx, s.st.complete, *op.complete)
 	}
 }
 

@@ -208,14 +208,11 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	read.SetMaxOpenConns(n)
 	read.SetMaxIdleConns(n)
 	s := &Store{write: write, read: read, owned: true}
-	if cfg.Batch {
-		s.writes = &batch.Group[*writeOp]{Run: s.runWrites, InFlight: 1, Alone: s.writeAlone}
-	}
 	if err := write.PingContext(ctx); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("sqlitestore: open %s: %w", path, err)
 	}
-	if err := s.init(ctx, table); err != nil {
+	if err := s.init(ctx, table, cfg.Batch); err != nil {
 		_ = s.Close()
 		return nil, err
 	}
@@ -253,10 +250,7 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{write: db, read: db}
-	if cfg.Batch {
-		s.writes = &batch.Group[*writeOp]{Run: s.runWrites, InFlight: 1, Alone: s.writeAlone}
-	}
-	if err := s.init(ctx, table); err != nil {
+	if err := s.init(ctx, table, cfg.Batch); err != nil {
 		_ = s.Close()
 		return nil, err
 	}
@@ -275,8 +269,12 @@ func tableName(table string) (string, error) {
 	return table, nil
 }
 
-// init applies the schema for table and prepares the statements.
-func (s *Store) init(ctx context.Context, table string) error {
+// init applies the schema for table, prepares the statements and, when batched, sets up
+// the batching of writes.
+func (s *Store) init(ctx context.Context, table string, batched bool) error {
+	if batched {
+		s.writes = &batch.Group[*writeOp]{Run: s.runWrites, InFlight: 1, Alone: s.writeAlone}
+	}
 	s.schema = strings.ReplaceAll(schema, defaultTable, table)
 	if err := s.Migrate(ctx); err != nil {
 		return err

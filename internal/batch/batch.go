@@ -5,8 +5,8 @@
 // batches running starts one at once with whatever is pending, so a lone call is
 // delayed by nothing; calls that arrive while every slot is busy go together in the
 // next batch. A batch never holds two calls with the same ID (the later runs alone, or
-// waits for the next batch), and its calls are sorted by ID, so that stores taking row locks in that
-// order cannot deadlock one batch against another.
+// waits for the next batch), and its calls are sorted by ID, so that stores taking row
+// locks in that order cannot deadlock one batch against another.
 package batch
 
 import (
@@ -21,6 +21,7 @@ import (
 // when the call's result is set.
 type Call struct {
 	ctx  context.Context
+	id   string // Item.ID, computed once
 	done chan struct{}
 }
 
@@ -58,12 +59,13 @@ type Group[C Item] struct {
 	inFlight int
 }
 
-// Do runs c in a batch (or alone, see Group.Alone) and returns when its result is set, or when ctx ends (then it
-// returns ctx's error; if c's batch had started, its result is lost, as a single
-// statement's would be when its context ends after the server ran it).
+// Do runs c in a batch (or alone, see Group.Alone) and returns when its result is set,
+// or when ctx ends (then it returns ctx's error; if c's batch had started, its result
+// is lost, as a single statement's would be when its context ends after the server ran
+// it).
 func (g *Group[C]) Do(ctx context.Context, c C) error {
 	b := c.call()
-	b.ctx, b.done = ctx, make(chan struct{})
+	b.ctx, b.id, b.done = ctx, c.ID(), make(chan struct{})
 	g.mu.Lock()
 	g.pending = append(g.pending, c)
 	lead := g.inFlight < max(g.InFlight, 1)
@@ -128,7 +130,7 @@ func (g *Group[C]) take() (batch, dups []C) {
 	seen := make(map[string]bool)
 	rest := g.pending[:0]
 	for _, c := range g.pending {
-		switch id := c.ID(); {
+		switch id := c.call().id; {
 		case c.call().ctx.Err() != nil: // its caller has gone
 		case seen[id] && g.Alone != nil:
 			dups = append(dups, c)
@@ -141,7 +143,7 @@ func (g *Group[C]) take() (batch, dups []C) {
 	}
 	clear(g.pending[len(rest):])
 	g.pending = rest
-	slices.SortFunc(batch, func(a, b C) int { return strings.Compare(a.ID(), b.ID()) })
+	slices.SortFunc(batch, func(a, b C) int { return strings.Compare(a.call().id, b.call().id) })
 	return batch, dups
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/retrysafe/retrysafe/internal/pgddl"
 	"github.com/retrysafe/retrysafe/redeliver"
 	"github.com/retrysafe/retrysafe/retry"
 )
@@ -85,10 +86,10 @@ VALUES ($1, $2, $3, $4) ON CONFLICT (queue, message_id) DO NOTHING`),
 func replacer(schema, table, defTable, indexSuffix string) (*strings.Replacer, error) {
 	schema = cmp.Or(schema, "public")
 	table = cmp.Or(table, defTable)
-	if !validName(schema, 63) {
+	if !pgddl.ValidName(schema, 63) {
 		return nil, fmt.Errorf("pgbox: invalid schema name %q", schema)
 	}
-	if !validName(table, 48) {
+	if !pgddl.ValidName(table, 48) {
 		return nil, fmt.Errorf("pgbox: invalid table name %q", table)
 	}
 	return strings.NewReplacer(
@@ -98,18 +99,6 @@ func replacer(schema, table, defTable, indexSuffix string) (*strings.Replacer, e
 	), nil
 }
 
-func validName(s string, maxLen int) bool {
-	if s == "" || len(s) > maxLen || (s[0] >= '0' && s[0] <= '9') {
-		return false
-	}
-	for _, c := range []byte(s) {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
-
 // Migrate creates the schema, the table and its index when they do not exist. It is
 // idempotent and safe to run from several replicas at once.
 func (i *Inbox) Migrate(ctx context.Context) error {
@@ -117,11 +106,7 @@ func (i *Inbox) Migrate(ctx context.Context) error {
 }
 
 func migrate(ctx context.Context, pool *pgxpool.Pool, ddl, what string) error {
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, ddl) // no arguments: simple protocol, several statements
-		return err
-	})
-	if err != nil {
+	if err := pgddl.Apply(ctx, pool, ddl); err != nil {
 		return fmt.Errorf("pgbox: migrate %s: %w", what, err)
 	}
 	return nil
