@@ -2,7 +2,7 @@
 // backoff and jitter, honouring the server's Retry-After and rate-limit reset headers,
 // within a retry budget and the caller's deadline.
 //
-// The rules come from seeds 001 and 002 of the project:
+// The rules:
 //
 //   - Idempotent methods (GET, HEAD, OPTIONS, PUT, DELETE, TRACE) are retried on
 //     retryable failures. POST and PATCH are retried only with an Idempotency-Key (the
@@ -20,6 +20,7 @@
 // Idempotency-Key (AutoKey, keys from NewKey), and reads two per-request settings from
 // the request's context: WithStatusClass (a status's class for this call, such as 404
 // meaning success for a revoke) and WithStatusCheck (how to learn the outcome of a
-// request that may have been executed, instead of resending it). This package imports
-// only the standard library.
+// request that may have been executed, instead of resending it). SendOnce, which
+// Transport uses under every attempt, keeps Go's http.Transport from resending a keyed
+// request by itself. This package imports only the standard library.
 package retry

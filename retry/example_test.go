@@ -223,3 +223,25 @@ func ExampleWithStatusCheck() {
 	fmt.Println(resp.StatusCode, string(body), "orders:", len(orders))
 	// Output: 200 {"order":"ref-7","state":"placed"} orders: 1
 }
+
+// A client that sends keyed requests without retry.Transport: SendOnce keeps Go's
+// http.Transport from resending them by itself, and the key still reaches the server.
+func ExampleSendOnce() {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "key %s", r.Header.Get("Idempotency-Key"))
+	}))
+	defer srv.Close()
+
+	client := &http.Client{Transport: retry.SendOnce(&http.Transport{})}
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":100}`))
+	req.Header.Set("Idempotency-Key", "pay-42")
+	resp, err := client.Do(req)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	fmt.Println(string(body), resp.Request == req)
+	// Output: key pay-42 true
+}

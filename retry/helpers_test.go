@@ -62,7 +62,7 @@ type counting struct {
 func (c *counting) RoundTrip(r *http.Request) (*http.Response, error) {
 	c.mu.Lock()
 	c.n++
-	c.keys = append(c.keys, r.Header.Get(IdempotencyKeyHeader))
+	c.keys = append(c.keys, anyCase(r.Header, IdempotencyKeyHeader))
 	c.mu.Unlock()
 	return c.base.RoundTrip(r)
 }
@@ -77,6 +77,17 @@ func (c *counting) Keys() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return append([]string(nil), c.keys...)
+}
+
+// anyCase returns the first value of the header map entry named name in any case (below
+// SendOnce, the key is under its lower-case map key).
+func anyCase(h http.Header, name string) string {
+	for k, vv := range h {
+		if strings.EqualFold(k, name) && len(vv) > 0 {
+			return vv[0]
+		}
+	}
+	return ""
 }
 
 // newBase returns a private http.Transport whose idle connections close with the test.

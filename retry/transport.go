@@ -12,6 +12,8 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,7 +51,8 @@ const (
 //     returned at once.
 //   - POST, PATCH and any other method are retried only when the request carries an
 //     Idempotency-Key header (set a fresh one per call with AutoKey), the same key on
-//     every attempt.
+//     every attempt. Header names are case-insensitive: a map entry of any case
+//     (req.Header["idempotency-key"]) is the key, and is sent as one header.
 //   - Such a request without a key is resent only when it provably never left the client:
 //     no connection was ever obtained for it (a refused or failed dial, observed with
 //     net/http/httptrace). Once it may have been written, a failure is an unknown outcome:
@@ -70,14 +73,15 @@ const (
 // returned as a *StatusError. http.Client wraps all of them in a *url.Error; errors.Is and
 // errors.As see through it.
 //
-// Go's http.Transport retries by itself, once and silently, a request that failed on a
-// reused keep-alive connection when it deems the request replayable: GET, HEAD, OPTIONS,
-// TRACE, and any request with an Idempotency-Key or X-Idempotency-Key header (so also a
-// keyed POST), even after it was written; and any request when nothing was written. Such
-// a hidden resend stays within what Transport itself would retry (but Transport counts
-// only Idempotency-Key as a key: a POST carrying only X-Idempotency-Key is resent by Go
-// on a dead keep-alive connection, never by Transport), and a server may see one more
-// attempt than Transport counts: OnRetry and ExhaustedError.Attempts do not see it.
+// Every attempt goes through SendOnce(Base). Go's http.Transport would otherwise resend,
+// by itself and silently, a keyed request that failed on a reused keep-alive connection
+// after the server had read it: an attempt the Policy, the budget, OnRetry and
+// ExhaustedError.Attempts would never see, and a duplicate to a server that does not
+// deduplicate. So a request with an unsafe method reaches the server once per attempt
+// Transport counts. GET, HEAD, OPTIONS and TRACE keep Go's own resend (they are safe to
+// repeat; a server may see one more of them than Transport counts). A RoundTripper in
+// Base sees a keyed request's key under the lower-case map key idempotency-key (see
+// SendOnce). Transport counts only Idempotency-Key as a key, not X-Idempotency-Key.
 //
 // Set the fields before the first request and do not change them afterwards; do not
 // copy a Transport after first use. A Transport is safe for concurrent use.
@@ -104,7 +108,12 @@ type Transport struct {
 	// AutoKey, when true, gives each POST and PATCH without an Idempotency-Key a fresh
 	// random (UUIDv4) key, once per RoundTrip and before the first attempt, and sends the
 	// same key on every attempt (on a clone: the caller's request is not modified). The
-	// server must honour the key (see package idempotency). Default false.
+	// server must honour the key (see package idempotency). A 307 or 308 redirect
+	// repeats the same logical request, so the request http.Client sends to follow it
+	// (whose Response is the redirect, and that response's Request the keyed request)
+	// gets the key of the request redirected; the response's Request is the keyed
+	// request. A 301, 302 or 303 turns a POST into a GET, which needs no key. Default
+	// false.
 	AutoKey bool
 
 	// MaxBufferedBody is how much of a request body without GetBody is buffered so it can
@@ -135,6 +144,7 @@ type Transport struct {
 
 	once   sync.Once
 	policy Policy
+	send   http.RoundTripper // SendOnce(Base)
 }
 
 func (t *Transport) init() {
@@ -148,6 +158,7 @@ func (t *Transport) init() {
 		p.Budget = NewBudget(0, 0)
 	}
 	t.policy = p
+	t.send = SendOnce(t.Base)
 }
 
 func (t *Transport) base() http.RoundTripper {
@@ -204,13 +215,19 @@ func idempotentMethod(m string) bool {
 // rewindable. On error the caller's body has been closed.
 func (c *call) prepare() error {
 	req := c.orig
-	c.safe = idempotentMethod(req.Method) || req.Header.Get(IdempotencyKeyHeader) != ""
+	keys, odd := keyValues(req.Header)
+	c.safe = idempotentMethod(req.Method) || (len(keys) > 0 && keys[0] != "")
+	if odd { // one canonical entry, so one header on the wire
+		c.clone()
+		setKey(c.base.Header, keys...)
+	}
 	if !c.safe && c.t.AutoKey && (req.Method == http.MethodPost || req.Method == http.MethodPatch) {
-		c.base = req.Clone(c.ctx)
-		if c.base.Header == nil {
-			c.base.Header = make(http.Header)
+		key := redirectedKey(req)
+		if key == "" {
+			key = NewKey()
 		}
-		c.base.Header.Set(IdempotencyKeyHeader, NewKey())
+		c.clone()
+		setKey(c.base.Header, key)
 		c.safe = true
 	}
 	switch {
@@ -222,6 +239,77 @@ func (c *call) prepare() error {
 		return c.buffer()
 	}
 	return nil
+}
+
+// clone makes base a copy of the caller's request whose header can be changed.
+func (c *call) clone() {
+	if c.base != c.orig {
+		return
+	}
+	c.base = c.orig.Clone(c.ctx)
+	if c.base.Header == nil {
+		c.base.Header = make(http.Header)
+	}
+}
+
+// keyValues returns the values of the Idempotency-Key header whatever the case of its map
+// keys (the canonical entry's first, then the others' in the order of their names,
+// repeated values once), and odd true when the header map does not hold exactly those in
+// its one canonical entry.
+func keyValues(h http.Header) (vals []string, odd bool) {
+	canonical := h[IdempotencyKeyHeader]
+	var others []string
+	for name := range h {
+		if name != IdempotencyKeyHeader && strings.EqualFold(name, IdempotencyKeyHeader) {
+			others = append(others, name)
+		}
+	}
+	if len(others) == 0 && !hasRepeats(canonical) {
+		return canonical, false
+	}
+	slices.Sort(others)
+	for _, name := range append([]string{IdempotencyKeyHeader}, others...) {
+		for _, v := range h[name] {
+			if !slices.Contains(vals, v) {
+				vals = append(vals, v)
+			}
+		}
+	}
+	return vals, true
+}
+
+func hasRepeats(vals []string) bool {
+	for i, v := range vals {
+		if slices.Contains(vals[:i], v) {
+			return true
+		}
+	}
+	return false
+}
+
+// setKey makes vals the values of the Idempotency-Key header, in its canonical entry
+// only.
+func setKey(h http.Header, vals ...string) {
+	for name := range h {
+		if strings.EqualFold(name, IdempotencyKeyHeader) {
+			delete(h, name)
+		}
+	}
+	h[IdempotencyKeyHeader] = vals
+}
+
+// redirectedKey returns the key of the request a 307 or 308 redirected req from, when req
+// repeats its method, or "".
+func redirectedKey(req *http.Request) string {
+	prev := req.Response
+	if prev == nil || (prev.StatusCode != http.StatusTemporaryRedirect && prev.StatusCode != http.StatusPermanentRedirect) ||
+		prev.Request == nil || prev.Request.Method != req.Method {
+		return ""
+	}
+	if keys, _ := keyValues(prev.Request.Header); len(keys) > 0 {
+		return keys[0]
+	}
+	return ""
 }
 
 // buffer reads a body without GetBody into memory, up to MaxBufferedBody.
@@ -303,7 +391,7 @@ func (c *call) attempt(_ context.Context, n int) error {
 		}
 	}
 
-	resp, err := c.t.base().RoundTrip(r)
+	resp, err := c.t.send.RoundTrip(r)
 	if err != nil {
 		if resp != nil && resp.Body != nil {
 			resp.Body.Close() // a RoundTripper returns one or the other
@@ -324,6 +412,7 @@ func (c *call) attempt(_ context.Context, n int) error {
 		}
 		return c.unknown(serr)
 	}
+	resp.Request = c.base // the keyed request, which a redirect to follow starts from
 	c.resp, c.cancel, c.timer = resp, cancel, timer
 	serr := classifyAt(c.ctx, resp, nil, c.t.policy.Clock.Now)
 	switch {
