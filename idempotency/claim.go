@@ -16,13 +16,13 @@ type Claim struct {
 	Fingerprint string
 	Token       int64
 
-	ttl   time.Duration
-	clock func() time.Time
+	ttl time.Duration
 
 	mu        sync.Mutex
 	completed bool
 	release   bool
 	abandon   bool
+	stored    chan struct{} // closed once the response is stored or held to be stored
 }
 
 type claimKey struct{}
@@ -41,19 +41,16 @@ func NewContext(ctx context.Context, c *Claim) context.Context {
 }
 
 // NewClaim returns a claim for a key won with token. ttl is the retention of the
-// completed record; clock nil means time.Now.
-func NewClaim(scope, key, fingerprint string, token int64, ttl time.Duration, clock func() time.Time) *Claim {
-	if clock == nil {
-		clock = time.Now
-	}
-	return &Claim{Scope: scope, Key: key, Fingerprint: fingerprint, Token: token, ttl: ttl, clock: clock}
+// completed record.
+func NewClaim(scope, key, fingerprint string, token int64, ttl time.Duration) *Claim {
+	return &Claim{Scope: scope, Key: key, Fingerprint: fingerprint, Token: token, ttl: ttl,
+		stored: make(chan struct{})}
 }
 
 // Completion returns the Completion that stores resp under this claim, with the
 // retention the middleware is configured with.
 func (c *Claim) Completion(resp Response) Completion {
-	now := c.clock()
-	return Completion{Scope: c.Scope, Key: c.Key, Token: c.Token, Response: resp, Now: now, ExpiresAt: now.Add(c.ttl)}
+	return Completion{Scope: c.Scope, Key: c.Key, Token: c.Token, Response: resp, TTL: c.ttl}
 }
 
 // MarkCompleted records that the key was completed elsewhere (in the handler's
@@ -62,6 +59,7 @@ func (c *Claim) MarkCompleted() {
 	c.mu.Lock()
 	c.completed = true
 	c.mu.Unlock()
+	c.markStored()
 }
 
 // Release asks the middleware to release the key when the handler returns, whatever
@@ -81,6 +79,24 @@ func (c *Claim) Abandon() {
 	c.mu.Lock()
 	c.abandon = true
 	c.mu.Unlock()
+}
+
+// Stored returns a channel that is closed once the response of the request is stored,
+// or held by the middleware to be stored as soon as the store answers: from then on,
+// nothing the handler still does changes what a retry gets. It happens when the
+// handler returns, or earlier, while it is still writing, for a response larger than
+// the stored-response limit (its record is completed without the body as soon as the
+// limit is passed).
+func (c *Claim) Stored() <-chan struct{} { return c.stored }
+
+func (c *Claim) markStored() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-c.stored:
+	default:
+		close(c.stored)
+	}
 }
 
 func (c *Claim) abandoned() bool {

@@ -13,21 +13,19 @@ type JanitorConfig struct {
 	// Batch is the most records one DeleteExpired call deletes, so no sweep holds locks
 	// or blocks the store for long. Default 500.
 	Batch int
-	// Clock returns the current time. Default time.Now.
-	Clock func() time.Time
 	// Logger receives sweep failures and, at debug level, sweep counts. Default slog.Default().
 	Logger *slog.Logger
 }
 
-// Sweep deletes every record expired at now, in batches of at most batch, and returns
-// how many it deleted. It stops early when ctx ends.
-func Sweep(ctx context.Context, j Janitor, now time.Time, batch int) (int, error) {
+// Sweep deletes every expired record (on the store's clock), in batches of at most
+// batch, and returns how many it deleted. It stops early when ctx ends.
+func Sweep(ctx context.Context, j Janitor, batch int) (int, error) {
 	if batch <= 0 {
 		batch = 500
 	}
 	total := 0
 	for {
-		n, err := j.DeleteExpired(ctx, now, batch)
+		n, err := j.DeleteExpired(ctx, batch)
 		total += n
 		if err != nil || n < batch {
 			return total, err
@@ -45,16 +43,13 @@ func RunJanitor(ctx context.Context, j Janitor, cfg JanitorConfig) {
 	if cfg.Interval <= 0 {
 		cfg.Interval = time.Minute
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = time.Now
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	t := time.NewTicker(cfg.Interval)
 	defer t.Stop()
 	for {
-		n, err := Sweep(ctx, j, cfg.Clock(), cfg.Batch)
+		n, err := Sweep(ctx, j, cfg.Batch)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			cfg.Logger.WarnContext(ctx, "idempotency: janitor sweep failed", "deleted", n, "err", err)

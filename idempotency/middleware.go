@@ -1,16 +1,14 @@
 package idempotency
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
+	"math"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 )
@@ -20,21 +18,42 @@ type Outcome string
 
 // Outcomes reported to Config.OnOutcome.
 const (
-	OutcomePassThrough Outcome = "pass-through" // unkeyed method, or optional key absent
-	OutcomeExecuted    Outcome = "executed"     // claimed, ran the handler, stored the response
-	OutcomeReplayed    Outcome = "replayed"     // answered from the stored response
-	OutcomeConflict    Outcome = "conflict"     // 409: in flight elsewhere
-	OutcomeMismatch    Outcome = "mismatch"     // 422: key reused with another request
-	OutcomeMissingKey  Outcome = "missing-key"  // 400: required key absent
-	OutcomeInvalidKey  Outcome = "invalid-key"  // 400: malformed key
-	OutcomeTooLarge    Outcome = "too-large"    // 413: request body over the limit
-	OutcomeBadBody     Outcome = "bad-body"     // 400: request body could not be read
-	OutcomeReleased    Outcome = "released"     // ran, but the work was not done: key released
-	OutcomeAbandoned   Outcome = "abandoned"    // ran, outcome unknown: key left to its lease
-	OutcomeStoreError  Outcome = "store-error"  // 503: the store failed (fail closed)
-	OutcomeFailedOpen  Outcome = "failed-open"  // store failed, handler ran unprotected
-	OutcomeLeaseLost   Outcome = "lease-lost"   // ran, but another request took the key over
+	OutcomePassThrough   Outcome = "pass-through"      // unkeyed method, or optional key absent
+	OutcomeExecuted      Outcome = "executed"          // claimed, ran the handler, stored the response
+	OutcomeStoredLater   Outcome = "stored-later"      // ran; the store was unreachable, the response is held and stored when it answers
+	OutcomeReplayed      Outcome = "replayed"          // answered from the stored response
+	OutcomeConflict      Outcome = "conflict"          // 409: in flight elsewhere
+	OutcomeMismatch      Outcome = "mismatch"          // 422: key reused with another request
+	OutcomeMissingKey    Outcome = "missing-key"       // 400: required key absent
+	OutcomeInvalidKey    Outcome = "invalid-key"       // 400: malformed key
+	OutcomeInvalidMethod Outcome = "invalid-method"    // 400: a keyed method in another case (post)
+	OutcomeTooLarge      Outcome = "too-large"         // 413: request body over the limit
+	OutcomeBadBody       Outcome = "bad-body"          // 400: request body could not be read
+	OutcomeBodyTimeout   Outcome = "body-timeout"      // 408: request body not received within BodyTimeout
+	OutcomeOverloaded    Outcome = "overloaded"        // 503: request bodies in memory at MaxBodyMemory
+	OutcomeDeadline      Outcome = "deadline-exceeded" // 504: the request's deadline passed before it could run
+	OutcomeClientGone    Outcome = "client-gone"       // the client left before any answer; nothing stored
+	OutcomeReleased      Outcome = "released"          // ran, but the work was not done: key released
+	OutcomeAbandoned     Outcome = "abandoned"         // ran, outcome unknown: key left to its lease
+	OutcomeStoreError    Outcome = "store-error"       // 503: the store failed (fail closed)
+	OutcomeFailedOpen    Outcome = "failed-open"       // store failed, handler ran unprotected
+	OutcomeLeaseLost     Outcome = "lease-lost"        // ran, but another request took the key over
 )
+
+// The defaults of Config, declared once: the gateway and the command line read them
+// from here.
+const (
+	DefaultLease         = 30 * time.Second
+	DefaultTTL           = 24 * time.Hour
+	DefaultMaxBody       = 1 << 20
+	DefaultMaxResponse   = 4 << 20
+	DefaultStoreTimeout  = 5 * time.Second
+	DefaultBodyTimeout   = 30 * time.Second
+	DefaultMaxBodyMemory = 256 << 20
+)
+
+// DefaultMethods are the methods that need a key by default.
+func DefaultMethods() []string { return []string{http.MethodPost, http.MethodPatch} }
 
 // Config configures the middleware. The zero value of every field but Store means the
 // default documented on it.
@@ -43,7 +62,9 @@ type Config struct {
 	Store Store
 
 	// Methods are the methods that need a key. Default: POST and PATCH. Other methods
-	// never touch the store.
+	// never touch the store. Method names are case-sensitive (RFC 9110); a request whose
+	// method is a keyed method in another case (post) is answered 400, since many
+	// servers would treat it as the keyed method.
 	Methods []string
 
 	// KeyOptional lets keyed methods without an Idempotency-Key through unprotected.
@@ -57,19 +78,32 @@ type Config struct {
 
 	// Lease is how long an in-progress claim is honoured before another request may take
 	// it over (its owner is presumed crashed). The middleware renews the lease every
-	// Lease/3 while the handler runs. Default 30s.
+	// Lease/3 while the handler runs. Default DefaultLease (30s).
 	Lease time.Duration
 
-	// TTL is how long a record is kept. Default 24h.
+	// TTL is how long a record is kept. Longer than Lease. Default DefaultTTL (24h).
 	TTL time.Duration
 
 	// MaxBody is the largest request body accepted; larger gets 413 before anything is
-	// stored. Default 1 MiB.
+	// stored. Default DefaultMaxBody (1 MiB).
 	MaxBody int64
+
+	// BodyTimeout bounds the reading of a request body (within the request's deadline,
+	// when it has one): a body not received in time gets 408 before anything is
+	// claimed. It needs a writer that supports http.ResponseController's
+	// SetReadDeadline, as net/http's does. Default DefaultBodyTimeout (30s).
+	BodyTimeout time.Duration
+
+	// MaxBodyMemory is the most request-body bytes all requests together may hold in
+	// memory. A request whose body would pass it gets 503 with Retry-After before
+	// anything is claimed. Default DefaultMaxBodyMemory (256 MiB).
+	MaxBodyMemory int64
 
 	// MaxResponse is the largest response body stored. A larger response is sent to the
 	// client and its record completed without the body (the work was done); a replay
-	// then says Idempotent-Body-Omitted: true. Default 4 MiB.
+	// then says Idempotent-Body-Omitted: true. Responses up to this size are held until
+	// stored and then sent whole, so a client never sees an answer its retry might not
+	// get again. Default DefaultMaxResponse (4 MiB).
 	MaxResponse int64
 
 	// CanonicalJSON fingerprints JSON bodies by their content, so key order and white
@@ -84,11 +118,8 @@ type Config struct {
 	// 503 with Retry-After and never run the handler.
 	FailOpen bool
 
-	// StoreTimeout bounds each store call. Default 5s.
+	// StoreTimeout bounds each store call. Default DefaultStoreTimeout (5s).
 	StoreTimeout time.Duration
-
-	// Clock returns the current time. Default time.Now.
-	Clock func() time.Time
 
 	// Logger receives store failures and lost leases. Default slog.Default().
 	Logger *slog.Logger
@@ -97,13 +128,29 @@ type Config struct {
 	OnOutcome func(r *http.Request, o Outcome)
 }
 
-type middleware struct {
+// Middleware is the Idempotency-Key middleware. Make one with New, wrap handlers with
+// Handler, and call Shutdown when the server has stopped: it stores the responses the
+// store could not take when their requests finished, and stops the store probe.
+type Middleware struct {
 	cfg     Config
 	methods map[string]bool
+	bodies  bodyBudget
+	health  *health
+
+	probeOnce  sync.Once
+	probeCtx   context.Context
+	probeStop  context.CancelFunc
+	flushCtx   context.Context // ends when Shutdown gives up on held responses
+	flushStop  context.CancelFunc
+	bg         sync.WaitGroup // the probe and the flushes of held responses
+	shutdownMu sync.Mutex
+
+	mu      sync.Mutex
+	pending map[scopeKey]*pending
 }
 
 // New returns the middleware, or an error when cfg is unusable.
-func New(cfg Config) (func(http.Handler) http.Handler, error) {
+func New(cfg Config) (*Middleware, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("idempotency: Config.Store is nil")
 	}
@@ -111,39 +158,45 @@ func New(cfg Config) (func(http.Handler) http.Handler, error) {
 		name string
 		v    int64
 	}{{"Lease", int64(cfg.Lease)}, {"TTL", int64(cfg.TTL)}, {"MaxBody", cfg.MaxBody},
+		{"BodyTimeout", int64(cfg.BodyTimeout)}, {"MaxBodyMemory", cfg.MaxBodyMemory},
 		{"MaxResponse", cfg.MaxResponse}, {"StoreTimeout", int64(cfg.StoreTimeout)}} {
 		if d.v < 0 {
 			return nil, fmt.Errorf("idempotency: Config.%s is negative", d.name)
 		}
 	}
 	if len(cfg.Methods) == 0 {
-		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
+		cfg.Methods = DefaultMethods()
 	}
 	if cfg.Scope == nil {
 		cfg.Scope = AuthorizationScope
 	}
-	cfg.Lease = orDefault(cfg.Lease, 30*time.Second)
-	cfg.TTL = orDefault(cfg.TTL, 24*time.Hour)
-	cfg.MaxBody = orDefault(cfg.MaxBody, 1<<20)
-	cfg.MaxResponse = orDefault(cfg.MaxResponse, 4<<20)
-	cfg.StoreTimeout = orDefault(cfg.StoreTimeout, 5*time.Second)
+	cfg.Lease = orDefault(cfg.Lease, DefaultLease)
+	cfg.TTL = orDefault(cfg.TTL, DefaultTTL)
+	cfg.MaxBody = orDefault(cfg.MaxBody, DefaultMaxBody)
+	cfg.BodyTimeout = orDefault(cfg.BodyTimeout, DefaultBodyTimeout)
+	cfg.MaxBodyMemory = orDefault(cfg.MaxBodyMemory, DefaultMaxBodyMemory)
+	cfg.MaxResponse = orDefault(cfg.MaxResponse, DefaultMaxResponse)
+	cfg.StoreTimeout = orDefault(cfg.StoreTimeout, DefaultStoreTimeout)
 	if cfg.TTL <= cfg.Lease {
 		return nil, fmt.Errorf("idempotency: Config.TTL (%s) must be longer than Config.Lease (%s)", cfg.TTL, cfg.Lease)
+	}
+	if cfg.MaxBodyMemory < cfg.MaxBody {
+		return nil, fmt.Errorf("idempotency: Config.MaxBodyMemory (%d) is smaller than Config.MaxBody (%d)", cfg.MaxBodyMemory, cfg.MaxBody)
 	}
 	if cfg.Release == nil {
 		cfg.Release = func(s int) bool { return s == http.StatusTooManyRequests || s == http.StatusServiceUnavailable }
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = time.Now
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	m := &middleware{cfg: cfg, methods: map[string]bool{}}
+	m := &Middleware{cfg: cfg, methods: map[string]bool{}, health: newHealth(cfg.Lease)}
+	m.bodies.max = cfg.MaxBodyMemory
+	m.probeCtx, m.probeStop = context.WithCancel(context.Background())
+	m.flushCtx, m.flushStop = context.WithCancel(context.Background())
 	for _, meth := range cfg.Methods {
-		m.methods[strings.ToUpper(meth)] = true
+		m.methods[meth] = true
 	}
-	return m.wrap, nil
+	return m, nil
 }
 
 func orDefault[T int64 | time.Duration](v, def T) T {
@@ -151,6 +204,44 @@ func orDefault[T int64 | time.Duration](v, def T) T {
 		return def
 	}
 	return v
+}
+
+// Handler returns next wrapped in the middleware.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.serve(w, r, next)
+	})
+}
+
+// Shutdown stops the store probe and waits, until ctx ends, for the responses held
+// because the store could not take them to be stored. Call it after the server has
+// stopped serving. It logs each held response it could not store (their keys stay in
+// progress until their leases end, and a retry then runs the request again) and
+// returns an error saying how many there were.
+func (m *Middleware) Shutdown(ctx context.Context) error {
+	m.shutdownMu.Lock()
+	defer m.shutdownMu.Unlock()
+	m.probeOnce.Do(func() {}) // no probe starts after this
+	m.probeStop()
+	done := make(chan struct{})
+	go func() {
+		m.bg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	m.mu.Lock()
+	n := len(m.pending)
+	m.mu.Unlock()
+	m.flushStop()
+	<-done
+	if n == 0 {
+		return nil
+	}
+	return fmt.Errorf("idempotency: %d responses not stored before shutdown: %w", n, ctx.Err())
 }
 
 // AuthorizationScope is the default scope: the SHA-256 of the Authorization header, or
@@ -164,20 +255,65 @@ func AuthorizationScope(r *http.Request) string {
 	return hex.EncodeToString(sum[:])
 }
 
-func (m *middleware) wrap(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		m.serve(w, r, next)
-	})
-}
-
-func (m *middleware) outcome(r *http.Request, o Outcome) {
+func (m *Middleware) outcome(r *http.Request, o Outcome) {
 	if m.cfg.OnOutcome != nil {
 		m.cfg.OnOutcome(r, o)
 	}
 }
 
-func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+// startProbe starts the store probe on the first keyed request (a store that cannot be
+// pinged learns only from requests).
+func (m *Middleware) startProbe() {
+	m.probeOnce.Do(func() {
+		p, ok := m.cfg.Store.(Pinger)
+		if !ok {
+			return
+		}
+		m.bg.Add(1)
+		go func() {
+			defer m.bg.Done()
+			m.probe(m.probeCtx, p)
+		}()
+	})
+}
+
+// storeCall runs one store operation bounded by StoreTimeout and records what it says
+// of the store's health. A call cut short by ctx (the client left) records nothing.
+func (m *Middleware) storeCall(ctx context.Context, f func(context.Context) error) error {
+	start := time.Now()
+	sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
+	err := f(sctx)
+	cancel()
+	if ctx.Err() == nil {
+		m.health.observe(start, err)
+	}
+	return err
+}
+
+// asciiUpper returns s in upper case, ASCII letters only (methods are tokens).
+func asciiUpper(s string) string {
+	for i := 0; i < len(s); i++ {
+		if 'a' <= s[i] && s[i] <= 'z' {
+			b := []byte(s)
+			for j := i; j < len(b); j++ {
+				if 'a' <= b[j] && b[j] <= 'z' {
+					b[j] -= 'a' - 'A'
+				}
+			}
+			return string(b)
+		}
+	}
+	return s
+}
+
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	if !m.methods[r.Method] {
+		if upper := asciiUpper(r.Method); upper != r.Method && m.methods[upper] {
+			m.outcome(r, OutcomeInvalidMethod)
+			WriteProblem(w, Problem{Type: ProblemInvalidMethod, Title: "Method not in canonical case", Status: http.StatusBadRequest,
+				Detail: fmt.Sprintf("Method names are case-sensitive: send %s, not %s. Many servers would run %s as %s, so it is refused rather than forwarded without its Idempotency-Key check.", upper, r.Method, r.Method, upper)}, 0)
+			return
+		}
 		m.outcome(r, OutcomePassThrough)
 		next.ServeHTTP(w, r)
 		return
@@ -204,27 +340,35 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 
-	body, err := m.readBody(w, r)
+	body, reserved, err := m.readBody(w, r)
+	defer m.bodies.give(reserved)
+	if err == nil {
+		err = r.Context().Err()
+	}
 	if err != nil {
-		if errors.Is(err, errTooLarge) {
-			m.outcome(r, OutcomeTooLarge)
-			WriteProblem(w, Problem{Type: ProblemBodyTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
-				Detail: fmt.Sprintf("The request body is larger than %d bytes.", m.cfg.MaxBody)}, 0)
-			return
-		}
-		m.outcome(r, OutcomeBadBody)
-		WriteProblem(w, Problem{Type: ProblemBodyUnreadable, Title: "Request body could not be read", Status: http.StatusBadRequest, Detail: err.Error()}, 0)
+		m.refuse(w, r, err)
 		return
 	}
 
+	m.startProbe()
 	scope := m.cfg.Scope(r)
-	fp := Fingerprint(r.Method, r.URL.Path, r.URL.RawQuery, r.Header.Get("Content-Type"), body, m.cfg.CanonicalJSON)
-	now := m.cfg.Clock()
-	sctx, cancel := context.WithTimeout(r.Context(), m.cfg.StoreTimeout)
-	res, err := m.cfg.Store.Claim(sctx, ClaimRequest{Scope: scope, Key: key, Fingerprint: fp, Now: now,
-		LeaseUntil: now.Add(m.cfg.Lease), ExpiresAt: now.Add(m.cfg.TTL)})
-	cancel()
+	fp := Fingerprint(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"), body, m.cfg.CanonicalJSON)
+	if p := m.pendingFor(scope, key); p != nil {
+		m.answerHeld(w, r, p, fp)
+		return
+	}
+	wait := m.health.takeoverWait()
+	var res ClaimResult
+	err = m.storeCall(r.Context(), func(ctx context.Context) (err error) {
+		res, err = m.cfg.Store.Claim(ctx, ClaimRequest{Scope: scope, Key: key, Fingerprint: fp,
+			Lease: m.cfg.Lease, TTL: m.cfg.TTL, NoTakeover: wait > 0})
+		return err
+	})
 	if err != nil {
+		if r.Context().Err() != nil { // the client left, or the deadline passed: not the store's fault
+			m.refuse(w, r, r.Context().Err())
+			return
+		}
 		m.cfg.Logger.ErrorContext(r.Context(), "idempotency: claim failed", "key", key, "err", err, "fail_open", m.cfg.FailOpen)
 		if m.cfg.FailOpen {
 			m.outcome(r, OutcomeFailedOpen)
@@ -238,70 +382,120 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	if !res.Claimed {
-		m.existing(w, r, res.Existing, fp)
+		m.existing(w, r, res, fp, wait)
 		return
 	}
 	setBody(r, body)
-	m.execute(w, r, next, NewClaim(scope, key, fp, res.Token, m.cfg.TTL, m.cfg.Clock))
+	m.execute(w, r, next, NewClaim(scope, key, fp, res.Token, m.cfg.TTL))
 }
 
-var errTooLarge = errors.New("request body too large")
-
-func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	if r.ContentLength > m.cfg.MaxBody {
-		return nil, errTooLarge
+// refuse answers a request that could not be claimed for a reason of its own: its
+// body, its deadline or its client.
+func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, errTooLarge):
+		m.outcome(r, OutcomeTooLarge)
+		WriteProblem(w, Problem{Type: ProblemBodyTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
+			Detail: fmt.Sprintf("The request body is larger than %d bytes.", m.cfg.MaxBody)}, 0)
+	case errors.Is(err, errOverloaded):
+		m.outcome(r, OutcomeOverloaded)
+		WriteProblem(w, Problem{Type: ProblemOverloaded, Title: "Too many request bodies in memory", Status: http.StatusServiceUnavailable,
+			Detail: "The request was not executed: the server holds as many request bodies as it allows. Retry it with the same Idempotency-Key."}, 1)
+	case errors.Is(err, errBodyTimeout):
+		m.outcome(r, OutcomeBodyTimeout)
+		w.Header().Set("Connection", "close")
+		WriteProblem(w, Problem{Type: ProblemBodyTimeout, Title: "Request body timeout", Status: http.StatusRequestTimeout,
+			Detail: fmt.Sprintf("The request body did not arrive within %s; the request was not executed. Retry it with the same Idempotency-Key.", m.cfg.BodyTimeout)}, 0)
+	case errors.Is(err, errDeadline), errors.Is(err, context.DeadlineExceeded):
+		m.outcome(r, OutcomeDeadline)
+		WriteProblem(w, Problem{Type: ProblemDeadlineExceeded, Title: "Request deadline exceeded", Status: http.StatusGatewayTimeout,
+			Detail: "The request's deadline passed before it could be executed; it was not executed."}, 0)
+	case r.Context().Err() != nil: // the client left: nobody reads an answer
+		m.outcome(r, OutcomeClientGone)
+	default:
+		m.outcome(r, OutcomeBadBody)
+		WriteProblem(w, Problem{Type: ProblemBodyUnreadable, Title: "Request body could not be read", Status: http.StatusBadRequest, Detail: err.Error()}, 0)
 	}
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil, nil
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.MaxBody))
-	var tooLarge *http.MaxBytesError
-	if errors.As(err, &tooLarge) {
-		return nil, errTooLarge
-	}
-	return body, err
 }
 
-func setBody(r *http.Request, body []byte) {
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
-	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+// answerHeld answers a retry from a response this process holds for its key.
+func (m *Middleware) answerHeld(w http.ResponseWriter, r *http.Request, p *pending, fp string) {
+	if p.claim.Fingerprint != fp {
+		m.mismatch(w, r)
+		return
+	}
+	m.outcome(r, OutcomeReplayed)
+	Replay(w, &p.resp)
 }
 
-func (m *middleware) existing(w http.ResponseWriter, r *http.Request, rec *Record, fp string) {
+func (m *Middleware) mismatch(w http.ResponseWriter, r *http.Request) {
+	m.outcome(r, OutcomeMismatch)
+	WriteProblem(w, Problem{Type: ProblemMismatch, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
+		Detail: "This Idempotency-Key was already used with a different request (method, path, query or body). Use a new key for a new operation."}, 0)
+}
+
+// existing answers a request that lost its claim to res.Existing. wait is how long
+// takeovers were held back (see health).
+func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, res ClaimResult, fp string, wait time.Duration) {
+	rec := res.Existing
 	switch {
 	case rec.Fingerprint != fp:
-		m.outcome(r, OutcomeMismatch)
-		WriteProblem(w, Problem{Type: ProblemMismatch, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
-			Detail: "This Idempotency-Key was already used with a different request (method, path, query or body). Use a new key for a new operation."}, 0)
+		m.mismatch(w, r)
 	case rec.State == StateDone && rec.Response != nil:
 		m.outcome(r, OutcomeReplayed)
 		Replay(w, rec.Response)
 	default:
+		// While the owner works, it may finish any moment: retry soon. When the owner is
+		// known to be gone (abandoned), or its lease ran out and takeovers are held back,
+		// the key cannot move before that time.
+		after := time.Second
+		switch left := rec.LeaseUntil.Sub(res.Now); {
+		case rec.Abandoned && left > 0:
+			after = left
+		case left <= 0 && wait > 0:
+			after = wait
+		}
 		m.outcome(r, OutcomeConflict)
 		WriteProblem(w, Problem{Type: ProblemInFlight, Title: "Request in flight", Status: http.StatusConflict,
-			Detail: "A request with this Idempotency-Key is still being processed. Retry later with the same key to get its result."}, 1)
+			Detail: "A request with this Idempotency-Key is still being processed. Retry later with the same key to get its result."},
+			int(math.Ceil(after.Seconds())))
 	}
 }
 
-// execute runs the handler as the owner of the claim, then stores or releases the key.
-func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, c *Claim) {
+// execute runs the handler as the owner of the claim, stores or releases the key, and
+// then sends the response.
+func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, c *Claim) {
 	hctx, cancel := context.WithCancelCause(NewContext(r.Context(), c))
 	defer cancel(nil)
 	stop := m.heartbeat(hctx, cancel, c)
-	rec := &recorder{ResponseWriter: w, limit: m.cfg.MaxResponse}
+
+	var early Outcome // set when the record was completed while the handler wrote
+	var rec *recorder
+	rec = newRecorder(w, m.cfg.MaxResponse, func() {
+		stop()
+		early = m.finish(r, c, rec.response())
+	})
 
 	panicked := true
 	defer func() {
+		if !panicked {
+			return
+		}
+		// A panic says the work was not done (or not finished): release the key so a
+		// retry runs again, then let the panic go on to the server. A handler that
+		// declared the outcome unknown (Abandon) keeps the key to its lease, and one
+		// whose response was already stored keeps it stored.
 		stop()
-		if panicked {
-			// A panic says the work was not done (or not finished): release the key so a
-			// retry runs again, then let the panic go on to the server. A handler that
-			// declared the outcome unknown (Abandon) keeps the key to its lease.
-			if c.abandoned() {
-				m.outcome(r, OutcomeAbandoned)
-				return
-			}
+		completed, _ := c.flags()
+		switch {
+		case early != "":
+			m.outcome(r, early)
+		case completed:
+			m.outcome(r, OutcomeExecuted)
+		case c.abandoned():
+			m.abandon(r, c)
+			m.outcome(r, OutcomeAbandoned)
+		default:
 			m.release(r, c, "handler panicked")
 			m.outcome(r, OutcomeReleased)
 		}
@@ -311,33 +505,56 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	stop()
 
 	completed, release := c.flags()
+	var o Outcome
 	switch {
+	case early != "":
+		o = early
 	case completed: // in the handler's transaction; a renewal racing its commit is moot
-		m.outcome(r, OutcomeExecuted)
+		o = OutcomeExecuted
 	case errors.Is(context.Cause(hctx), ErrLeaseLost):
-		m.outcome(r, OutcomeLeaseLost)
+		o = OutcomeLeaseLost
 	case c.abandoned():
-		m.outcome(r, OutcomeAbandoned)
-	case release, rec.wrote() && m.cfg.Release(rec.status),
-		!rec.wrote() && r.Context().Err() != nil: // client gone and the handler gave up
+		m.abandon(r, c)
+		o = OutcomeAbandoned
+	case release, rec.wrote() && m.cfg.Release(rec.status):
 		m.release(r, c, "work not done")
-		m.outcome(r, OutcomeReleased)
+		o = OutcomeReleased
+	case !rec.wrote() && r.Context().Err() != nil: // client gone and the handler gave up
+		m.release(r, c, "client gone")
+		o = OutcomeClientGone
 	default:
-		switch err := m.complete(r, c, rec.response()); {
-		case err == nil:
-			m.outcome(r, OutcomeExecuted)
-		case errors.Is(err, ErrLeaseLost):
-			m.outcome(r, OutcomeLeaseLost)
-		default:
-			m.outcome(r, OutcomeStoreError)
-		}
+		o = m.finish(r, c, rec.response())
 	}
+	rec.send()
+	m.outcome(r, o)
 }
 
-// heartbeat renews the lease every Lease/3 while the handler runs. When the lease is
-// lost it cancels the handler's context with ErrLeaseLost. The returned stop waits for
-// a renewal in progress, so no renewal races the completion.
-func (m *middleware) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, c *Claim) (stop func()) {
+// finish stores resp. When the store cannot take it, the response is held and stored
+// as soon as the store answers (see pending); the client gets it meanwhile.
+func (m *Middleware) finish(r *http.Request, c *Claim, resp Response) Outcome {
+	err := m.storeCall(context.WithoutCancel(r.Context()), func(ctx context.Context) error {
+		return m.cfg.Store.Complete(ctx, c.Completion(resp))
+	})
+	switch {
+	case err == nil:
+		c.markStored()
+		return OutcomeExecuted
+	case errors.Is(err, ErrLeaseLost):
+		m.cfg.Logger.WarnContext(r.Context(), "idempotency: response not stored, the key was taken over", "key", c.Key)
+		return OutcomeLeaseLost
+	}
+	m.cfg.Logger.WarnContext(r.Context(), "idempotency: the store did not take the response; it is held and stored when the store answers",
+		"key", c.Key, "err", err)
+	m.holdPending(c, resp)
+	c.markStored()
+	return OutcomeStoredLater
+}
+
+// heartbeat renews the lease every Lease/3 while the handler runs, and sooner after a
+// renewal failed, so that an owner cut off from the store renews as soon as it answers
+// again. When the lease is lost it cancels the handler's context with ErrLeaseLost. The
+// returned stop waits for a renewal in progress, so no renewal races the completion.
+func (m *Middleware) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, c *Claim) (stop func()) {
 	// A timer, not a goroutine and a ticker: most handlers finish long before the first
 	// renewal is due, and then the heartbeat cost one timer.
 	var (
@@ -346,6 +563,7 @@ func (m *middleware) heartbeat(ctx context.Context, cancel context.CancelCauseFu
 		t       *time.Timer
 		renewal sync.WaitGroup // a renewal in flight
 	)
+	every := m.cfg.Lease / 3
 	renew := func() {
 		mu.Lock()
 		if stopped {
@@ -355,25 +573,27 @@ func (m *middleware) heartbeat(ctx context.Context, cancel context.CancelCauseFu
 		renewal.Add(1)
 		mu.Unlock()
 		defer renewal.Done()
-		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StoreTimeout)
-		err := m.cfg.Store.Extend(sctx, c.Scope, c.Key, c.Token, m.cfg.Clock().Add(m.cfg.Lease))
-		scancel()
-		if errors.Is(err, ErrLeaseLost) {
+		err := m.storeCall(context.WithoutCancel(ctx), func(sctx context.Context) error {
+			return m.cfg.Store.Extend(sctx, c.Scope, c.Key, c.Token, m.cfg.Lease)
+		})
+		next := every
+		switch {
+		case errors.Is(err, ErrLeaseLost):
 			m.cfg.Logger.WarnContext(ctx, "idempotency: lease lost while the handler ran", "key", c.Key)
 			cancel(ErrLeaseLost)
 			return
-		}
-		if err != nil {
+		case err != nil:
 			m.cfg.Logger.WarnContext(ctx, "idempotency: lease renewal failed", "key", c.Key, "err", err)
+			next = min(every, time.Second)
 		}
 		mu.Lock()
 		if !stopped {
-			t.Reset(m.cfg.Lease / 3)
+			t.Reset(next)
 		}
 		mu.Unlock()
 	}
 	mu.Lock()
-	t = time.AfterFunc(m.cfg.Lease/3, renew)
+	t = time.AfterFunc(every, renew)
 	mu.Unlock()
 	return func() {
 		mu.Lock()
@@ -388,49 +608,23 @@ func (m *middleware) heartbeat(ctx context.Context, cancel context.CancelCauseFu
 	}
 }
 
-// storeCtx is the context of the calls that finish a request: they must run even when the
-// client has gone, or a completed request would be left in progress and run again.
-func (m *middleware) storeCtx(r *http.Request) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.StoreTimeout)
-}
-
-// complete stores the response, retrying transient store errors within StoreTimeout.
-func (m *middleware) complete(r *http.Request, c *Claim, resp Response) error {
-	ctx, cancel := m.storeCtx(r)
-	defer cancel()
-	comp := c.Completion(resp)
-	var err error
-	for attempt := 0; ; attempt++ {
-		err = m.cfg.Store.Complete(ctx, comp)
-		if err == nil {
-			return nil
-		}
-		if errors.Is(err, ErrLeaseLost) {
-			if attempt > 0 {
-				// An earlier attempt may have succeeded with its answer lost.
-				if rec, gerr := m.cfg.Store.Get(ctx, c.Scope, c.Key); gerr == nil && rec.State == StateDone && rec.Token == c.Token {
-					return nil
-				}
-			}
-			m.cfg.Logger.WarnContext(r.Context(), "idempotency: response not stored, the key was taken over", "key", c.Key)
-			return err
-		}
-		wait := time.Duration(50<<min(attempt, 4)) * time.Millisecond
-		select {
-		case <-ctx.Done():
-			m.cfg.Logger.ErrorContext(r.Context(), "idempotency: response not stored; the key stays in progress until its lease ends",
-				"key", c.Key, "err", err)
-			return err
-		case <-time.After(wait):
-		}
+func (m *Middleware) release(r *http.Request, c *Claim, why string) {
+	err := m.storeCall(context.WithoutCancel(r.Context()), func(ctx context.Context) error {
+		return m.cfg.Store.Release(ctx, c.Scope, c.Key, c.Token)
+	})
+	if err != nil && !errors.Is(err, ErrLeaseLost) {
+		m.cfg.Logger.ErrorContext(r.Context(), "idempotency: release failed; the key stays in progress until its lease ends",
+			"key", c.Key, "why", why, "err", err)
 	}
 }
 
-func (m *middleware) release(r *http.Request, c *Claim, why string) {
-	ctx, cancel := m.storeCtx(r)
-	defer cancel()
-	if err := m.cfg.Store.Release(ctx, c.Scope, c.Key, c.Token); err != nil && !errors.Is(err, ErrLeaseLost) {
-		m.cfg.Logger.ErrorContext(r.Context(), "idempotency: release failed; the key stays in progress until its lease ends",
-			"key", c.Key, "why", why, "err", err)
+// abandon marks the key abandoned, so that retries are told when its lease ends. The
+// key stays in progress whether or not this succeeds.
+func (m *Middleware) abandon(r *http.Request, c *Claim) {
+	err := m.storeCall(context.WithoutCancel(r.Context()), func(ctx context.Context) error {
+		return m.cfg.Store.Abandon(ctx, c.Scope, c.Key, c.Token)
+	})
+	if err != nil && !errors.Is(err, ErrLeaseLost) {
+		m.cfg.Logger.WarnContext(r.Context(), "idempotency: could not mark the key abandoned", "key", c.Key, "err", err)
 	}
 }

@@ -24,6 +24,10 @@ const (
 	ProblemBodyTooLarge     = "urn:retrysafe:problem:body-too-large"
 	ProblemBodyUnreadable   = "urn:retrysafe:problem:body-unreadable"
 	ProblemStoreUnavailable = "urn:retrysafe:problem:store-unavailable"
+	ProblemInvalidMethod    = "urn:retrysafe:problem:invalid-method"
+	ProblemBodyTimeout      = "urn:retrysafe:problem:body-timeout"
+	ProblemOverloaded       = "urn:retrysafe:problem:overloaded"
+	ProblemDeadlineExceeded = "urn:retrysafe:problem:deadline-exceeded"
 )
 
 // WriteProblem writes p as application/problem+json. retryAfter > 0 adds a Retry-After

@@ -1,106 +1,245 @@
 package idempotency
 
 import (
-	"bytes"
 	"net/http"
 	"strconv"
 	"strings"
 )
 
-// recorder passes a response through to the client while keeping a copy to store: the
-// status, the headers as they were when the status was written, and the body up to
-// limit bytes. Past the limit it keeps nothing of the body and sets omitted.
+// recorder holds the handler's response until the middleware has stored it, then sends
+// it to the client: a client is never shown an answer its retry might not get again,
+// and a slow client does not keep the key from being completed. The body is kept up to
+// limit bytes. A response that passes the limit calls overflow once (the middleware
+// completes the record without the body: the work is done and its status and headers
+// are final) and is then passed through to the client as the handler writes it.
 type recorder struct {
-	http.ResponseWriter
-	limit   int64
-	status  int
-	header  http.Header
-	body    bytes.Buffer
-	omitted bool
+	w        http.ResponseWriter // the client's
+	h        http.Header         // the handler's header map
+	limit    int64
+	overflow func()
+
+	status   int
+	header   http.Header // the handler's headers when it wrote the status
+	declared []string    // trailer names the handler declared (the Trailer header)
+	body     []byte
+	omitted  bool // the body passed the limit
+	sent     bool // the status and headers went to the client
 }
+
+func newRecorder(w http.ResponseWriter, limit int64, overflow func()) *recorder {
+	return &recorder{w: w, h: make(http.Header), limit: limit, overflow: overflow}
+}
+
+// Header returns the handler's header map; it reaches the client when the response is
+// sent.
+func (r *recorder) Header() http.Header { return r.h }
 
 func (r *recorder) WriteHeader(code int) {
 	if r.status != 0 {
 		return // net/http ignores (and logs) superfluous calls; so do we
 	}
 	if code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols {
-		r.ResponseWriter.WriteHeader(code) // informational: pass on, not the final status
+		// Informational (103 Early Hints): not the final status, passed on at once.
+		copyHeader(r.w.Header(), r.h)
+		r.w.WriteHeader(code)
 		return
 	}
 	r.status = code
-	r.header = storedHeader(r.ResponseWriter.Header())
-	r.ResponseWriter.WriteHeader(code)
+	r.header = r.h.Clone()
+	for _, v := range r.h.Values("Trailer") {
+		for name := range strings.SplitSeq(v, ",") {
+			if name = http.CanonicalHeaderKey(strings.TrimSpace(name)); name != "" {
+				r.declared = append(r.declared, name)
+			}
+		}
+	}
+	// A body announced larger than the limit will not be kept: complete now, and pass
+	// it through without holding any of it.
+	if n, err := strconv.ParseInt(r.h.Get("Content-Length"), 10, 64); err == nil && n > r.limit {
+		r.passThrough()
+	}
 }
 
 func (r *recorder) Write(p []byte) (int, error) {
 	if r.status == 0 {
 		r.WriteHeader(http.StatusOK)
 	}
-	if !r.omitted {
-		if int64(r.body.Len()+len(p)) > r.limit {
-			r.omitted = true
-			r.body = bytes.Buffer{}
-		} else {
-			r.body.Write(p)
+	if r.sent {
+		return r.w.Write(p)
+	}
+	if int64(len(r.body)+len(p)) > r.limit {
+		r.passThrough()
+		return r.w.Write(p)
+	}
+	if r.body == nil {
+		if n, err := strconv.Atoi(r.header.Get("Content-Length")); err == nil && n >= len(p) && int64(n) <= r.limit {
+			r.body = make([]byte, 0, n) // one allocation for a body of known length
 		}
 	}
-	return r.ResponseWriter.Write(p)
+	r.body = append(r.body, p...)
+	return len(p), nil
 }
 
-// Flush implements http.Flusher when the underlying writer does.
+// passThrough gives up keeping the body: the record is completed without it, and what
+// was held is sent.
+func (r *recorder) passThrough() {
+	r.omitted = true
+	if r.overflow != nil {
+		r.overflow()
+		r.overflow = nil
+	}
+	r.sendHead(false)
+	if len(r.body) > 0 {
+		_, _ = r.w.Write(r.body)
+	}
+	r.body = nil
+}
+
+// Flush implements http.Flusher. It flushes only a response that is passed through: a
+// response being held is sent whole once stored.
 func (r *recorder) Flush() {
 	if r.status == 0 {
 		r.WriteHeader(http.StatusOK)
 	}
-	if f, ok := r.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
+	if r.sent {
+		_ = http.NewResponseController(r.w).Flush()
 	}
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer.
-func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+func (r *recorder) Unwrap() http.ResponseWriter { return r.w }
 
 // wrote reports whether the handler produced a response at all.
 func (r *recorder) wrote() bool { return r.status != 0 }
 
+// sendHead sends the status and the headers (without trailer values) to the client.
+// whole says the body is complete in r.body, so its length is known.
+func (r *recorder) sendHead(whole bool) {
+	if r.sent {
+		return
+	}
+	r.sent = true
+	status := r.status
+	if status == 0 { // the handler returned without writing: net/http sends 200
+		status, r.header = http.StatusOK, r.h.Clone()
+	}
+	h := r.w.Header()
+	for k, v := range r.header {
+		if !r.isTrailer(k) {
+			h[k] = v
+		}
+	}
+	if whole {
+		if len(r.trailers()) == 0 {
+			h.Set("Content-Length", strconv.Itoa(len(r.body)))
+		} else {
+			h.Del("Content-Length") // trailers need a chunked body
+		}
+	}
+	r.w.WriteHeader(status)
+}
+
+// send delivers the response to the client: whole, or the rest of one passed through.
+func (r *recorder) send() {
+	if !r.sent {
+		r.sendHead(true)
+		if len(r.body) > 0 && bodyAllowed(r.status) {
+			_, _ = r.w.Write(r.body)
+		}
+	}
+	for k, v := range r.trailers() {
+		if !hasName(r.declared, k) {
+			k = http.TrailerPrefix + k
+		}
+		r.w.Header()[k] = v
+	}
+}
+
+func (r *recorder) isTrailer(name string) bool {
+	return strings.HasPrefix(name, http.TrailerPrefix) || hasName(r.declared, name)
+}
+
+// trailers returns the trailer values the handler set: those of declared names, and
+// those it set with http.TrailerPrefix.
+func (r *recorder) trailers() http.Header {
+	var t http.Header
+	for k, v := range r.h {
+		name, prefixed := strings.CutPrefix(k, http.TrailerPrefix)
+		if !prefixed && !hasName(r.declared, k) {
+			continue
+		}
+		if t == nil {
+			t = make(http.Header)
+		}
+		t[name] = v
+	}
+	return t
+}
+
+func hasName(names []string, name string) bool {
+	for _, n := range names {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// response is what the middleware stores. It shares the recorder's body.
 func (r *recorder) response() Response {
 	status, header := r.status, r.header
-	if status == 0 { // the handler returned without writing: net/http sends 200
-		status, header = http.StatusOK, storedHeader(r.ResponseWriter.Header())
+	if status == 0 {
+		status, header = http.StatusOK, r.h
 	}
-	resp := Response{Status: status, Header: header, BodyOmitted: r.omitted}
+	resp := Response{Status: status, Header: storedHeader(header, r.isTrailer), BodyOmitted: r.omitted}
 	if !r.omitted {
-		resp.Body = bytes.Clone(r.body.Bytes())
+		resp.Body = r.body
+		if t := r.trailers(); t != nil {
+			resp.Trailer = storedHeader(t, nil)
+		}
 	}
 	return resp
 }
 
 // storedHeader returns the headers worth replaying: never credentials, cookies, Date,
-// Content-Length (recomputed on replay) or hop-by-hop headers.
-func storedHeader(h http.Header) http.Header {
-	out := h.Clone()
+// Content-Length (recomputed on replay), hop-by-hop headers, nor the names skip says
+// are trailers.
+func storedHeader(h http.Header, skip func(string) bool) http.Header {
+	out := make(http.Header, len(h))
+	for k, v := range h {
+		if skip == nil || !skip(k) {
+			out[k] = append([]string(nil), v...)
+		}
+	}
 	for _, f := range h.Values("Connection") {
-		for _, name := range strings.Split(f, ",") {
+		for name := range strings.SplitSeq(f, ",") {
 			out.Del(strings.TrimSpace(name))
 		}
 	}
 	for _, name := range []string{
 		"Set-Cookie", "Authorization", "Date", "Content-Length", "Idempotent-Replayed",
-		"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
-		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+		"Idempotent-Body-Omitted", "Connection", "Keep-Alive", "Proxy-Connection",
+		"Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding",
+		"Upgrade",
 	} {
 		out.Del(name)
-	}
-	for name := range out {
-		if strings.HasPrefix(name, http.TrailerPrefix) {
-			delete(out, name)
-		}
 	}
 	return out
 }
 
-// Replay writes a stored response, marked with Idempotent-Replayed: true. When the body
-// was too large to keep, the body is empty and Idempotent-Body-Omitted: true says so.
+func copyHeader(dst, src http.Header) {
+	for k, v := range src {
+		dst[k] = v
+	}
+}
+
+func bodyAllowed(status int) bool {
+	return status != http.StatusNoContent && status != http.StatusNotModified
+}
+
+// Replay writes a stored response, marked with Idempotent-Replayed: true, its trailers
+// after the body. When the body was too large to keep, the body is empty and
+// Idempotent-Body-Omitted: true says so.
 func Replay(w http.ResponseWriter, resp *Response) {
 	h := w.Header()
 	for k, v := range resp.Header {
@@ -110,12 +249,20 @@ func Replay(w http.ResponseWriter, resp *Response) {
 	if resp.BodyOmitted {
 		h.Set("Idempotent-Body-Omitted", "true")
 	}
-	noBody := resp.Status == http.StatusNoContent || resp.Status == http.StatusNotModified
-	if !noBody {
+	names := make([]string, 0, len(resp.Trailer))
+	for k := range resp.Trailer {
+		names = append(names, k)
+	}
+	if len(names) > 0 {
+		h.Set("Trailer", strings.Join(names, ", "))
+	} else if bodyAllowed(resp.Status) {
 		h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
 	}
 	w.WriteHeader(resp.Status)
-	if !noBody && len(resp.Body) > 0 {
+	if bodyAllowed(resp.Status) && len(resp.Body) > 0 {
 		_, _ = w.Write(resp.Body)
+	}
+	for k, v := range resp.Trailer {
+		h[k] = append([]string(nil), v...)
 	}
 }

@@ -36,10 +36,14 @@ const (
 // Response is a stored HTTP response.
 type Response struct {
 	Status int
-	// Header holds the stored response headers, multi-valued headers intact. It never
-	// holds Set-Cookie, Authorization, Date or hop-by-hop headers.
+	// Header holds the stored response headers, byte for byte (values need not be
+	// UTF-8) and multi-valued headers intact. It never holds Set-Cookie,
+	// Authorization, Date or hop-by-hop headers.
 	Header http.Header
-	Body   []byte
+	// Trailer holds the response's trailers, kept like Header; nil when there were
+	// none.
+	Trailer http.Header
+	Body    []byte
 	// BodyOmitted is true when the body was larger than the stored-response limit: the
 	// work was done, so the record is complete, but Body is empty.
 	BodyOmitted bool
@@ -54,23 +58,36 @@ type Record struct {
 	// Token is the fencing token of the current owner. It changes on every claim and
 	// takeover; a takeover always issues a token greater than the previous one, and a
 	// fresh claim never reuses the token of a deleted or expired record.
-	Token      int64
+	Token int64
+	// Abandoned is true when the owner gave up on the request without knowing its
+	// outcome (Store.Abandon): nobody renews the lease, which runs out at LeaseUntil.
+	Abandoned  bool
 	CreatedAt  time.Time
 	LeaseUntil time.Time // meaningful while in progress
 	ExpiresAt  time.Time // the record may be deleted after this instant
-	Response   *Response // set when State is StateDone
+	// Response is the stored response of a done record. In a ClaimResult's Existing it
+	// is set only when the request is a replay (the record is done and has the
+	// request's fingerprint): a store need not read a response it will not replay.
+	Response *Response
 }
 
-// ClaimRequest asks a store to claim a key.
+// ClaimRequest asks a store to claim a key. Lease and expiry are durations: the store
+// turns them into instants with its own clock, so that processes whose clocks disagree
+// still agree on when a lease ends.
 type ClaimRequest struct {
 	Scope       string
 	Key         string
 	Fingerprint string
-	// Now is the caller's clock. Stores compare LeaseUntil and ExpiresAt with it, never
-	// with their own clock, so that one injected clock drives every store alike.
-	Now        time.Time
-	LeaseUntil time.Time
-	ExpiresAt  time.Time
+	// Lease is how long the claim is honoured, from the store's now, before another
+	// request may take the key over (its owner is presumed dead). Positive.
+	Lease time.Duration
+	// TTL is how long the record is kept, from the store's now. Longer than Lease.
+	TTL time.Duration
+	// NoTakeover reports an in-progress record whose lease has run out as Existing
+	// instead of taking it over. The middleware sets it for a lease after it saw the
+	// store fail: an owner cut off by the same outage could not renew its lease, and is
+	// presumed alive.
+	NoTakeover bool
 }
 
 // ClaimResult is the outcome of Store.Claim.
@@ -82,41 +99,61 @@ type ClaimResult struct {
 	// expired (its owner is presumed dead).
 	TookOver bool
 	// Existing is the record that prevented the claim (Claimed false). It is never nil
-	// when Claimed is false and err is nil.
+	// when Claimed is false and err is nil. Its Response is set only for a replay (see
+	// Record.Response).
 	Existing *Record
+	// Now is the store's clock at the decision: the instant Existing's LeaseUntil and
+	// ExpiresAt were compared with.
+	Now time.Time
 }
 
 // Completion stores the final response of the owner holding Token.
 type Completion struct {
-	Scope     string
-	Key       string
-	Token     int64
-	Response  Response
-	Now       time.Time
-	ExpiresAt time.Time
+	Scope    string
+	Key      string
+	Token    int64
+	Response Response
+	// TTL is how long the completed record is kept, from the store's now.
+	TTL time.Duration
 }
 
 // Store persists idempotency records. Every method is atomic with respect to every
 // other call on the same scope and key, from any goroutine or process sharing the
-// backend. Stores never read their own clock for lease or expiry decisions: callers pass
-// Now. The conformance suite in package idempotencytest defines the behaviour exactly.
+// backend. Lease and expiry instants come from the store's clock: the server's for
+// stores shared by several hosts (PostgreSQL, Redis), the process's for one-host stores
+// (SQLite, memory); callers pass durations. The conformance suite in package
+// idempotencytest defines the behaviour exactly.
 type Store interface {
 	// Claim atomically creates an in-progress record for (Scope, Key) owned by the
-	// caller, and reports Claimed true with the new fencing token, when:
-	//   - no record exists, or the existing one has ExpiresAt <= Now (it is replaced); or
-	//   - the existing record is in progress with LeaseUntil <= Now and the same
-	//     Fingerprint (takeover: TookOver true, Token greater than the old token).
-	// Otherwise it changes nothing and returns Claimed false with the existing record.
-	// Of any number of concurrent claims on one key, exactly one is Claimed.
+	// caller, with LeaseUntil = now+Lease and ExpiresAt = now+TTL, and reports Claimed
+	// true with the new fencing token, when:
+	//   - no record exists, or the existing one is done and ExpiresAt <= now (it is
+	//     replaced); or
+	//   - the existing record is in progress with LeaseUntil <= now, NoTakeover is
+	//     false, and it has the same Fingerprint (a takeover: TookOver true, Token
+	//     greater than the old token) or ExpiresAt <= now (replaced as by a fresh
+	//     claim).
+	// An in-progress record whose lease runs is never replaced, whatever its ExpiresAt.
+	// Otherwise Claim changes nothing and returns Claimed false with the existing
+	// record. Of any number of concurrent claims on one key, exactly one is Claimed.
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 
-	// Extend moves the lease of the in-progress record owned by token to leaseUntil.
+	// Extend moves the lease of the in-progress record owned by token to now+lease, and
+	// its ExpiresAt to now+lease if that is later, so that a record never expires while
+	// its owner renews it. It returns ErrLeaseLost when the record is absent, done, or
+	// has another token.
+	Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error
+
+	// Abandon marks the in-progress record owned by token abandoned: its owner gave up
+	// without knowing whether the work was done, and will not renew the lease. The
+	// record stays in progress until its lease ends, after which a claim takes it over.
 	// It returns ErrLeaseLost when the record is absent, done, or has another token.
-	Extend(ctx context.Context, scope, key string, token int64, leaseUntil time.Time) error
+	Abandon(ctx context.Context, scope, key string, token int64) error
 
 	// Complete marks the in-progress record owned by c.Token done with c.Response and
-	// c.ExpiresAt. It returns ErrLeaseLost when the record is absent, already done, or
-	// has another token; then nothing is written. A response is stored whole or not at all.
+	// ExpiresAt = now+c.TTL. It returns ErrLeaseLost when the record is absent, already
+	// done, or has another token; then nothing is written. A response is stored whole
+	// or not at all.
 	Complete(ctx context.Context, c Completion) error
 
 	// Release deletes the in-progress record owned by token, so that a retry executes
@@ -124,22 +161,24 @@ type Store interface {
 	// token; then nothing is deleted.
 	Release(ctx context.Context, scope, key string, token int64) error
 
-	// Get returns the record for (scope, key), or ErrNotFound. A record past its
-	// ExpiresAt may still be returned until it is deleted; Claim treats it as absent.
+	// Get returns the whole record for (scope, key), response included, or
+	// ErrNotFound. A record past its ExpiresAt may still be returned until it is
+	// deleted; Claim treats it as described above.
 	Get(ctx context.Context, scope, key string) (*Record, error)
 
 	// Delete removes the record in any state (an operator's eviction). Deleting a
 	// missing record is not an error. An owner of a deleted in-progress record gets
-	// ErrLeaseLost on Complete, Extend and Release.
+	// ErrLeaseLost on Complete, Extend, Abandon and Release.
 	Delete(ctx context.Context, scope, key string) error
 }
 
 // Janitor is implemented by stores that need expired records deleted by the caller
 // (SQL stores). Stores whose backend expires records itself (Redis TTLs) need not.
 type Janitor interface {
-	// DeleteExpired deletes at most limit records with ExpiresAt <= now and returns how
-	// many it deleted. Repeated calls eventually delete every expired record.
-	DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error)
+	// DeleteExpired deletes at most limit records with ExpiresAt <= now on the store's
+	// clock, except in-progress records whose lease still runs, and returns how many it
+	// deleted. Repeated calls eventually delete every such record.
+	DeleteExpired(ctx context.Context, limit int) (int, error)
 }
 
 // ListFilter selects records for Lister.List. Zero fields match everything.

@@ -1,6 +1,7 @@
 package idempotencytest
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -21,8 +22,9 @@ func testMiddlewareDown(t *testing.T, s idempotency.Store) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = mw.Shutdown(context.Background()) })
 		runs := 0
-		h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs++
 			w.WriteHeader(http.StatusCreated)
 		}))

@@ -24,8 +24,10 @@ import (
 // Harness tells the suite how to make stores.
 type Harness struct {
 	// New returns a new, empty store isolated from every other store New returns (its
-	// own schema, file or key prefix). Register cleanup with t.Cleanup.
-	New func(t *testing.T) idempotency.Store
+	// own schema, file or key prefix), whose lease and expiry decisions read the time
+	// from clock. A nil clock means the store's own clock (the server's for a shared
+	// store). Register cleanup with t.Cleanup.
+	New func(t *testing.T, clock func() time.Time) idempotency.Store
 	// Down returns a store whose backend is unreachable or closed, so every call fails.
 	// Nil skips the outage cases.
 	Down func(t *testing.T) idempotency.Store
@@ -36,6 +38,31 @@ const (
 	ttl   = 24 * time.Hour
 )
 
+// Clock is a manual clock: the suite moves it with Advance, and stores read it through
+// Now (the Harness's clock). It starts at the real time, to the millisecond (what every
+// store keeps).
+type Clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// NewClock returns a Clock showing the current time, truncated to the millisecond.
+func NewClock() *Clock { return &Clock{now: time.Now().Truncate(time.Millisecond)} }
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock on by d.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
 // Run runs the conformance suite against the stores h makes.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
@@ -44,20 +71,26 @@ func Run(t *testing.T, h Harness) {
 	}
 	cases := []struct {
 		name string
-		fn   func(t *testing.T, s idempotency.Store)
+		fn   func(t *testing.T, s idempotency.Store, c *Clock)
 	}{
 		{"FirstClaim", testFirstClaim},
 		{"Replay", testReplay},
 		{"ReplayBodyOmitted", testReplayBodyOmitted},
 		{"ReplayLargeBinaryBody", testLargeBody},
+		{"HeadersByteForByte", testHeaderBytes},
+		{"Trailers", testTrailers},
 		{"InFlight", testInFlight},
 		{"FingerprintMismatch", testMismatch},
+		{"ExistingIsLean", testLeanExisting},
 		{"ScopeIsolation", testScopeIsolation},
 		{"UnusualScopesAndKeys", testUnusualNames},
 		{"Expiry", testExpiry},
 		{"LeaseExpiryTakeover", testTakeover},
+		{"NoTakeover", testNoTakeover},
 		{"StaleOwnerRejected", testStaleOwner},
 		{"Extend", testExtend},
+		{"ExtendOutlivesTTL", testExtendOutlivesTTL},
+		{"Abandon", testAbandon},
 		{"Release", testRelease},
 		{"CompleteTwice", testCompleteTwice},
 		{"Delete", testDelete},
@@ -71,9 +104,14 @@ func Run(t *testing.T, h Harness) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			c.fn(t, h.New(t))
+			clock := NewClock()
+			c.fn(t, h.New(t, clock.Now), clock)
 		})
 	}
+	t.Run("StoreClock", func(t *testing.T) {
+		t.Parallel()
+		testStoreClock(t, h.New(t, nil))
+	})
 	t.Run("StoreDown", func(t *testing.T) {
 		if h.Down == nil {
 			t.Skip("harness has no Down store")
@@ -83,12 +121,8 @@ func Run(t *testing.T, h Harness) {
 	})
 }
 
-// now is a base time with millisecond precision (what every store keeps).
-func now() time.Time { return time.Now().Truncate(time.Millisecond) }
-
-func req(scope, key, fp string, at time.Time) idempotency.ClaimRequest {
-	return idempotency.ClaimRequest{Scope: scope, Key: key, Fingerprint: fp, Now: at,
-		LeaseUntil: at.Add(lease), ExpiresAt: at.Add(ttl)}
+func req(scope, key, fp string) idempotency.ClaimRequest {
+	return idempotency.ClaimRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: lease, TTL: ttl}
 }
 
 func mustClaim(t *testing.T, s idempotency.Store, r idempotency.ClaimRequest) int64 {
@@ -121,9 +155,9 @@ func mustNotClaim(t *testing.T, s idempotency.Store, r idempotency.ClaimRequest)
 	return res.Existing
 }
 
-func complete(s idempotency.Store, scope, key string, token int64, at time.Time, resp idempotency.Response) error {
+func complete(s idempotency.Store, scope, key string, token int64, resp idempotency.Response) error {
 	return s.Complete(context.Background(), idempotency.Completion{Scope: scope, Key: key, Token: token,
-		Response: resp, Now: at, ExpiresAt: at.Add(ttl)})
+		Response: resp, TTL: ttl})
 }
 
 func mustGet(t *testing.T, s idempotency.Store, scope, key string) *idempotency.Record {
@@ -168,13 +202,19 @@ func sameResponse(t *testing.T, got *idempotency.Response, want idempotency.Resp
 	if got.BodyOmitted != want.BodyOmitted {
 		t.Errorf("BodyOmitted = %v, want %v", got.BodyOmitted, want.BodyOmitted)
 	}
-	for k, v := range want.Header {
-		if !slices.Equal(got.Header[k], v) {
-			t.Errorf("header %s = %q, want %q", k, got.Header[k], v)
+	sameHeader(t, "header", got.Header, want.Header)
+	sameHeader(t, "trailer", got.Trailer, want.Trailer)
+}
+
+func sameHeader(t *testing.T, what string, got, want http.Header) {
+	t.Helper()
+	for k, v := range want {
+		if !slices.Equal(got[k], v) {
+			t.Errorf("%s %s = %q, want %q", what, k, got[k], v)
 		}
 	}
-	if len(got.Header) != len(want.Header) {
-		t.Errorf("header = %v, want %v", got.Header, want.Header)
+	if len(got) != len(want) {
+		t.Errorf("%s = %q, want %q", what, got, want)
 	}
 }
 
@@ -192,32 +232,66 @@ func sameTime(t *testing.T, what string, got, want time.Time) {
 	}
 }
 
-func testFirstClaim(t *testing.T, s idempotency.Store) {
-	at := now()
-	r := req("user-1", "key-1", "fp-1", at)
-	tok := mustClaim(t, s, r)
-	if tok <= 0 {
-		t.Errorf("token = %d, want > 0", tok)
+func testFirstClaim(t *testing.T, s idempotency.Store, c *Clock) {
+	at := c.Now()
+	res, err := s.Claim(context.Background(), req("user-1", "key-1", "fp-1"))
+	if err != nil || !res.Claimed {
+		t.Fatalf("Claim = %+v, %v", res, err)
 	}
+	if res.Token <= 0 {
+		t.Errorf("token = %d, want > 0", res.Token)
+	}
+	sameTime(t, "ClaimResult.Now", res.Now, at)
 	rec := mustGet(t, s, "user-1", "key-1")
-	if rec.State != idempotency.StateInProgress || rec.Token != tok || rec.Fingerprint != "fp-1" ||
-		rec.Scope != "user-1" || rec.Key != "key-1" || rec.Response != nil {
+	if rec.State != idempotency.StateInProgress || rec.Token != res.Token || rec.Fingerprint != "fp-1" ||
+		rec.Scope != "user-1" || rec.Key != "key-1" || rec.Response != nil || rec.Abandoned {
 		t.Errorf("record = %+v", rec)
 	}
-	sameTime(t, "LeaseUntil", rec.LeaseUntil, r.LeaseUntil)
-	sameTime(t, "ExpiresAt", rec.ExpiresAt, r.ExpiresAt)
+	sameTime(t, "LeaseUntil", rec.LeaseUntil, at.Add(lease))
+	sameTime(t, "ExpiresAt", rec.ExpiresAt, at.Add(ttl))
 	sameTime(t, "CreatedAt", rec.CreatedAt, at)
 }
 
-func testReplay(t *testing.T, s idempotency.Store) {
-	at := now()
-	tok := mustClaim(t, s, req("u", "k", "fp", at))
+// testStoreClock runs against a store on its own clock (nil Harness clock): instants
+// come from the store, which on this machine is near the process clock.
+func testStoreClock(t *testing.T, s idempotency.Store) {
+	before := time.Now()
+	res, err := s.Claim(context.Background(), req("u", "k", "fp"))
+	if err != nil || !res.Claimed {
+		t.Fatalf("Claim = %+v, %v", res, err)
+	}
+	after := time.Now()
+	near := func(what string, got, want time.Time) {
+		t.Helper()
+		if got.Before(want.Add(-time.Second)) || got.After(want.Add(after.Sub(before)+time.Second)) {
+			t.Errorf("%s = %v, want about %v", what, got, want)
+		}
+	}
+	near("ClaimResult.Now", res.Now, before)
+	rec := mustGet(t, s, "u", "k")
+	near("LeaseUntil", rec.LeaseUntil, before.Add(lease))
+	near("ExpiresAt", rec.ExpiresAt, before.Add(ttl))
+	// The lease runs on the store's clock: no takeover now.
+	if again := mustNotClaim(t, s, req("u", "k", "fp")); again.Token != res.Token {
+		t.Errorf("existing token %d, want %d", again.Token, res.Token)
+	}
+	if err := s.Extend(context.Background(), "u", "k", res.Token, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	near("LeaseUntil after Extend", mustGet(t, s, "u", "k").LeaseUntil, before.Add(time.Hour))
+}
+
+func testReplay(t *testing.T, s idempotency.Store, c *Clock) {
+	at := c.Now()
+	tok := mustClaim(t, s, req("u", "k", "fp"))
+	c.Advance(time.Second)
 	want := sampleResponse()
-	if err := complete(s, "u", "k", tok, at.Add(time.Second), want); err != nil {
+	if err := complete(s, "u", "k", tok, want); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
-	for i := range 2 { // replay is repeatable and changes nothing
-		rec := mustNotClaim(t, s, req("u", "k", "fp", at.Add(time.Duration(i+2)*time.Second)))
+	for range 2 { // replay is repeatable and changes nothing
+		c.Advance(time.Second)
+		rec := mustNotClaim(t, s, req("u", "k", "fp"))
 		if rec.State != idempotency.StateDone || rec.Token != tok || rec.Fingerprint != "fp" {
 			t.Errorf("replayed record = %+v", rec)
 		}
@@ -227,97 +301,157 @@ func testReplay(t *testing.T, s idempotency.Store) {
 	sameResponse(t, mustGet(t, s, "u", "k").Response, want)
 }
 
-func testReplayBodyOmitted(t *testing.T, s idempotency.Store) {
-	at := now()
-	tok := mustClaim(t, s, req("u", "k", "fp", at))
+func testReplayBodyOmitted(t *testing.T, s idempotency.Store, _ *Clock) {
+	tok := mustClaim(t, s, req("u", "k", "fp"))
 	want := idempotency.Response{Status: 200, Header: http.Header{"Content-Type": {"text/plain"}}, BodyOmitted: true}
-	if err := complete(s, "u", "k", tok, at, want); err != nil {
+	if err := complete(s, "u", "k", tok, want); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
-	rec := mustNotClaim(t, s, req("u", "k", "fp", at))
+	rec := mustNotClaim(t, s, req("u", "k", "fp"))
 	sameResponse(t, rec.Response, want)
 }
 
-func testLargeBody(t *testing.T, s idempotency.Store) {
-	at := now()
-	tok := mustClaim(t, s, req("u", "k", "fp", at))
-	body := make([]byte, 2<<20)
-	for i := range body {
-		body[i] = byte(i*7 + i>>11) // every byte value, NULs included
-	}
-	want := idempotency.Response{Status: 500, Header: http.Header{}, Body: body}
-	if err := complete(s, "u", "k", tok, at, want); err != nil {
+func testLargeBody(t *testing.T, s idempotency.Store, _ *Clock) {
+	tok := mustClaim(t, s, req("u", "k", "fp"))
+	want := idempotency.Response{Status: 500, Header: http.Header{}, Body: binaryBody(2 << 20)}
+	if err := complete(s, "u", "k", tok, want); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
-	sameResponse(t, mustNotClaim(t, s, req("u", "k", "fp", at)).Response, want)
+	sameResponse(t, mustNotClaim(t, s, req("u", "k", "fp")).Response, want)
 }
 
-func testInFlight(t *testing.T, s idempotency.Store) {
-	at := now()
-	tok := mustClaim(t, s, req("u", "k", "fp", at))
-	rec := mustNotClaim(t, s, req("u", "k", "fp", at.Add(lease-time.Millisecond)))
-	if rec.State != idempotency.StateInProgress || rec.Token != tok {
+// binaryBody returns n bytes in which every byte value occurs, NULs included.
+func binaryBody(n int) []byte {
+	body := make([]byte, n)
+	for i := range body {
+		body[i] = byte(i*7 + i>>11)
+	}
+	return body
+}
+
+// testHeaderBytes stores header values that are not UTF-8, and names as they came:
+// replays must give back the same bytes.
+func testHeaderBytes(t *testing.T, s idempotency.Store, _ *Clock) {
+	tok := mustClaim(t, s, req("u", "k", "fp"))
+	want := idempotency.Response{Status: 200, Header: http.Header{
+		"X-Latin1":     {"caf\xe9"},
+		"X-High":       {"\x80\xff\xfe", "\xc3\x28"},
+		"X-Utf8":       {"r\u00e9sum\u00e9"},
+		"X-Ctl":        {"a\tb"},
+		"Content-Type": {"text/plain; charset=iso-8859-1"},
+	}, Body: []byte("caf\xe9")}
+	if err := complete(s, "u", "k", tok, want); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	sameResponse(t, mustNotClaim(t, s, req("u", "k", "fp")).Response, want)
+	sameResponse(t, mustGet(t, s, "u", "k").Response, want)
+}
+
+func testTrailers(t *testing.T, s idempotency.Store, _ *Clock) {
+	tok := mustClaim(t, s, req("u", "k", "fp"))
+	want := idempotency.Response{Status: 200, Header: http.Header{"Content-Type": {"application/grpc"}},
+		Trailer: http.Header{"Grpc-Status": {"0"}, "X-Checksum": {"\xde\xad", "2"}}, Body: []byte("data")}
+	if err := complete(s, "u", "k", tok, want); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	sameResponse(t, mustNotClaim(t, s, req("u", "k", "fp")).Response, want)
+	// No trailers stays no trailers.
+	tok = mustClaim(t, s, req("u", "k2", "fp"))
+	if err := complete(s, "u", "k2", tok, sampleResponse()); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustGet(t, s, "u", "k2").Response.Trailer; len(got) != 0 {
+		t.Errorf("trailer = %q, want none", got)
+	}
+}
+
+func testInFlight(t *testing.T, s idempotency.Store, c *Clock) {
+	at := c.Now()
+	tok := mustClaim(t, s, req("u", "k", "fp"))
+	c.Advance(lease - time.Millisecond)
+	res, err := s.Claim(context.Background(), req("u", "k", "fp"))
+	if err != nil || res.Claimed || res.Existing == nil {
+		t.Fatalf("Claim in flight = %+v, %v", res, err)
+	}
+	rec := res.Existing
+	if rec.State != idempotency.StateInProgress || rec.Token != tok || rec.Abandoned {
 		t.Errorf("existing = %+v, want in progress with token %d", rec, tok)
 	}
 	sameTime(t, "LeaseUntil", rec.LeaseUntil, at.Add(lease))
+	sameTime(t, "ClaimResult.Now", res.Now, at.Add(lease-time.Millisecond))
 }
 
-func testMismatch(t *testing.T, s idempotency.Store) {
-	at := now()
-	tok := mustClaim(t, s, req("u", "k", "fp-a", at))
+func testMismatch(t *testing.T, s idempotency.Store, c *Clock) {
+	tok := mustClaim(t, s, req("u", "k", "fp-a"))
 	// In progress, with the lease running and after it ran out: never a takeover by
 	// another payload.
-	for _, when := range []time.Time{at, at.Add(lease + time.Second)} {
-		rec := mustNotClaim(t, s, req("u", "k", "fp-b", when))
+	for _, d := range []time.Duration{0, lease + time.Second} {
+		c.Advance(d)
+		rec := mustNotClaim(t, s, req("u", "k", "fp-b"))
 		if rec.Fingerprint != "fp-a" || rec.Token != tok {
 			t.Errorf("existing = %+v, want fingerprint fp-a token %d", rec, tok)
 		}
 	}
-	if err := complete(s, "u", "k", tok, at, sampleResponse()); err != nil {
+	if err := complete(s, "u", "k", tok, sampleResponse()); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
-	rec := mustNotClaim(t, s, req("u", "k", "fp-b", at))
+	rec := mustNotClaim(t, s, req("u", "k", "fp-b"))
 	if rec.Fingerprint != "fp-a" || rec.State != idempotency.StateDone {
 		t.Errorf("existing = %+v", rec)
 	}
 }
 
-func testScopeIsolation(t *testing.T, s idempotency.Store) {
-	at := now()
-	ta := mustClaim(t, s, req("alice", "k", "fp", at))
-	tb := mustClaim(t, s, req("bob", "k", "fp", at))
+// testLeanExisting: a 409 or a 422 is decided without the stored response, so a store
+// must not return (and need not read) a response it will not replay.
+func testLeanExisting(t *testing.T, s idempotency.Store, _ *Clock) {
+	tok := mustClaim(t, s, req("u", "k", "fp-a"))
+	big := idempotency.Response{Status: 201, Header: http.Header{"X": {"y"}}, Body: binaryBody(1 << 20)}
+	if err := complete(s, "u", "k", tok, big); err != nil {
+		t.Fatal(err)
+	}
+	if rec := mustNotClaim(t, s, req("u", "k", "fp-b")); rec.Response != nil {
+		t.Errorf("a mismatch's Existing carries the stored response (%d body bytes): a 422 needs none", len(rec.Response.Body))
+	} else if rec.State != idempotency.StateDone || rec.Fingerprint != "fp-a" {
+		t.Errorf("mismatch existing = %+v", rec)
+	}
+	sameResponse(t, mustNotClaim(t, s, req("u", "k", "fp-a")).Response, big)
+}
+
+func testScopeIsolation(t *testing.T, s idempotency.Store, _ *Clock) {
+	ta := mustClaim(t, s, req("alice", "k", "fp"))
+	tb := mustClaim(t, s, req("bob", "k", "fp"))
 	if ta == tb {
 		t.Errorf("two scopes share token %d", ta)
 	}
 	want := sampleResponse()
-	if err := complete(s, "alice", "k", ta, at, want); err != nil {
+	if err := complete(s, "alice", "k", ta, want); err != nil {
 		t.Fatal(err)
 	}
 	// Bob's record is untouched by Alice's completion, and Alice's token is useless on it.
 	if rec := mustGet(t, s, "bob", "k"); rec.State != idempotency.StateInProgress || rec.Response != nil {
 		t.Errorf("bob's record = %+v", rec)
 	}
-	wantErr(t, "Complete with alice's token on bob's key", complete(s, "bob", "k", ta, at, want), idempotency.ErrLeaseLost)
+	wantErr(t, "Complete with alice's token on bob's key", complete(s, "bob", "k", ta, want), idempotency.ErrLeaseLost)
 	wantErr(t, "Release with alice's token on bob's key", s.Release(context.Background(), "bob", "k", ta), idempotency.ErrLeaseLost)
+	wantErr(t, "Abandon with alice's token on bob's key", s.Abandon(context.Background(), "bob", "k", ta), idempotency.ErrLeaseLost)
 	if _, err := s.Get(context.Background(), "carol", "k"); !errors.Is(err, idempotency.ErrNotFound) {
 		t.Errorf("Get(carol) err = %v, want ErrNotFound", err)
 	}
 	// Empty scope is a scope like any other.
-	mustClaim(t, s, req("", "k", "fp", at))
+	mustClaim(t, s, req("", "k", "fp"))
 }
 
-func testUnusualNames(t *testing.T, s idempotency.Store) {
-	at := now()
+func testUnusualNames(t *testing.T, s idempotency.Store, _ *Clock) {
 	visible := make([]byte, 0, 94)
 	for c := byte(0x21); c <= 0x7e; c++ {
 		visible = append(visible, c)
 	}
 	keys := []string{string(visible), strings.Repeat("k", 255), "a:b", "a", "{x}", `"quoted"`, "*", "%_"}
-	scopes := []string{"", "a", "a:b", "{x}", "tenant/ü", "nul\x00byte", "*", "%_"}
+	scopes := []string{"", "a", "a:b", "{x}", "tenant/\u00fc", "nul\x00byte", "*", "%_", "\xff\xfe"}
 	tokens := map[int64]bool{}
 	for _, sc := range scopes {
 		for _, k := range keys {
-			tok := mustClaim(t, s, req(sc, k, "fp", at))
+			tok := mustClaim(t, s, req(sc, k, "fp"))
 			if tokens[tok] {
 				t.Fatalf("token %d issued twice", tok)
 			}
@@ -336,15 +470,16 @@ func testUnusualNames(t *testing.T, s idempotency.Store) {
 	}
 }
 
-func testExpiry(t *testing.T, s idempotency.Store) {
-	at := now()
-	tok := mustClaim(t, s, req("u", "k", "fp", at))
-	if err := complete(s, "u", "k", tok, at, sampleResponse()); err != nil {
+func testExpiry(t *testing.T, s idempotency.Store, c *Clock) {
+	tok := mustClaim(t, s, req("u", "k", "fp"))
+	if err := complete(s, "u", "k", tok, sampleResponse()); err != nil {
 		t.Fatal(err)
 	}
 	// Just before expiry it replays; at expiry it is gone, for any payload.
-	mustNotClaim(t, s, req("u", "k", "fp", at.Add(ttl-time.Millisecond)))
-	res, err := s.Claim(context.Background(), req("u", "k", "other-fp", at.Add(ttl)))
+	c.Advance(ttl - time.Millisecond)
+	mustNotClaim(t, s, req("u", "k", "fp"))
+	c.Advance(time.Millisecond)
+	res, err := s.Claim(context.Background(), req("u", "k", "other-fp"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,22 +494,25 @@ func testExpiry(t *testing.T, s idempotency.Store) {
 		t.Errorf("record after expiry claim = %+v", rec)
 	}
 	// The old owner cannot touch the new record.
-	wantErr(t, "old owner Complete", complete(s, "u", "k", tok, at, sampleResponse()), idempotency.ErrLeaseLost)
+	wantErr(t, "old owner Complete", complete(s, "u", "k", tok, sampleResponse()), idempotency.ErrLeaseLost)
 
-	// An in-progress record past retention is replaced too.
-	tok2 := mustClaim(t, s, req("u", "k2", "fp", at))
-	res, err = s.Claim(context.Background(), req("u", "k2", "fp", at.Add(ttl+time.Hour)))
+	// An in-progress record past retention and past its lease is replaced, by any
+	// payload.
+	tok2 := mustClaim(t, s, req("u", "k2", "fp"))
+	c.Advance(ttl + time.Hour)
+	res, err = s.Claim(context.Background(), req("u", "k2", "other-fp"))
 	if err != nil || !res.Claimed || res.Token == tok2 {
 		t.Errorf("claim of expired in-progress record = %+v, %v", res, err)
 	}
 }
 
-func testTakeover(t *testing.T, s idempotency.Store) {
-	at := now()
-	old := mustClaim(t, s, req("u", "k", "fp", at))
-	mustNotClaim(t, s, req("u", "k", "fp", at.Add(lease-time.Millisecond)))
-	later := at.Add(lease)
-	res, err := s.Claim(context.Background(), req("u", "k", "fp", later))
+func testTakeover(t *testing.T, s idempotency.Store, c *Clock) {
+	old := mustClaim(t, s, req("u", "k", "fp"))
+	c.Advance(lease - time.Millisecond)
+	mustNotClaim(t, s, req("u", "k", "fp"))
+	c.Advance(time.Millisecond)
+	later := c.Now()
+	res, err := s.Claim(context.Background(), req("u", "k", "fp"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -390,54 +528,151 @@ func testTakeover(t *testing.T, s idempotency.Store) {
 	}
 	sameTime(t, "LeaseUntil", rec.LeaseUntil, later.Add(lease))
 	// A second takeover after the new lease ends issues a greater token again.
-	res2, err := s.Claim(context.Background(), req("u", "k", "fp", later.Add(lease)))
+	c.Advance(lease)
+	res2, err := s.Claim(context.Background(), req("u", "k", "fp"))
 	if err != nil || !res2.Claimed || !res2.TookOver || res2.Token <= res.Token {
 		t.Errorf("second takeover = %+v, %v; want token > %d", res2, err, res.Token)
 	}
 }
 
-func testStaleOwner(t *testing.T, s idempotency.Store) {
+func testNoTakeover(t *testing.T, s idempotency.Store, c *Clock) {
+	tok := mustClaim(t, s, req("u", "k", "fp"))
+	c.Advance(lease + time.Second)
+	r := req("u", "k", "fp")
+	r.NoTakeover = true
+	rec := mustNotClaim(t, s, r)
+	if rec.State != idempotency.StateInProgress || rec.Token != tok {
+		t.Errorf("existing = %+v, want the in-progress record with token %d", rec, tok)
+	}
+	// Even past retention, an in-progress record stays with NoTakeover.
+	c.Advance(ttl)
+	mustNotClaim(t, s, r)
+	// NoTakeover does not stop a fresh claim, nor the replacement of an expired done
+	// record.
+	mustClaim(t, s, func() idempotency.ClaimRequest { r := req("u", "fresh", "fp"); r.NoTakeover = true; return r }())
+	if err := s.Extend(context.Background(), "u", "k", tok, lease); err != nil {
+		t.Fatalf("the owner, presumed alive, renews: %v", err)
+	}
+	if err := complete(s, "u", "k", tok, sampleResponse()); err != nil {
+		t.Fatalf("the owner, presumed alive, completes: %v", err)
+	}
+	c.Advance(ttl)
+	if res, err := s.Claim(context.Background(), r); err != nil || !res.Claimed || res.TookOver {
+		t.Errorf("claim of an expired done record with NoTakeover = %+v, %v; want a fresh claim", res, err)
+	}
+}
+
+func testStaleOwner(t *testing.T, s idempotency.Store, c *Clock) {
 	ctx := context.Background()
-	at := now()
-	stale := mustClaim(t, s, req("u", "k", "fp", at))
-	fresh := mustClaim(t, s, req("u", "k", "fp", at.Add(lease+time.Second)))
+	stale := mustClaim(t, s, req("u", "k", "fp"))
+	c.Advance(lease + time.Second)
+	fresh := mustClaim(t, s, req("u", "k", "fp"))
 	resp := sampleResponse()
-	wantErr(t, "stale Complete", complete(s, "u", "k", stale, at, resp), idempotency.ErrLeaseLost)
-	wantErr(t, "stale Extend", s.Extend(ctx, "u", "k", stale, at.Add(time.Hour)), idempotency.ErrLeaseLost)
+	wantErr(t, "stale Complete", complete(s, "u", "k", stale, resp), idempotency.ErrLeaseLost)
+	wantErr(t, "stale Extend", s.Extend(ctx, "u", "k", stale, time.Hour), idempotency.ErrLeaseLost)
+	wantErr(t, "stale Abandon", s.Abandon(ctx, "u", "k", stale), idempotency.ErrLeaseLost)
 	wantErr(t, "stale Release", s.Release(ctx, "u", "k", stale), idempotency.ErrLeaseLost)
 	rec := mustGet(t, s, "u", "k")
-	if rec.Token != fresh || rec.State != idempotency.StateInProgress {
+	if rec.Token != fresh || rec.State != idempotency.StateInProgress || rec.Abandoned {
 		t.Fatalf("stale owner changed the record: %+v", rec)
 	}
-	if err := complete(s, "u", "k", fresh, at, resp); err != nil {
+	if err := complete(s, "u", "k", fresh, resp); err != nil {
 		t.Fatalf("new owner Complete: %v", err)
 	}
 	// After the new owner completed, the stale owner still cannot overwrite.
-	wantErr(t, "stale Complete after done", complete(s, "u", "k", stale, at, idempotency.Response{Status: 500}), idempotency.ErrLeaseLost)
+	wantErr(t, "stale Complete after done", complete(s, "u", "k", stale, idempotency.Response{Status: 500}), idempotency.ErrLeaseLost)
 	sameResponse(t, mustGet(t, s, "u", "k").Response, resp)
 }
 
-func testExtend(t *testing.T, s idempotency.Store) {
+func testExtend(t *testing.T, s idempotency.Store, c *Clock) {
 	ctx := context.Background()
-	at := now()
-	tok := mustClaim(t, s, req("u", "k", "fp", at))
-	if err := s.Extend(ctx, "u", "k", tok, at.Add(3*lease)); err != nil {
+	at := c.Now()
+	tok := mustClaim(t, s, req("u", "k", "fp"))
+	c.Advance(time.Second)
+	if err := s.Extend(ctx, "u", "k", tok, 3*lease); err != nil {
 		t.Fatalf("Extend: %v", err)
 	}
 	// Past the first lease but inside the extended one: still in flight, no takeover.
-	rec := mustNotClaim(t, s, req("u", "k", "fp", at.Add(2*lease)))
-	sameTime(t, "LeaseUntil", rec.LeaseUntil, at.Add(3*lease))
-	if err := complete(s, "u", "k", tok, at, sampleResponse()); err != nil {
+	c.Advance(2 * lease)
+	rec := mustNotClaim(t, s, req("u", "k", "fp"))
+	sameTime(t, "LeaseUntil", rec.LeaseUntil, at.Add(time.Second+3*lease))
+	sameTime(t, "ExpiresAt", rec.ExpiresAt, at.Add(ttl)) // already later than the lease
+	if err := complete(s, "u", "k", tok, sampleResponse()); err != nil {
 		t.Fatal(err)
 	}
-	wantErr(t, "Extend of a done record", s.Extend(ctx, "u", "k", tok, at.Add(time.Hour)), idempotency.ErrLeaseLost)
-	wantErr(t, "Extend of a missing record", s.Extend(ctx, "u", "nope", tok, at), idempotency.ErrLeaseLost)
+	wantErr(t, "Extend of a done record", s.Extend(ctx, "u", "k", tok, time.Hour), idempotency.ErrLeaseLost)
+	wantErr(t, "Extend of a missing record", s.Extend(ctx, "u", "nope", tok, lease), idempotency.ErrLeaseLost)
 }
 
-func testRelease(t *testing.T, s idempotency.Store) {
+// testExtendOutlivesTTL: a record whose owner keeps renewing never expires, however
+// short its TTL, so no claim can run the request a second time beside its owner.
+func testExtendOutlivesTTL(t *testing.T, s idempotency.Store, c *Clock) {
 	ctx := context.Background()
-	at := now()
-	tok := mustClaim(t, s, req("u", "k", "fp", at))
+	r := req("u", "k", "fp")
+	r.Lease, r.TTL = 2*time.Second, 3*time.Second
+	tok := mustClaim(t, s, r)
+	for range 10 { // 10 s of renewals, every second: three times the TTL
+		c.Advance(time.Second)
+		if err := s.Extend(ctx, "u", "k", tok, r.Lease); err != nil {
+			t.Fatalf("Extend at %s: %v", c.Now(), err)
+		}
+		for _, fp := range []string{"fp", "other"} {
+			mustNotClaim(t, s, idempotency.ClaimRequest{Scope: "u", Key: "k", Fingerprint: fp, Lease: r.Lease, TTL: r.TTL})
+		}
+		if j, ok := s.(idempotency.Janitor); ok {
+			if _, err := j.DeleteExpired(ctx, 100); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if rec := mustGet(t, s, "u", "k"); rec.Token != tok || rec.State != idempotency.StateInProgress {
+			t.Fatalf("record = %+v, want in progress with token %d", rec, tok)
+		}
+	}
+	if rec := mustGet(t, s, "u", "k"); rec.ExpiresAt.Before(rec.LeaseUntil) {
+		t.Errorf("ExpiresAt %v before LeaseUntil %v", rec.ExpiresAt, rec.LeaseUntil)
+	}
+	if err := complete(s, "u", "k", tok, sampleResponse()); err != nil {
+		t.Fatalf("Complete after outliving the TTL: %v", err)
+	}
+}
+
+func testAbandon(t *testing.T, s idempotency.Store, c *Clock) {
+	ctx := context.Background()
+	at := c.Now()
+	tok := mustClaim(t, s, req("u", "k", "fp"))
+	if err := s.Abandon(ctx, "u", "k", tok); err != nil {
+		t.Fatalf("Abandon: %v", err)
+	}
+	// Still in progress, marked, and the lease is unchanged: a retry waits for it.
+	c.Advance(lease / 2)
+	rec := mustNotClaim(t, s, req("u", "k", "fp"))
+	if rec.State != idempotency.StateInProgress || !rec.Abandoned || rec.Token != tok {
+		t.Errorf("existing = %+v, want in progress, abandoned, token %d", rec, tok)
+	}
+	sameTime(t, "LeaseUntil", rec.LeaseUntil, at.Add(lease))
+	if !mustGet(t, s, "u", "k").Abandoned {
+		t.Error("Get does not report Abandoned")
+	}
+	// After the lease a retry takes it over; the new claim is not abandoned.
+	c.Advance(lease / 2)
+	res, err := s.Claim(ctx, req("u", "k", "fp"))
+	if err != nil || !res.Claimed || !res.TookOver {
+		t.Fatalf("claim after the abandoned lease = %+v, %v; want a takeover", res, err)
+	}
+	if rec := mustGet(t, s, "u", "k"); rec.Abandoned {
+		t.Errorf("takeover kept Abandoned: %+v", rec)
+	}
+	wantErr(t, "Abandon by the old owner", s.Abandon(ctx, "u", "k", tok), idempotency.ErrLeaseLost)
+	if err := complete(s, "u", "k", res.Token, sampleResponse()); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, "Abandon of a done record", s.Abandon(ctx, "u", "k", res.Token), idempotency.ErrLeaseLost)
+	wantErr(t, "Abandon of a missing record", s.Abandon(ctx, "u", "nope", res.Token), idempotency.ErrLeaseLost)
+}
+
+func testRelease(t *testing.T, s idempotency.Store, _ *Clock) {
+	ctx := context.Background()
+	tok := mustClaim(t, s, req("u", "k", "fp"))
 	if err := s.Release(ctx, "u", "k", tok); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
@@ -446,12 +681,12 @@ func testRelease(t *testing.T, s idempotency.Store) {
 	}
 	wantErr(t, "second Release", s.Release(ctx, "u", "k", tok), idempotency.ErrLeaseLost)
 	// A retry executes again, with any payload, under a new token.
-	tok2 := mustClaim(t, s, req("u", "k", "fp-2", at))
+	tok2 := mustClaim(t, s, req("u", "k", "fp-2"))
 	if tok2 == tok {
 		t.Errorf("claim after release reused token %d", tok)
 	}
-	wantErr(t, "old owner Complete after release", complete(s, "u", "k", tok, at, sampleResponse()), idempotency.ErrLeaseLost)
-	if err := complete(s, "u", "k", tok2, at, sampleResponse()); err != nil {
+	wantErr(t, "old owner Complete after release", complete(s, "u", "k", tok, sampleResponse()), idempotency.ErrLeaseLost)
+	if err := complete(s, "u", "k", tok2, sampleResponse()); err != nil {
 		t.Fatal(err)
 	}
 	wantErr(t, "Release of a done record", s.Release(ctx, "u", "k", tok2), idempotency.ErrLeaseLost)
@@ -460,22 +695,20 @@ func testRelease(t *testing.T, s idempotency.Store) {
 	}
 }
 
-func testCompleteTwice(t *testing.T, s idempotency.Store) {
-	at := now()
-	tok := mustClaim(t, s, req("u", "k", "fp", at))
+func testCompleteTwice(t *testing.T, s idempotency.Store, _ *Clock) {
+	tok := mustClaim(t, s, req("u", "k", "fp"))
 	first := sampleResponse()
-	if err := complete(s, "u", "k", tok, at, first); err != nil {
+	if err := complete(s, "u", "k", tok, first); err != nil {
 		t.Fatal(err)
 	}
-	wantErr(t, "second Complete", complete(s, "u", "k", tok, at, idempotency.Response{Status: 500, Body: []byte("x")}), idempotency.ErrLeaseLost)
+	wantErr(t, "second Complete", complete(s, "u", "k", tok, idempotency.Response{Status: 500, Body: []byte("x")}), idempotency.ErrLeaseLost)
 	sameResponse(t, mustGet(t, s, "u", "k").Response, first)
-	wantErr(t, "Complete of a missing record", complete(s, "u", "missing", tok, at, first), idempotency.ErrLeaseLost)
+	wantErr(t, "Complete of a missing record", complete(s, "u", "missing", tok, first), idempotency.ErrLeaseLost)
 }
 
-func testDelete(t *testing.T, s idempotency.Store) {
+func testDelete(t *testing.T, s idempotency.Store, _ *Clock) {
 	ctx := context.Background()
-	at := now()
-	tok := mustClaim(t, s, req("u", "k", "fp", at))
+	tok := mustClaim(t, s, req("u", "k", "fp"))
 	if err := s.Delete(ctx, "u", "k"); err != nil {
 		t.Fatalf("Delete: %v", err)
 	}
@@ -485,39 +718,39 @@ func testDelete(t *testing.T, s idempotency.Store) {
 	if _, err := s.Get(ctx, "u", "k"); !errors.Is(err, idempotency.ErrNotFound) {
 		t.Errorf("Get after Delete: err = %v, want ErrNotFound", err)
 	}
-	wantErr(t, "owner Complete after Delete", complete(s, "u", "k", tok, at, sampleResponse()), idempotency.ErrLeaseLost)
-	tok2 := mustClaim(t, s, req("u", "k", "fp", at))
+	wantErr(t, "owner Complete after Delete", complete(s, "u", "k", tok, sampleResponse()), idempotency.ErrLeaseLost)
+	tok2 := mustClaim(t, s, req("u", "k", "fp"))
 	if tok2 == tok {
 		t.Fatalf("claim after Delete reused token %d", tok)
 	}
-	wantErr(t, "old owner Complete on the new record", complete(s, "u", "k", tok, at, sampleResponse()), idempotency.ErrLeaseLost)
+	wantErr(t, "old owner Complete on the new record", complete(s, "u", "k", tok, sampleResponse()), idempotency.ErrLeaseLost)
 	if rec := mustGet(t, s, "u", "k"); rec.Token != tok2 || rec.State != idempotency.StateInProgress {
 		t.Errorf("record = %+v", rec)
 	}
 	// A done record can be deleted too.
-	if err := complete(s, "u", "k", tok2, at, sampleResponse()); err != nil {
+	if err := complete(s, "u", "k", tok2, sampleResponse()); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Delete(ctx, "u", "k"); err != nil {
 		t.Fatal(err)
 	}
-	mustClaim(t, s, req("u", "k", "fp", at))
+	mustClaim(t, s, req("u", "k", "fp"))
 }
 
-func testGetMissing(t *testing.T, s idempotency.Store) {
+func testGetMissing(t *testing.T, s idempotency.Store, _ *Clock) {
 	if _, err := s.Get(context.Background(), "u", "nothing"); !errors.Is(err, idempotency.ErrNotFound) {
 		t.Errorf("Get of a missing key: err = %v, want ErrNotFound", err)
 	}
 }
 
-func testCanceled(t *testing.T, s idempotency.Store) {
+func testCanceled(t *testing.T, s idempotency.Store, _ *Clock) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if res, err := s.Claim(ctx, req("u", "k", "fp", now())); err == nil {
+	if res, err := s.Claim(ctx, req("u", "k", "fp")); err == nil {
 		t.Errorf("Claim with a canceled context succeeded: %+v", res)
 	}
 	// Nothing was claimed by the failed call.
-	mustClaim(t, s, req("u", "k", "fp", now()))
+	mustClaim(t, s, req("u", "k", "fp"))
 }
 
 func race(t *testing.T, s idempotency.Store, n int, r idempotency.ClaimRequest) (winners []int64, tookOver int) {
@@ -555,9 +788,8 @@ func race(t *testing.T, s idempotency.Store, n int, r idempotency.ClaimRequest) 
 	return winners, tookOver
 }
 
-func testRace(t *testing.T, s idempotency.Store) {
-	at := now()
-	winners, _ := race(t, s, 100, req("u", "k", "fp", at))
+func testRace(t *testing.T, s idempotency.Store, _ *Clock) {
+	winners, _ := race(t, s, 100, req("u", "k", "fp"))
 	if len(winners) != 1 {
 		t.Fatalf("%d of 100 concurrent claims won (tokens %v), want exactly 1", len(winners), winners)
 	}
@@ -566,10 +798,10 @@ func testRace(t *testing.T, s idempotency.Store) {
 	}
 }
 
-func testRaceTakeover(t *testing.T, s idempotency.Store) {
-	at := now()
-	old := mustClaim(t, s, req("u", "k", "fp", at))
-	winners, tookOver := race(t, s, 50, req("u", "k", "fp", at.Add(lease+time.Second)))
+func testRaceTakeover(t *testing.T, s idempotency.Store, c *Clock) {
+	old := mustClaim(t, s, req("u", "k", "fp"))
+	c.Advance(lease + time.Second)
+	winners, tookOver := race(t, s, 50, req("u", "k", "fp"))
 	if len(winners) != 1 || tookOver != 1 {
 		t.Fatalf("%d of 50 concurrent takeovers won (%d took over), want exactly 1", len(winners), tookOver)
 	}
@@ -578,29 +810,29 @@ func testRaceTakeover(t *testing.T, s idempotency.Store) {
 	}
 }
 
-func testJanitor(t *testing.T, s idempotency.Store) {
+func testJanitor(t *testing.T, s idempotency.Store, c *Clock) {
 	j, ok := s.(idempotency.Janitor)
 	if !ok {
 		t.Skip("store expires records itself (not a Janitor)")
 	}
 	ctx := context.Background()
-	at := now()
 	for i := range 25 {
-		r := req("u", fmt.Sprintf("old-%d", i), "fp", at)
-		r.ExpiresAt = at.Add(time.Minute)
+		r := req("u", fmt.Sprintf("old-%d", i), "fp")
+		r.TTL = time.Minute
 		tok := mustClaim(t, s, r)
 		if i%2 == 0 { // done and in-progress records alike
-			if err := s.Complete(ctx, idempotency.Completion{Scope: "u", Key: r.Key, Token: tok, Response: sampleResponse(), Now: at, ExpiresAt: at.Add(time.Minute)}); err != nil {
+			if err := s.Complete(ctx, idempotency.Completion{Scope: "u", Key: r.Key, Token: tok, Response: sampleResponse(), TTL: time.Minute}); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	for i := range 5 {
-		mustClaim(t, s, req("u", fmt.Sprintf("young-%d", i), "fp", at))
+		mustClaim(t, s, req("u", fmt.Sprintf("young-%d", i), "fp"))
 	}
+	c.Advance(2 * time.Minute)
 	var got []int
 	for range 5 {
-		n, err := j.DeleteExpired(ctx, at.Add(2*time.Minute), 10)
+		n, err := j.DeleteExpired(ctx, 10)
 		if err != nil {
 			t.Fatalf("DeleteExpired: %v", err)
 		}
@@ -615,21 +847,23 @@ func testJanitor(t *testing.T, s idempotency.Store) {
 	if _, err := s.Get(ctx, "u", "old-3"); !errors.Is(err, idempotency.ErrNotFound) {
 		t.Errorf("expired record still there: %v", err)
 	}
+	if n, err := j.DeleteExpired(ctx, 0); n != 0 || err != nil {
+		t.Errorf("DeleteExpired(0) = %d, %v; want 0, nil", n, err)
+	}
 }
 
-func testList(t *testing.T, s idempotency.Store) {
+func testList(t *testing.T, s idempotency.Store, _ *Clock) {
 	l, ok := s.(idempotency.Lister)
 	if !ok {
 		t.Skip("store is not a Lister")
 	}
 	ctx := context.Background()
-	at := now()
 	want := map[string]bool{}
 	for i := range 5 {
 		key := fmt.Sprintf("k%d", i)
-		tok := mustClaim(t, s, req("scope-a", key, "fp", at))
+		tok := mustClaim(t, s, req("scope-a", key, "fp"))
 		if i < 2 {
-			if err := complete(s, "scope-a", key, tok, at, sampleResponse()); err != nil {
+			if err := complete(s, "scope-a", key, tok, sampleResponse()); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -637,7 +871,7 @@ func testList(t *testing.T, s idempotency.Store) {
 	}
 	for i := range 3 {
 		key := fmt.Sprintf("k%d", i)
-		mustClaim(t, s, req("scope-b", key, "fp", at))
+		mustClaim(t, s, req("scope-b", key, "fp"))
 		want["scope-b/"+key] = true
 	}
 	list := func(f idempotency.ListFilter) map[string]idempotency.Record {
@@ -694,7 +928,6 @@ func testList(t *testing.T, s idempotency.Store) {
 func testDown(t *testing.T, s idempotency.Store) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	at := now()
 	check := func(what string, err error) {
 		t.Helper()
 		if err == nil {
@@ -704,13 +937,14 @@ func testDown(t *testing.T, s idempotency.Store) {
 			t.Errorf("%s on a down store: %v, which claims to know the record's state", what, err)
 		}
 	}
-	res, err := s.Claim(ctx, req("u", "k", "fp", at))
+	res, err := s.Claim(ctx, req("u", "k", "fp"))
 	check("Claim", err)
 	if res.Claimed {
 		t.Error("Claim on a down store reports Claimed")
 	}
-	check("Complete", complete(s, "u", "k", 1, at, sampleResponse()))
-	check("Extend", s.Extend(ctx, "u", "k", 1, at))
+	check("Complete", complete(s, "u", "k", 1, sampleResponse()))
+	check("Extend", s.Extend(ctx, "u", "k", 1, lease))
+	check("Abandon", s.Abandon(ctx, "u", "k", 1))
 	check("Release", s.Release(ctx, "u", "k", 1))
 	_, err = s.Get(ctx, "u", "k")
 	check("Get", err)

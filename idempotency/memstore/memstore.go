@@ -24,6 +24,7 @@ type id struct{ scope, key string }
 
 // Store is an in-memory idempotency.Store. The zero value is not usable; call New.
 type Store struct {
+	now     func() time.Time
 	mu      sync.Mutex
 	records map[id]*idempotency.Record
 	token   int64
@@ -37,9 +38,16 @@ var (
 	_ idempotency.Pinger  = (*Store)(nil)
 )
 
-// New returns an empty store.
-func New() *Store {
-	return &Store{records: make(map[id]*idempotency.Record)}
+// New returns an empty store on the process clock.
+func New() *Store { return NewWithClock(nil) }
+
+// NewWithClock returns an empty store whose lease and expiry decisions read the time
+// from now (nil: time.Now). Tests use it to move time on.
+func NewWithClock(now func() time.Time) *Store {
+	if now == nil {
+		now = time.Now
+	}
+	return &Store{now: now, records: make(map[id]*idempotency.Record)}
 }
 
 // Close makes every later call fail with idempotency.ErrClosed and drops the records.
@@ -69,24 +77,43 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 		return idempotency.ClaimResult{}, err
 	}
 	defer s.mu.Unlock()
+	now := s.now()
 	k := id{req.Scope, req.Key}
 	old, ok := s.records[k]
-	takeover := ok && old.ExpiresAt.After(req.Now) && old.State == idempotency.StateInProgress &&
-		!old.LeaseUntil.After(req.Now) && old.Fingerprint == req.Fingerprint
-	if ok && old.ExpiresAt.After(req.Now) && !takeover {
-		return idempotency.ClaimResult{Existing: clone(old)}, nil
+	takeover := false
+	if ok {
+		expired := !old.ExpiresAt.After(now)
+		switch {
+		case old.State == idempotency.StateDone && expired:
+			// replaced by a fresh claim
+		case old.State == idempotency.StateInProgress && !old.LeaseUntil.After(now) && !req.NoTakeover &&
+			(expired || old.Fingerprint == req.Fingerprint):
+			takeover = !expired // an expired one is replaced by a fresh claim
+		default:
+			return idempotency.ClaimResult{Existing: lean(old, req.Fingerprint), Now: now}, nil
+		}
 	}
 	s.token++
-	created := req.Now
+	created := now
 	if takeover {
 		created = old.CreatedAt
 	}
 	s.records[k] = &idempotency.Record{
 		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint,
 		State: idempotency.StateInProgress, Token: s.token,
-		CreatedAt: created, LeaseUntil: req.LeaseUntil, ExpiresAt: req.ExpiresAt,
+		CreatedAt: created, LeaseUntil: now.Add(req.Lease), ExpiresAt: now.Add(req.TTL),
 	}
-	return idempotency.ClaimResult{Claimed: true, Token: s.token, TookOver: takeover}, nil
+	return idempotency.ClaimResult{Claimed: true, Token: s.token, TookOver: takeover, Now: now}, nil
+}
+
+// lean is the record as a lost claim returns it: the response only for a replay.
+func lean(r *idempotency.Record, fingerprint string) *idempotency.Record {
+	c := *r
+	c.Response = nil
+	if r.State == idempotency.StateDone && r.Fingerprint == fingerprint {
+		c.Response = cloneResponse(r.Response)
+	}
+	return &c
 }
 
 // owned returns the in-progress record owned by token, or ErrLeaseLost. s.mu is held.
@@ -99,7 +126,7 @@ func (s *Store) owned(scope, key string, token int64) (*idempotency.Record, erro
 }
 
 // Extend implements idempotency.Store.
-func (s *Store) Extend(ctx context.Context, scope, key string, token int64, leaseUntil time.Time) error {
+func (s *Store) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
 	if err := s.lock(ctx); err != nil {
 		return err
 	}
@@ -108,7 +135,24 @@ func (s *Store) Extend(ctx context.Context, scope, key string, token int64, leas
 	if err != nil {
 		return err
 	}
-	r.LeaseUntil = leaseUntil
+	r.LeaseUntil = s.now().Add(lease)
+	if r.ExpiresAt.Before(r.LeaseUntil) {
+		r.ExpiresAt = r.LeaseUntil
+	}
+	return nil
+}
+
+// Abandon implements idempotency.Store.
+func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) error {
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	r, err := s.owned(scope, key, token)
+	if err != nil {
+		return err
+	}
+	r.Abandoned = true
 	return nil
 }
 
@@ -122,10 +166,10 @@ func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 	if err != nil {
 		return err
 	}
-	resp := cloneResponse(&c.Response)
 	r.State = idempotency.StateDone
-	r.Response = resp
-	r.ExpiresAt = c.ExpiresAt
+	r.Abandoned = false
+	r.Response = cloneResponse(&c.Response)
+	r.ExpiresAt = s.now().Add(c.TTL)
 	return nil
 }
 
@@ -166,17 +210,18 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 }
 
 // DeleteExpired implements idempotency.Janitor.
-func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
+func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if err := s.lock(ctx); err != nil {
 		return 0, err
 	}
 	defer s.mu.Unlock()
+	now := s.now()
 	n := 0
 	for k, r := range s.records {
 		if n >= limit {
 			break
 		}
-		if !r.ExpiresAt.After(now) {
+		if !r.ExpiresAt.After(now) && (r.State == idempotency.StateDone || !r.LeaseUntil.After(now)) {
 			delete(s.records, k)
 			n++
 		}
@@ -272,6 +317,7 @@ func cloneResponse(r *idempotency.Response) *idempotency.Response {
 	if c.Header == nil {
 		c.Header = http.Header{}
 	}
+	c.Trailer = r.Trailer.Clone()
 	c.Body = slices.Clone(r.Body)
 	return &c
 }

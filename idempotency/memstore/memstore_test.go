@@ -1,6 +1,8 @@
 package memstore_test
 
 import (
+	"time"
+
 	"testing"
 
 	"github.com/retrysafe/retrysafe/idempotency"
@@ -10,7 +12,7 @@ import (
 
 func TestConformance(t *testing.T) {
 	idempotencytest.Run(t, idempotencytest.Harness{
-		New: func(t *testing.T) idempotency.Store { return memstore.New() },
+		New: func(t *testing.T, clock func() time.Time) idempotency.Store { return memstore.NewWithClock(clock) },
 		Down: func(t *testing.T) idempotency.Store {
 			s := memstore.New()
 			_ = s.Close()
