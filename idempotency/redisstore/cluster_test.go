@@ -21,10 +21,10 @@ import (
 func TestCluster(t *testing.T) {
 	addrs := startCluster(t, 3)
 	idempotencytest.Run(t, idempotencytest.Harness{
-		New: func(t *testing.T) idempotency.Store {
+		New: func(t *testing.T, clock func() time.Time) idempotency.Store {
 			client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 			t.Cleanup(func() { _ = client.Close() })
-			s, err := New(Config{Client: client, Prefix: testenv.Name("rs") + ":"})
+			s, err := New(Config{Client: client, Prefix: testenv.Name("rs") + ":", Clock: clock})
 			if err != nil {
 				t.Fatal(err)
 			}

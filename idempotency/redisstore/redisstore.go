@@ -15,32 +15,55 @@
 //	scope, key, fp    the scope, key and request fingerprint, verbatim
 //	state             "in_progress" or "done"
 //	token             the fencing token, decimal
+//	abandoned         the token of an owner that gave up on the request (Store.Abandon):
+//	                  the record is abandoned while it is in progress and this equals
+//	                  token, so a claim by any writer, even one that does not know the
+//	                  field, clears the mark by changing the token
 //	created, lease,   CreatedAt, LeaseUntil and ExpiresAt, in microseconds since the
-//	expires           Unix epoch, decimal (of the caller's clock)
-//	status, header,   the stored response of a done record: status code, headers as
-//	body, omitted     JSON, the raw body bytes, and "1" when the body was not kept
+//	expires           Unix epoch, decimal (of the store's clock, below)
+//	status, hdr,      the stored response of a done record: status code, headers and
+//	body, omitted     trailers in the binary encoding of internal/headercodec (byte for
+//	                  byte: values need not be UTF-8), the raw body bytes, and "1" when
+//	                  the body was not kept
+//	header            the same headers as JSON (no trailers; bytes that are not UTF-8
+//	                  become U+FFFD), written beside hdr for binaries that know only this
+//	                  field, and read only when hdr is absent
 //
-// The hash also carries a Redis TTL of ExpiresAt-Now milliseconds (computed from the
-// caller's clock, set on Claim and refreshed on Complete), so Redis deletes expired
-// records itself: the store needs no janitor. Until the TTL fires, Claim compares the
-// expires field with the caller's Now and treats an expired record as absent.
+// # Time
+//
+// Every lease and expiry decision is taken inside the script, on the Redis server's clock
+// (TIME), so that processes whose clocks disagree still agree on when a lease ends.
+// Config.Clock replaces the server's clock by a passed-in time (the scripts take an empty
+// argument to mean TIME, so both run the same script); it exists for tests, which drive
+// time with it.
+//
+// The hash also carries a Redis TTL, so Redis deletes expired records itself and the
+// store needs no janitor. A claim sets it to the claim's TTL (never less than its lease),
+// Extend to what remains until ExpiresAt, which Extend moves to at least the end of the
+// new lease (a record never vanishes under an owner that renews it), and Complete to the
+// completion's TTL. Until the TTL fires, Claim compares the expires field with the
+// script's now and treats an expired record as described in idempotency.Store.
 //
 // # Atomicity and Cluster
 //
-// Claim, Extend, Complete and Release are Lua scripts (EVALSHA, falling back to EVAL),
-// which Redis runs atomically: no other command interleaves with a script. Each script
-// touches only the record's own key, and the "{...}" hash tag puts everything of one
-// record in one hash slot, so the store works unchanged on Redis Cluster, while records
-// spread over all slots. There is no key shared by all records. Prefix may not contain
-// '{' or '}': a hash tag in the prefix would put every record in one slot.
+// Claim, Extend, Abandon, Complete and Release are Lua scripts (EVALSHA, falling back to
+// EVAL), which Redis runs atomically: no other command interleaves with a script. Each
+// script touches only the record's own key, and the "{...}" hash tag puts everything of
+// one record in one hash slot, so the store works unchanged on Redis Cluster, while
+// records spread over all slots. There is no key shared by all records. Prefix may not
+// contain '{' or '}': a hash tag in the prefix would put every record in one slot.
 //
-// Fencing tokens come from the Redis server clock: a fresh claim gets TIME in
-// microseconds since the epoch, and a claim that replaces a record (a takeover or an
-// expired record) gets max(TIME, old token + 1). Takeovers are therefore strictly
-// increasing, and a fresh claim after Delete or expiry gets a token no earlier owner
-// holds, as long as the Redis server clock (of the master, and of a replica promoted in
-// its place) never steps back across a claim. Tokens fit in a Lua double (< 2^53), so the
-// scripts compute them exactly.
+// Claim is one round trip whatever its outcome. A lost claim returns the record's
+// metadata, and the stored response only for a replay (done, same fingerprint): a 409 or
+// a 422 never moves a stored body over the network.
+//
+// Fencing tokens come from the Redis server clock, whatever Config.Clock says: a fresh
+// claim gets TIME in microseconds since the epoch, and a claim that replaces a record (a
+// takeover or an expired record) gets max(TIME, old token + 1). Takeovers are therefore
+// strictly increasing, and a fresh claim after Delete or expiry gets a token no earlier
+// owner holds, as long as the Redis server clock (of the master, and of a replica
+// promoted in its place) never steps back across a claim. Tokens fit in a Lua double
+// (< 2^53), so the scripts compute them exactly.
 //
 // List scans keys with SCAN, so records come in SCAN order with SCAN's guarantees: a
 // record that exists for the whole listing is returned at least once, and may be
@@ -50,10 +73,22 @@
 // A Ring works, but it moves keys to another shard whenever its set of live shards
 // changes, and a record on the wrong shard is a record lost: prefer a Cluster.
 //
+// # Migration
+//
+// There is no migration step: Redis has no schema. Records written without the hdr and
+// abandoned fields (headers as JSON in header only) are read as they are: their headers
+// come from header, and they count as not abandoned. A record claimed in that layout and
+// completed by this store gets hdr. Because every record written here still carries
+// header, binaries that read only that field decode and replay it too (without
+// trailers, and with non-UTF-8 header bytes replaced), during a rolling upgrade or after
+// a rollback.
+//
 // # Durability
 //
 // The store is only as durable as Redis's own persistence. A record Redis loses is a
-// claim or a completion that never happened: a retry of that request executes again.
+// claim or a completion that never happened: a retry of that request executes again. A
+// lost Extend shortens a lease: once the shorter lease ends a retry may take over a
+// request that is still running, whose owner then gets idempotency.ErrLeaseLost.
 //
 //   - AOF with appendfsync everysec (the usual AOF setting) can lose up to about one
 //     second of claims and completions when the Redis host crashes.
@@ -62,7 +97,9 @@
 //   - No persistence loses everything on a restart.
 //   - Replication is asynchronous: after a failover (Sentinel or Cluster) the promoted
 //     replica may lack writes the old master had acknowledged. WAIT narrows that window
-//     but does not close it.
+//     but does not close it. The promoted replica's clock then decides leases, expiry
+//     and tokens: a clock behind the old master's lengthens leases and may reissue a
+//     token (see above), one ahead ends leases early.
 //   - Eviction: every record has a TTL, so any maxmemory-policy other than noeviction
 //     (volatile-* and allkeys-* alike) may delete live records when memory runs out.
 //
@@ -89,6 +126,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/internal/headercodec"
 )
 
 // Config configures a Store.
@@ -100,6 +138,12 @@ type Config struct {
 	// Prefix starts every key the store writes; it must not contain '{' or '}'. Stores
 	// with different prefixes never see one another's records. Default "retrysafe:idem:".
 	Prefix string
+	// Clock, when set, is read for every lease and expiry decision instead of the Redis
+	// server's clock (TIME inside the scripts). Default nil: the server's clock. Leave it
+	// nil wherever several processes share the Redis, so that processes with skewed
+	// clocks agree on when a lease ends; tests set it to drive time. Fencing tokens come
+	// from the server's clock either way.
+	Clock func() time.Time
 }
 
 // DefaultPrefix is the key prefix used when Config.Prefix is empty.
@@ -107,9 +151,10 @@ const DefaultPrefix = "retrysafe:idem:"
 
 // Store is an idempotency.Store on Redis. It is safe for concurrent use.
 type Store struct {
-	client                           redis.UniversalClient
-	prefix                           string
-	claim, extend, complete, release *redis.Script
+	client                                    redis.UniversalClient
+	prefix                                    string
+	clock                                     func() time.Time
+	claim, extend, abandon, complete, release *redis.Script
 }
 
 var (
@@ -130,9 +175,11 @@ func New(cfg Config) (*Store, error) {
 	return &Store{
 		client:   cfg.Client,
 		prefix:   prefix,
-		claim:    redis.NewScript(claimScript),
-		extend:   redis.NewScript(ownerCheck + extendScript),
-		complete: redis.NewScript(ownerCheck + completeScript),
+		clock:    cfg.Clock,
+		claim:    redis.NewScript(prelude + claimScript),
+		extend:   redis.NewScript(prelude + ownerCheck + extendScript),
+		abandon:  redis.NewScript(ownerCheck + abandonScript),
+		complete: redis.NewScript(prelude + ownerCheck + completeScript),
 		release:  redis.NewScript(ownerCheck + releaseScript),
 	}, nil
 }
@@ -143,50 +190,101 @@ const (
 	done       = string(idempotency.StateDone)
 )
 
-// claimScript: KEYS[1] record; ARGV scope, key, fingerprint, now, lease, expires (µs),
-// ttl (ms). Returns {1, token, tookOver} or {0, HGETALL of the existing record}.
+// prelude defines the scripts' helpers. clock(arg) is the script's now in microseconds:
+// arg when it is not empty (Config.Clock), else the server's TIME. int formats a number
+// as a decimal integer (Redis would write a Lua number as %.14g, losing digits). ms
+// turns a duration in microseconds into a PEXPIRE argument: milliseconds rounded up, at
+// least 1 (PEXPIRE with 0 deletes the key). The claim script reads TIME itself, since
+// its token comes from TIME whatever the clock argument says.
+const prelude = `
+local function clock(arg)
+  if arg ~= '' then return tonumber(arg) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local function int(n) return string.format('%d', n) end
+local function ms(us) return int(math.max(1, math.ceil(us / 1000))) end
+`
+
+// claimScript: KEYS[1] record; ARGV scope, key, fingerprint, now (µs, or empty for
+// TIME), lease (µs), ttl (µs), "1" for NoTakeover. Returns {1, now, token, tookOver} or,
+// when the claim is lost, {0, now, {state, fp, token, lease, expires}, {scope, key,
+// created, abandoned}, response}, where response is {status, hdr, body, omitted,
+// header-when-hdr-is-absent} for a replay (done, same fingerprint) and nil otherwise:
+// a 409 or a 422 reads no part of the stored response.
 const claimScript = `
 local k = KEYS[1]
-local now = tonumber(ARGV[4])
 local t = redis.call('TIME')
 local tok = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = tok
+if ARGV[4] ~= '' then now = tonumber(ARGV[4]) end
 local cur = redis.call('HMGET', k, 'state', 'fp', 'token', 'lease', 'expires')
 local took = 0
 if cur[1] then
-  local live = tonumber(cur[5]) > now
-  if live and (cur[1] ~= 'in_progress' or cur[2] ~= ARGV[3] or tonumber(cur[4]) > now) then
-    return {0, redis.call('HGETALL', k)}
+  local expired = tonumber(cur[5]) <= now
+  local free = false
+  if cur[1] == 'done' then
+    free = expired
+  elseif cur[1] == 'in_progress' and ARGV[7] ~= '1' and tonumber(cur[4]) <= now then
+    free = expired or cur[2] == ARGV[3]
+  end
+  if not free then
+    local rec = redis.call('HMGET', k, 'scope', 'key', 'created', 'abandoned')
+    local resp = false
+    if cur[1] == 'done' and cur[2] == ARGV[3] then
+      resp = redis.call('HMGET', k, 'status', 'hdr', 'body', 'omitted')
+      resp[5] = false
+      if not resp[2] then resp[5] = redis.call('HGET', k, 'header') end
+    end
+    return {0, now, cur, rec, resp}
   end
   tok = math.max(tok, tonumber(cur[3]) + 1)
-  if live then took = 1 else redis.call('DEL', k) end
+  if cur[1] == 'in_progress' and not expired then took = 1 end
 end
+local lease = now + tonumber(ARGV[5])
+local expires = now + tonumber(ARGV[6])
 if took == 0 then
-  redis.call('HSET', k, 'scope', ARGV[1], 'key', ARGV[2], 'fp', ARGV[3], 'created', ARGV[4])
+  redis.call('DEL', k)
+  redis.call('HSET', k, 'scope', ARGV[1], 'key', ARGV[2], 'fp', ARGV[3], 'created', int(now))
 end
-redis.call('HSET', k, 'state', 'in_progress', 'token', string.format('%d', tok),
-  'lease', ARGV[5], 'expires', ARGV[6])
-redis.call('PEXPIRE', k, ARGV[7])
-return {1, tok, took}
+redis.call('HSET', k, 'state', 'in_progress', 'token', int(tok), 'lease', int(lease),
+  'expires', int(expires))
+redis.call('PEXPIRE', k, ms(math.max(lease, expires) - now))
+return {1, now, tok, took}
 `
 
 // ownerCheck starts the scripts below: it returns 0 unless KEYS[1] is in progress with
-// token ARGV[1].
+// token ARGV[1]. cur[3] is the record's expires field.
 const ownerCheck = `
-local cur = redis.call('HMGET', KEYS[1], 'state', 'token')
+local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'expires')
 if cur[1] ~= 'in_progress' or cur[2] ~= ARGV[1] then return 0 end
 `
 
-// extendScript: ARGV token, lease. Returns 1, or 0 when the lease is lost.
+// extendScript: ARGV token, now (µs, or empty for TIME), lease (µs). Returns 1, or 0
+// when the lease is lost.
 const extendScript = `
-redis.call('HSET', KEYS[1], 'lease', ARGV[2])
+local now = clock(ARGV[2])
+local lease = now + tonumber(ARGV[3])
+local expires = math.max(tonumber(cur[3]), lease)
+redis.call('HSET', KEYS[1], 'lease', int(lease), 'expires', int(expires))
+redis.call('PEXPIRE', KEYS[1], ms(expires - now))
 return 1
 `
 
-// completeScript: ARGV token, expires (µs), ttl (ms), status, header, body, omitted.
+// abandonScript: ARGV token. The lease and the TTL stay as they are.
+const abandonScript = `
+redis.call('HSET', KEYS[1], 'abandoned', ARGV[1])
+return 1
+`
+
+// completeScript: ARGV token, now (µs, or empty for TIME), ttl (µs), status, hdr,
+// header (JSON), body, omitted.
 const completeScript = `
-redis.call('HSET', KEYS[1], 'state', 'done', 'expires', ARGV[2], 'status', ARGV[4],
-  'header', ARGV[5], 'body', ARGV[6], 'omitted', ARGV[7])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local now = clock(ARGV[2])
+local expires = now + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'state', 'done', 'expires', int(expires),
+  'status', ARGV[4], 'hdr', ARGV[5], 'header', ARGV[6], 'body', ARGV[7], 'omitted', ARGV[8])
+redis.call('PEXPIRE', KEYS[1], ms(expires - now))
 return 1
 `
 
@@ -206,43 +304,82 @@ func (s *Store) scopePrefix(scope string) string {
 	return s.prefix + "{" + base64.RawURLEncoding.EncodeToString([]byte(scope)) + ":"
 }
 
+// now is the scripts' now argument: the Config.Clock time in microseconds, or empty for
+// the server's TIME.
+func (s *Store) now() string {
+	if s.clock == nil {
+		return ""
+	}
+	return micros(s.clock())
+}
+
 // Claim implements idempotency.Store in one round trip: a lost claim returns the
-// existing record, response included.
+// existing record, with its response only for a replay.
 func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	noTakeover := "0"
+	if req.NoTakeover {
+		noTakeover = "1"
+	}
 	res, err := s.claim.Run(ctx, s.client, []string{s.recordKey(req.Scope, req.Key)},
-		req.Scope, req.Key, req.Fingerprint, micros(req.Now), micros(req.LeaseUntil),
-		micros(req.ExpiresAt), ttl(req.Now, req.ExpiresAt)).Slice()
+		req.Scope, req.Key, req.Fingerprint, s.now(), req.Lease.Microseconds(),
+		req.TTL.Microseconds(), noTakeover).Slice()
 	if err != nil {
 		return idempotency.ClaimResult{}, wrap("claim", err)
 	}
-	if len(res) == 3 && res[0] == int64(1) {
-		tok, _ := res[1].(int64)
-		return idempotency.ClaimResult{Claimed: true, Token: tok, TookOver: res[2] == int64(1)}, nil
-	}
-	if len(res) != 2 {
+	if len(res) < 2 {
 		return idempotency.ClaimResult{}, fmt.Errorf("redisstore: claim: unexpected reply %v", res)
 	}
-	flat, _ := res[1].([]any)
-	fields := make(map[string]string, len(flat)/2)
-	for i := 0; i+1 < len(flat); i += 2 {
-		k, _ := flat[i].(string)
-		v, _ := flat[i+1].(string)
-		fields[k] = v
+	now, _ := res[1].(int64)
+	out := idempotency.ClaimResult{Now: time.UnixMicro(now).UTC()}
+	if len(res) == 4 && res[0] == int64(1) {
+		out.Claimed = true
+		out.Token, _ = res[2].(int64)
+		out.TookOver = res[3] == int64(1)
+		return out, nil
 	}
-	rec, err := decode(fields)
+	if len(res) < 4 || res[0] != int64(0) {
+		return idempotency.ClaimResult{}, fmt.Errorf("redisstore: claim: unexpected reply %v", res)
+	}
+	fields := map[string]string{}
+	collect(fields, res[2], "state", "fp", "token", "lease", "expires")
+	collect(fields, res[3], "scope", "key", "created", "abandoned")
+	replay := len(res) > 4 && res[4] != nil
+	if replay {
+		collect(fields, res[4], "status", "hdr", "body", "omitted", "header")
+	}
+	rec, err := decode(fields, replay)
 	if err != nil {
 		return idempotency.ClaimResult{}, err
 	}
-	return idempotency.ClaimResult{Existing: rec}, nil
+	out.Existing = rec
+	return out, nil
 }
 
-// Extend implements idempotency.Store.
-func (s *Store) Extend(ctx context.Context, scope, key string, token int64, leaseUntil time.Time) error {
-	return s.owned(ctx, "extend", s.extend, scope, key, token, micros(leaseUntil))
+// collect stores the values of an HMGET reply in m under names; missing fields (nil)
+// are left out.
+func collect(m map[string]string, reply any, names ...string) {
+	values, _ := reply.([]any)
+	for i, name := range names {
+		if i < len(values) {
+			if v, ok := values[i].(string); ok {
+				m[name] = v
+			}
+		}
+	}
 }
 
-// Complete implements idempotency.Store. It refreshes the record's TTL to
-// c.ExpiresAt-c.Now.
+// Extend implements idempotency.Store. ExpiresAt moves to the end of the new lease when
+// that is later, and the Redis TTL with it.
+func (s *Store) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
+	return s.owned(ctx, "extend", s.extend, scope, key, token, s.now(), lease.Microseconds())
+}
+
+// Abandon implements idempotency.Store.
+func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) error {
+	return s.owned(ctx, "abandon", s.abandon, scope, key, token)
+}
+
+// Complete implements idempotency.Store. It sets the record's Redis TTL to c.TTL.
 func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 	header, err := json.Marshal(c.Response.Header)
 	if err != nil {
@@ -253,7 +390,8 @@ func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 		omitted = "1"
 	}
 	return s.owned(ctx, "complete", s.complete, c.Scope, c.Key, c.Token,
-		micros(c.ExpiresAt), ttl(c.Now, c.ExpiresAt), c.Response.Status, header, c.Response.Body, omitted)
+		s.now(), c.TTL.Microseconds(), c.Response.Status,
+		headercodec.Encode(c.Response.Header, c.Response.Trailer), header, c.Response.Body, omitted)
 }
 
 // Release implements idempotency.Store.
@@ -283,7 +421,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 	if len(fields) == 0 {
 		return nil, idempotency.ErrNotFound
 	}
-	return decode(fields)
+	return decode(fields, true)
 }
 
 // Delete implements idempotency.Store.
@@ -402,7 +540,7 @@ func (s *Store) fetch(ctx context.Context, keys []string) ([]*idempotency.Record
 		if len(c.Val()) == 0 {
 			continue
 		}
-		rec, err := decode(c.Val())
+		rec, err := decode(c.Val(), true)
 		if err != nil {
 			return nil, err
 		}
@@ -452,8 +590,9 @@ func globEscape(s string) string {
 	return b.String()
 }
 
-// decode builds a Record from a record hash's fields.
-func decode(m map[string]string) (*idempotency.Record, error) {
+// decode builds a Record from a record hash's fields, with the stored response of a done
+// record when withResponse is set.
+func decode(m map[string]string, withResponse bool) (*idempotency.Record, error) {
 	var errs []error
 	num := func(field string) int64 {
 		n, err := strconv.ParseInt(m[field], 10, 64)
@@ -466,22 +605,30 @@ func decode(m map[string]string) (*idempotency.Record, error) {
 		Fingerprint: m["fp"],
 		State:       idempotency.State(m["state"]),
 		Token:       num("token"),
+		Abandoned:   m["state"] == inProgress && m["abandoned"] != "" && m["abandoned"] == m["token"],
 		CreatedAt:   time.UnixMicro(num("created")).UTC(),
 		LeaseUntil:  time.UnixMicro(num("lease")).UTC(),
 		ExpiresAt:   time.UnixMicro(num("expires")).UTC(),
 	}
-	if m["state"] == done {
+	switch {
+	case m["state"] == done && withResponse:
 		resp := &idempotency.Response{
 			Status:      int(num("status")),
 			Body:        []byte(m["body"]),
 			BodyOmitted: m["omitted"] == "1",
 		}
-		errs = append(errs, json.Unmarshal([]byte(m["header"]), &resp.Header))
+		var err error
+		if hdr, ok := m["hdr"]; ok {
+			resp.Header, resp.Trailer, err = headercodec.Decode([]byte(hdr))
+		} else {
+			err = json.Unmarshal([]byte(m["header"]), &resp.Header)
+		}
+		errs = append(errs, err)
 		if resp.Header == nil {
 			resp.Header = http.Header{}
 		}
 		rec.Response = resp
-	} else if m["state"] != inProgress {
+	case m["state"] != done && m["state"] != inProgress:
 		errs = append(errs, fmt.Errorf("unknown state %q", m["state"]))
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -492,13 +639,6 @@ func decode(m map[string]string) (*idempotency.Record, error) {
 
 // micros encodes t for the hash and the scripts.
 func micros(t time.Time) string { return strconv.FormatInt(t.UnixMicro(), 10) }
-
-// ttl is the Redis TTL, in milliseconds rounded up and at least 1, of a record that
-// expires at expires on the caller's clock showing now.
-func ttl(now, expires time.Time) int64 {
-	ms := (expires.Sub(now) + time.Millisecond - 1) / time.Millisecond
-	return max(int64(ms), 1)
-}
 
 // wrap prefixes err with the operation, and makes a closed client match
 // idempotency.ErrClosed.
