@@ -30,7 +30,6 @@ func TestBatchSharesTransactions(t *testing.T) {
 		mu.Unlock()
 		run(ops)
 	}
-	now := time.Now()
 	together := func(n int, f func(i int)) {
 		start := make(chan struct{})
 		var wg sync.WaitGroup
@@ -49,7 +48,7 @@ func TestBatchSharesTransactions(t *testing.T) {
 			key = "dup" // 8 claims of one key
 		}
 		res[i], errs[i] = s.Claim(ctx, idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "f",
-			Now: now, LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)})
+			Lease: time.Minute, TTL: time.Hour})
 	})
 	tokens := map[int64]bool{}
 	won := 0
@@ -71,7 +70,7 @@ func TestBatchSharesTransactions(t *testing.T) {
 	claimBatches := len(sizes)
 	together(n, func(i int) {
 		c := idempotency.Completion{Scope: "s", Key: fmt.Sprint("k", i), Token: res[i].Token,
-			Response: idempotency.Response{Status: 200 + i}, Now: now, ExpiresAt: now.Add(time.Hour)}
+			Response: idempotency.Response{Status: 200 + i}, TTL: time.Hour}
 		if i == 0 {
 			c.Token++ // not its token
 		}

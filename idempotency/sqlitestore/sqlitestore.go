@@ -8,16 +8,35 @@
 // belong together. Migrate applies the embedded schema.sql, with every name derived from
 // Config.Table (default "retrysafe_idempotency"):
 //
-//	retrysafe_idempotency             one row per (scope, key): fingerprint, state, token,
-//	                                  created_at, lease_until and expires_at (unix
-//	                                  milliseconds), and once done the response: status,
-//	                                  header (JSON text), body (BLOB), body_omitted
-//	retrysafe_idempotency_expires_at  index for DeleteExpired
-//	retrysafe_idempotency_token       one row: the last fencing token issued
+//	retrysafe_idempotency               one row per (scope, key): fingerprint, state,
+//	                                    token, abandoned, created_at, lease_until and
+//	                                    expires_at (unix milliseconds), and once done the
+//	                                    response: status, headers (BLOB: header and
+//	                                    trailer, byte for byte), body (BLOB),
+//	                                    body_omitted, and header (the header as JSON text)
+//	retrysafe_idempotency_expires_at    index for DeleteExpired
+//	retrysafe_idempotency_token         one row: the last fencing token issued
+//	retrysafe_idempotency_earlier_write trigger: see Migration
 //
 // Every claim and takeover increments the token row in the transaction that writes the
 // record, so tokens grow strictly across the whole table and are never reused, after
 // Delete and expiry included.
+//
+// # Migration
+//
+// Migrate (which Open and New run) upgrades in place a table made by the earlier schema,
+// whose only header column was header (JSON text, which cannot hold a header value that
+// is not UTF-8 and had no trailers), live records included. In one transaction it adds
+// the columns the table lacks, found with pragma table_info: headers BLOB (NULL) and
+// abandoned INTEGER NOT NULL DEFAULT 0; then it creates what is missing of the schema.
+// Nothing is rewritten: a record completed before the migration has a NULL headers and
+// is read from header; every completion since writes headers, and header too, so that a
+// rollback to the earlier binary still replays status, body and header (as JSON). An
+// earlier binary running on the migrated table writes header and leaves the new
+// columns alone; the trigger then clears headers and abandoned on the rows it wrote, so
+// that this store reads them from header, not from what the row held before. Migrating
+// is idempotent, and safe against another process doing it at the same time (the
+// transaction takes the write lock first).
 //
 // # Durability
 //
@@ -37,8 +56,13 @@
 // throughput (a claim and its completion cost two fsyncs under FULL); choose it only
 // where running a request twice after a power loss is acceptable.
 //
-// Times are stored in whole milliseconds; Claim compares them with the request's Now
-// truncated to the millisecond.
+// # Time
+//
+// Lease and expiry instants come from the store's clock, Config.Clock, which is the
+// process clock (time.Now) unless a test sets another: SQLite is a one-host store (see
+// Concurrency), so every process sharing a file reads the same clock, and callers pass
+// durations. Times are kept in whole milliseconds: the clock is truncated to the
+// millisecond before every decision and write.
 //
 // # Concurrency
 //
@@ -47,11 +71,14 @@
 // which serialises the process's writes in Go instead of making them spin in SQLite's
 // busy handler (measurably faster under contention, and never SQLITE_BUSY within one
 // process), and a read pool for Get, List and the first step of Claim. WAL readers never
-// wait for the writer, so a replay or a 409 is answered from a consistent snapshot
-// without the write lock; only a claim that may win writes, in a BEGIN IMMEDIATE
-// transaction (the DSN's _txlock=immediate) that takes the write lock before it reads
-// the record it decides on, so that of any number of concurrent claims exactly one wins.
-// Every statement is prepared once per connection.
+// wait for the writer, so a replay, a 409 or a 422 is answered from a consistent
+// snapshot without the write lock, in one statement; only a claim that may win writes,
+// in a BEGIN IMMEDIATE transaction (the DSN's _txlock=immediate) that takes the write
+// lock before it reads the record it decides on, so that of any number of concurrent
+// claims exactly one wins. A claim reads the stored response only when it is a replay
+// (the record is done and has the claim's fingerprint): its statement selects the
+// response columns under that condition, so a 409 or a 422 never reads the body's
+// overflow pages. Every statement is prepared once per connection.
 //
 // Several processes on one host may share the file (a restarted gateway sees the records
 // of the one before it); across processes the writers queue on SQLite's file lock, each
@@ -66,16 +93,18 @@
 // on internal/batch. With Synchronous FULL every commit is an fsync, which is what
 // limits a SQLite store's write rate; under load a batch pays one for all its calls. A
 // call that finds the writer idle starts a transaction at once, so a lone request waits
-// for nothing. Each call is decided and answered as without batching. When a statement
-// of the batch fails (other than a completion that finds its claim gone) or its commit
-// does, the transaction is rolled back and each call runs again alone. Extend, Release
-// and WithTx are never batched.
+// for nothing. Each call is decided and answered as without batching, on the clock read
+// when its own statement runs. When a statement of the batch fails (other than a
+// completion that finds its claim gone) or its commit does, the transaction is rolled
+// back and each call runs again alone. Extend, Abandon, Release and WithTx are never
+// batched.
 //
 // # Transaction mode
 //
 // WithTx runs a function in a write transaction and, when the context carries the
 // request's idempotency.Claim, completes the record in that same transaction, so that a
-// business write and its stored response commit together or not at all.
+// business write and its stored response commit together or not at all. The completed
+// record expires the claim's TTL after the store's clock at the completion.
 package sqlitestore
 
 import (
@@ -99,6 +128,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/batch"
+	"github.com/retrysafe/retrysafe/internal/headercodec"
 )
 
 //go:embed schema.sql
@@ -134,6 +164,12 @@ type Config struct {
 	// together in the next (see "Batching" in the package doc). Results and guarantees
 	// are the same as without it. Default false.
 	Batch bool
+	// Clock is the clock of every lease and expiry decision and instant: ClaimResult.Now,
+	// LeaseUntil, ExpiresAt, and what DeleteExpired deletes. Default (nil) time.Now, the
+	// process clock. SQLite is a one-host store, so the processes sharing a file read one
+	// clock; a Clock set to anything else must be the same in all of them. Tests set it
+	// to move time on.
+	Clock func() time.Time
 }
 
 // Store is a SQLite idempotency.Store. Make one with Open or New.
@@ -144,14 +180,16 @@ type Store struct {
 	schema      string
 	st          statements
 	writes      *batch.Group[*writeOp] // nil without Config.Batch
+	now         func() time.Time       // Config.Clock
+	table       string
 }
 
 // statements are the store's SQL, each prepared on the pool that runs it.
 type statements struct {
-	all             []*sql.Stmt // for Close
-	get, list, ping *sql.Stmt   // read pool
+	all                   []*sql.Stmt // for Close
+	get, lean, list, ping *sql.Stmt   // read pool
 	// write pool
-	lockedGet, nextToken, claim, extend, complete, release, delete, deleteExpired *sql.Stmt
+	lockedLean, nextToken, claim, extend, abandon, complete, release, delete, deleteExpired *sql.Stmt
 }
 
 var (
@@ -207,7 +245,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	n := max(4, runtime.GOMAXPROCS(0))
 	read.SetMaxOpenConns(n)
 	read.SetMaxIdleConns(n)
-	s := &Store{write: write, read: read, owned: true}
+	s := &Store{write: write, read: read, owned: true, now: cfg.Clock}
 	if err := write.PingContext(ctx); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("sqlitestore: open %s: %w", path, err)
@@ -249,7 +287,7 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{write: db, read: db}
+	s := &Store{write: db, read: db, now: cfg.Clock}
 	if err := s.init(ctx, table, cfg.Batch); err != nil {
 		_ = s.Close()
 		return nil, err
@@ -272,9 +310,13 @@ func tableName(table string) (string, error) {
 // init applies the schema for table, prepares the statements and, when batched, sets up
 // the batching of writes.
 func (s *Store) init(ctx context.Context, table string, batched bool) error {
+	if s.now == nil {
+		s.now = time.Now
+	}
 	if batched {
 		s.writes = &batch.Group[*writeOp]{Run: s.runWrites, InFlight: 1, Alone: s.writeAlone}
 	}
+	s.table = table
 	s.schema = strings.ReplaceAll(schema, defaultTable, table)
 	if err := s.Migrate(ctx); err != nil {
 		return err
@@ -283,32 +325,39 @@ func (s *Store) init(ctx context.Context, table string, batched bool) error {
 	tokens := `"` + table + `_token"`
 	owned := ` WHERE scope = ? AND key = ? AND state = 'in_progress' AND token = ?`
 	get := `SELECT ` + recordColumns + ` FROM ` + t + ` WHERE scope = ? AND key = ?`
+	lean := `SELECT ` + leanColumns + ` FROM ` + t + ` WHERE scope = ?1 AND key = ?2`
 	for _, p := range []struct {
 		dst   **sql.Stmt
 		db    *sql.DB
 		query string
 	}{
 		{&s.st.get, s.read, get},
+		{&s.st.lean, s.read, lean},
 		{&s.st.list, s.read, `SELECT ` + recordColumns + ` FROM ` + t + `
 			WHERE (?1 = '' OR scope = ?1) AND (?2 = '' OR state = ?2) AND (NOT ?3 OR (scope, key) > (?4, ?5))
 			ORDER BY scope, key LIMIT ?6`},
 		{&s.st.ping, s.read, `SELECT last FROM ` + tokens + ` WHERE id = 1`},
-		{&s.st.lockedGet, s.write, get},
+		{&s.st.lockedLean, s.write, lean},
 		{&s.st.nextToken, s.write, `UPDATE ` + tokens + ` SET last = last + 1 WHERE id = 1 RETURNING last`},
 		{&s.st.claim, s.write, `INSERT INTO ` + t + ` (scope, key, fingerprint, state, token, created_at,
-				lease_until, expires_at, status, header, body, body_omitted)
-			VALUES (?, ?, ?, 'in_progress', ?, ?, ?, ?, NULL, NULL, NULL, 0)
+				lease_until, expires_at, status, header, headers, body, body_omitted, abandoned)
+			VALUES (?, ?, ?, 'in_progress', ?, ?, ?, ?, NULL, NULL, NULL, NULL, 0, 0)
 			ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint,
 				state = excluded.state, token = excluded.token, created_at = excluded.created_at,
 				lease_until = excluded.lease_until, expires_at = excluded.expires_at,
-				status = NULL, header = NULL, body = NULL, body_omitted = 0`},
-		{&s.st.extend, s.write, `UPDATE ` + t + ` SET lease_until = ?` + owned},
-		{&s.st.complete, s.write, `UPDATE ` + t + ` SET state = 'done', status = ?, header = ?, body = ?,
-			body_omitted = ?, expires_at = ?` + owned},
+				status = NULL, header = NULL, headers = NULL, body = NULL, body_omitted = 0, abandoned = 0`},
+		// The lease moves to now+lease, and the expiry with it when that is later, so
+		// that a record never expires while its owner renews it.
+		{&s.st.extend, s.write, `UPDATE ` + t + ` SET lease_until = ?, expires_at = max(expires_at, ?)` + owned},
+		{&s.st.abandon, s.write, `UPDATE ` + t + ` SET abandoned = 1` + owned},
+		{&s.st.complete, s.write, `UPDATE ` + t + ` SET state = 'done', status = ?, header = ?, headers = ?,
+			body = ?, body_omitted = ?, abandoned = 0, expires_at = ?` + owned},
 		{&s.st.release, s.write, `DELETE FROM ` + t + owned},
 		{&s.st.delete, s.write, `DELETE FROM ` + t + ` WHERE scope = ? AND key = ?`},
+		// An in-progress record whose lease runs is never deleted: its owner may still
+		// complete it, and a claim must find it.
 		{&s.st.deleteExpired, s.write, `DELETE FROM ` + t + ` WHERE rowid IN
-			(SELECT rowid FROM ` + t + ` WHERE expires_at <= ? LIMIT ?)`},
+			(SELECT rowid FROM ` + t + ` WHERE expires_at <= ?1 AND (state = 'done' OR lease_until <= ?1) LIMIT ?2)`},
 	} {
 		st, err := p.db.PrepareContext(ctx, p.query)
 		if err != nil {
@@ -320,7 +369,10 @@ func (s *Store) init(ctx context.Context, table string, batched bool) error {
 	return nil
 }
 
-// Migrate creates the store's tables and index if they do not exist. Open calls it.
+// Migrate brings the store's schema up to date: it adds the columns a table made by an
+// earlier schema lacks, then creates the tables, index and trigger that do not exist
+// (see Migration in the package doc). Open and New call it; calling it again changes
+// nothing.
 func (s *Store) Migrate(ctx context.Context) error {
 	if s.closed.Load() {
 		return idempotency.ErrClosed
@@ -330,11 +382,55 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return fmt.Errorf("sqlitestore: migrate: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
+	if err := addColumns(ctx, tx, s.table); err != nil {
+		return fmt.Errorf("sqlitestore: migrate: %w", err)
+	}
 	if _, err := tx.ExecContext(ctx, s.schema); err != nil {
 		return fmt.Errorf("sqlitestore: migrate: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("sqlitestore: migrate: %w", err)
+	}
+	return nil
+}
+
+// addedColumns are the columns schema.sql has that earlier schemas lacked, in the order
+// schema.sql declares them (last), with their definitions there.
+var addedColumns = [...]struct{ name, definition string }{
+	{"headers", "BLOB"},
+	{"abandoned", "INTEGER NOT NULL DEFAULT 0"},
+}
+
+// addColumns adds addedColumns to table, when it exists, as ALTER TABLE ADD COLUMN,
+// which has no IF NOT EXISTS: it adds only those pragma table_info does not list. A
+// missing table is left to schema.sql, which creates it whole.
+func addColumns(ctx context.Context, tx *sql.Tx, table string) error {
+	rows, err := tx.QueryContext(ctx, `SELECT name FROM pragma_table_info(?)`, table)
+	if err != nil {
+		return err
+	}
+	have := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			_ = rows.Close()
+			return err
+		}
+		have[name] = true
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return err
+	}
+	if len(have) == 0 {
+		return nil
+	}
+	for _, c := range addedColumns {
+		if have[c.name] {
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, `ALTER TABLE "`+table+`" ADD COLUMN `+c.name+` `+c.definition); err != nil {
+			return fmt.Errorf("add column %s: %w", c.name, err)
+		}
 	}
 	return nil
 }
@@ -364,19 +460,20 @@ func (s *Store) check(ctx context.Context) error {
 
 // Claim implements idempotency.Store. It first reads the record without the write lock:
 // a record that blocks the claim (a replay, a request in flight, a mismatch) is answered
-// from that consistent snapshot. Otherwise it decides again under BEGIN IMMEDIATE and
-// writes the record with a new token in the same transaction.
+// from that consistent snapshot, in one statement that reads the stored response only
+// for a replay. Otherwise it decides again under BEGIN IMMEDIATE, on the clock read
+// then, and writes the record with a new token in the same transaction.
 func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
 	if err := s.check(ctx); err != nil {
 		return idempotency.ClaimResult{}, err
 	}
-	now := time.UnixMilli(req.Now.UnixMilli())
-	rec, err := s.get(ctx, s.st.get, req.Scope, req.Key)
-	if err != nil && !errors.Is(err, idempotency.ErrNotFound) {
+	now := s.clock()
+	rec, err := s.lean(ctx, s.st.lean, req)
+	if err != nil {
 		return idempotency.ClaimResult{}, err
 	}
-	if rec != nil && blocks(rec, req.Fingerprint, now) {
-		return idempotency.ClaimResult{Existing: rec}, nil
+	if rec != nil && blocks(rec, req, now) {
+		return idempotency.ClaimResult{Existing: rec, Now: now}, nil
 	}
 
 	if s.writes != nil {
@@ -408,16 +505,18 @@ func (s *Store) claimWrite(ctx context.Context, req idempotency.ClaimRequest) (i
 
 // claimTx decides a claim again under the write lock of tx and writes it.
 func (s *Store) claimTx(ctx context.Context, tx *sql.Tx, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
-	now := time.UnixMilli(req.Now.UnixMilli())
-	rec, err := s.get(ctx, tx.StmtContext(ctx, s.st.lockedGet), req.Scope, req.Key)
-	if err != nil && !errors.Is(err, idempotency.ErrNotFound) {
+	now := s.clock()
+	rec, err := s.lean(ctx, tx.StmtContext(ctx, s.st.lockedLean), req)
+	if err != nil {
 		return idempotency.ClaimResult{}, err
 	}
-	if rec != nil && blocks(rec, req.Fingerprint, now) {
-		return idempotency.ClaimResult{Existing: rec}, nil
+	if rec != nil && blocks(rec, req, now) {
+		return idempotency.ClaimResult{Existing: rec, Now: now}, nil
 	}
-	takeover := rec != nil && rec.ExpiresAt.After(now) // not expired, so a dead owner's lease
-	created := req.Now
+	// A record that does not block is done and expired (a fresh claim replaces it), or in
+	// progress with its lease run out: taken over while it is retained, else replaced.
+	takeover := rec != nil && rec.State == idempotency.StateInProgress && rec.ExpiresAt.After(now)
+	created := now
 	if takeover {
 		created = rec.CreatedAt
 	}
@@ -426,24 +525,54 @@ func (s *Store) claimTx(ctx context.Context, tx *sql.Tx, req idempotency.ClaimRe
 		return idempotency.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
 	}
 	if _, err := tx.StmtContext(ctx, s.st.claim).ExecContext(ctx, req.Scope, req.Key, req.Fingerprint, token,
-		created.UnixMilli(), req.LeaseUntil.UnixMilli(), req.ExpiresAt.UnixMilli()); err != nil {
+		created.UnixMilli(), now.Add(req.Lease).UnixMilli(), now.Add(req.TTL).UnixMilli()); err != nil {
 		return idempotency.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
 	}
-	return idempotency.ClaimResult{Claimed: true, Token: token, TookOver: takeover}, nil
+	return idempotency.ClaimResult{Claimed: true, Token: token, TookOver: takeover, Now: now}, nil
 }
 
-// blocks reports whether rec prevents a claim with fingerprint at now: it is live and
-// neither done nor an in-progress record of the same request whose lease expired.
-func blocks(rec *idempotency.Record, fingerprint string, now time.Time) bool {
-	if !rec.ExpiresAt.After(now) {
-		return false
+// lean reads the record req would claim as a lost claim returns it (see leanColumns),
+// or nil when there is none.
+func (s *Store) lean(ctx context.Context, stmt *sql.Stmt, req idempotency.ClaimRequest) (*idempotency.Record, error) {
+	rec, err := scanRecord(stmt.QueryRowContext(ctx, req.Scope, req.Key, req.Fingerprint))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
 	}
-	return rec.State != idempotency.StateInProgress || rec.LeaseUntil.After(now) || rec.Fingerprint != fingerprint
+	if err != nil {
+		return nil, fmt.Errorf("sqlitestore: claim: %w", err)
+	}
+	return rec, nil
 }
+
+// blocks reports whether rec prevents the claim req at now, by the rules of
+// idempotency.Store.Claim: a done record blocks until it expires; an in-progress one
+// while its lease runs, and after that when req must not take it over, or when it is
+// still retained and was claimed with another fingerprint.
+func blocks(rec *idempotency.Record, req idempotency.ClaimRequest, now time.Time) bool {
+	expired := !rec.ExpiresAt.After(now)
+	if rec.State != idempotency.StateInProgress {
+		return !expired
+	}
+	if rec.LeaseUntil.After(now) || req.NoTakeover {
+		return true
+	}
+	return !expired && rec.Fingerprint != req.Fingerprint
+}
+
+// clock returns the store's clock, truncated to the millisecond, the resolution the
+// table keeps: decisions compare instants as stored.
+func (s *Store) clock() time.Time { return time.UnixMilli(s.now().UnixMilli()).UTC() }
 
 // Extend implements idempotency.Store.
-func (s *Store) Extend(ctx context.Context, scope, key string, token int64, leaseUntil time.Time) error {
-	return s.owned1(ctx, "extend", s.st.extend, leaseUntil.UnixMilli(), scope, key, token)
+func (s *Store) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
+	until := s.clock().Add(lease).UnixMilli()
+	return s.owned1(ctx, "extend", s.st.extend, until, until, scope, key, token)
+}
+
+// Abandon implements idempotency.Store: it sets the record's abandoned column and leaves
+// its lease as it is.
+func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) error {
+	return s.owned1(ctx, "abandon", s.st.abandon, scope, key, token)
 }
 
 // Complete implements idempotency.Store.
@@ -461,13 +590,18 @@ func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 	return s.complete(ctx, s.st.complete, c)
 }
 
+// complete runs the completion statement stmt (on the write pool, or in a transaction)
+// for c, on the store's clock.
 func (s *Store) complete(ctx context.Context, stmt *sql.Stmt, c idempotency.Completion) error {
-	header, err := json.Marshal(c.Response.Header)
+	// header, the earlier schemas' JSON column, is written for an earlier binary only
+	// (see Migration); headers holds the exact bytes.
+	legacy, err := json.Marshal(c.Response.Header)
 	if err != nil {
 		return fmt.Errorf("sqlitestore: complete: header: %w", err)
 	}
-	return s.owned1(ctx, "complete", stmt, c.Response.Status, string(header), c.Response.Body,
-		c.Response.BodyOmitted, c.ExpiresAt.UnixMilli(), c.Scope, c.Key, c.Token)
+	headers := headercodec.Encode(c.Response.Header, c.Response.Trailer)
+	return s.owned1(ctx, "complete", stmt, c.Response.Status, string(legacy), headers, c.Response.Body,
+		c.Response.BodyOmitted, s.clock().Add(c.TTL).UnixMilli(), c.Scope, c.Key, c.Token)
 }
 
 // Release implements idempotency.Store.
@@ -525,16 +659,16 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	return nil
 }
 
-// DeleteExpired implements idempotency.Janitor. It deletes in one statement; keep limit
-// small (hundreds), since it holds the write lock while it runs.
-func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
+// DeleteExpired implements idempotency.Janitor, on the store's clock. It deletes in one
+// statement; keep limit small (hundreds), since it holds the write lock while it runs.
+func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if err := s.check(ctx); err != nil {
 		return 0, err
 	}
 	if limit <= 0 {
 		return 0, nil
 	}
-	res, err := s.st.deleteExpired.ExecContext(ctx, now.UnixMilli(), limit)
+	res, err := s.st.deleteExpired.ExecContext(ctx, s.clock().UnixMilli(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("sqlitestore: delete expired: %w", err)
 	}
@@ -648,30 +782,54 @@ func (s *Store) withTx(ctx context.Context, claim *idempotency.Claim, fn func(ct
 	return resp, nil
 }
 
-// recordColumns are the columns scanRecord reads, in order.
+// recordColumns are the columns scanRecord reads: a whole record, in the order the table
+// stores them, so that SQLite reads a large body's overflow pages once (a column stored
+// after the body, read before it, would make it walk their chain twice).
 const recordColumns = `scope, key, fingerprint, state, token, created_at, lease_until, expires_at,
-	status, header, body, body_omitted`
+	status, header, body, body_omitted, headers, abandoned`
 
+// leanColumns are recordColumns as a lost claim reads them, with its fingerprint as
+// parameter ?3: the response only for a replay (a done record with that fingerprint),
+// NULL otherwise, so that a 409 or a 422 does not read a stored body. SQLite evaluates
+// a CASE branch only when its condition holds, and reads a column only when it is
+// evaluated; abandoned, stored after the body, is read only while the record is in
+// progress, when the body is NULL.
+const leanColumns = `scope, key, fingerprint, state, token, created_at, lease_until, expires_at,
+	CASE WHEN ` + replay + ` THEN status END, CASE WHEN ` + replay + ` THEN header END,
+	CASE WHEN ` + replay + ` THEN body END, CASE WHEN ` + replay + ` THEN body_omitted ELSE 0 END,
+	CASE WHEN ` + replay + ` THEN headers END, CASE WHEN state = 'in_progress' THEN abandoned ELSE 0 END`
+
+const replay = `state = 'done' AND fingerprint = ?3`
+
+// scanRecord scans recordColumns or leanColumns. A done record has a Response when its
+// status was read: always with recordColumns, only for a replay with leanColumns.
 func scanRecord(row interface{ Scan(...any) error }) (*idempotency.Record, error) {
 	var (
 		r                       idempotency.Record
 		state                   string
 		created, lease, expires int64
 		status                  sql.NullInt64
-		header, body            []byte
+		legacy, headers, body   []byte
 		omitted                 bool
 	)
 	if err := row.Scan(&r.Scope, &r.Key, &r.Fingerprint, &state, &r.Token, &created, &lease, &expires,
-		&status, &header, &body, &omitted); err != nil {
+		&status, &legacy, &body, &omitted, &headers, &r.Abandoned); err != nil {
 		return nil, err
 	}
 	r.State = idempotency.State(state)
 	r.CreatedAt = time.UnixMilli(created).UTC()
 	r.LeaseUntil = time.UnixMilli(lease).UTC()
 	r.ExpiresAt = time.UnixMilli(expires).UTC()
-	if r.State == idempotency.StateDone {
+	if r.State == idempotency.StateDone && status.Valid {
 		resp := &idempotency.Response{Status: int(status.Int64), Body: body, BodyOmitted: omitted}
-		if err := json.Unmarshal(header, &resp.Header); err != nil {
+		var err error
+		if headers != nil {
+			resp.Header, resp.Trailer, err = headercodec.Decode(headers)
+		} else {
+			// Completed before the migration: the header as JSON text, no trailers.
+			err = json.Unmarshal(legacy, &resp.Header)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("record %q/%q: header: %w", r.Scope, r.Key, err)
 		}
 		if resp.Header == nil {

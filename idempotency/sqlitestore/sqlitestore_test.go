@@ -44,8 +44,8 @@ func TestConformance(t *testing.T) {
 
 func conformance(t *testing.T, b bool) {
 	idempotencytest.Run(t, idempotencytest.Harness{
-		New: func(t *testing.T) idempotency.Store {
-			return openConfig(t, sqlitestore.Config{Path: filepath.Join(t.TempDir(), "idem.db"), Batch: b})
+		New: func(t *testing.T, clock func() time.Time) idempotency.Store {
+			return openConfig(t, sqlitestore.Config{Path: filepath.Join(t.TempDir(), "idem.db"), Batch: b, Clock: clock})
 		},
 		Down: func(t *testing.T) idempotency.Store {
 			s := openConfig(t, sqlitestore.Config{Path: filepath.Join(t.TempDir(), "idem.db"), Batch: b})
@@ -57,13 +57,18 @@ func conformance(t *testing.T, b bool) {
 	})
 }
 
-// claimAt claims key at a fixed instant with a one-minute lease and a one-day expiry.
-func claimAt(t *testing.T, s idempotency.Store, key string, now time.Time) idempotency.ClaimResult {
+// at returns a clock that always shows now.
+func at(now time.Time) func() time.Time { return func() time.Time { return now } }
+
+// claimReq is a claim of key with a one-minute lease and a one-day retention.
+func claimReq(key string) idempotency.ClaimRequest {
+	return idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "fp", Lease: time.Minute, TTL: 24 * time.Hour}
+}
+
+// claim claims key with claimReq.
+func claim(t *testing.T, s idempotency.Store, key string) idempotency.ClaimResult {
 	t.Helper()
-	res, err := s.Claim(context.Background(), idempotency.ClaimRequest{
-		Scope: "s", Key: key, Fingerprint: "fp", Now: now,
-		LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(24 * time.Hour),
-	})
+	res, err := s.Claim(context.Background(), claimReq(key))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,16 +80,16 @@ func TestReopenKeepsRecordsAndTokens(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
 	now := time.UnixMilli(1_700_000_000_000)
 
-	s, err := sqlitestore.Open(ctx, sqlitestore.Config{Path: path})
+	s, err := sqlitestore.Open(ctx, sqlitestore.Config{Path: path, Clock: at(now)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := claimAt(t, s, "done", now)
-	if err := s.Complete(ctx, idempotency.Completion{Scope: "s", Key: "done", Token: done.Token, Now: now,
-		ExpiresAt: now.Add(time.Hour), Response: idempotency.Response{Status: 201, Body: []byte("ok")}}); err != nil {
+	done := claim(t, s, "done")
+	if err := s.Complete(ctx, idempotency.Completion{Scope: "s", Key: "done", Token: done.Token,
+		TTL: time.Hour, Response: idempotency.Response{Status: 201, Body: []byte("ok")}}); err != nil {
 		t.Fatal(err)
 	}
-	gone := claimAt(t, s, "gone", now)
+	gone := claim(t, s, "gone")
 	if err := s.Delete(ctx, "s", "gone"); err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +97,7 @@ func TestReopenKeepsRecordsAndTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s = open(t, path)
+	s = openConfig(t, sqlitestore.Config{Path: path, Clock: at(now)})
 	rec, err := s.Get(ctx, "s", "done")
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +107,7 @@ func TestReopenKeepsRecordsAndTokens(t *testing.T) {
 	}
 	// The token counter is persistent too: a key claimed after the restart never gets a
 	// token the previous process handed out.
-	if again := claimAt(t, s, "gone", now); again.Token <= gone.Token {
+	if again := claim(t, s, "gone"); again.Token <= gone.Token {
 		t.Fatalf("token after reopen %d, want > %d", again.Token, gone.Token)
 	}
 }
@@ -126,23 +131,19 @@ func child(path string) {
 		fmt.Println("child:", err)
 		os.Exit(1)
 	}
-	s, err := sqlitestore.Open(ctx, sqlitestore.Config{Path: path})
+	s, err := sqlitestore.Open(ctx, sqlitestore.Config{Path: path, Clock: at(childNow)})
 	if err != nil {
 		fail(err)
 	}
-	req := idempotency.ClaimRequest{Scope: "s", Fingerprint: "fp", Now: childNow,
-		LeaseUntil: childNow.Add(time.Minute), ExpiresAt: childNow.Add(time.Hour)}
-	req.Key = "k"
-	if _, err := s.Claim(ctx, req); err != nil {
+	if _, err := s.Claim(ctx, claimReq("k")); err != nil {
 		fail(err)
 	}
-	req.Key = "done"
-	res, err := s.Claim(ctx, req)
+	res, err := s.Claim(ctx, claimReq("done"))
 	if err != nil {
 		fail(err)
 	}
-	if err := s.Complete(ctx, idempotency.Completion{Scope: "s", Key: "done", Token: res.Token, Now: childNow,
-		ExpiresAt: childNow.Add(time.Hour), Response: idempotency.Response{Status: 201}}); err != nil {
+	if err := s.Complete(ctx, idempotency.Completion{Scope: "s", Key: "done", Token: res.Token,
+		TTL: time.Hour, Response: idempotency.Response{Status: 201}}); err != nil {
 		fail(err)
 	}
 	fmt.Println("ready")
@@ -169,8 +170,8 @@ func TestOtherProcessAndKill(t *testing.T) {
 		t.Fatalf("child said %q, %v", line, err)
 	}
 
-	s := open(t, path)
-	if res := claimAt(t, s, "k", childNow); res.Claimed {
+	s := openConfig(t, sqlitestore.Config{Path: path, Clock: at(childNow)})
+	if res := claim(t, s, "k"); res.Claimed {
 		t.Fatalf("claimed a key the other process holds: %+v", res)
 	}
 	if err := s.Close(); err != nil {
@@ -181,7 +182,8 @@ func TestOtherProcessAndKill(t *testing.T) {
 	}
 	_ = cmd.Wait()
 
-	s = open(t, path) // recovers the WAL the killed process left
+	// Reopening recovers the WAL the killed process left; the clock is past the lease.
+	s = openConfig(t, sqlitestore.Config{Path: path, Clock: at(childNow.Add(2 * time.Minute))})
 
 	rec, err := s.Get(context.Background(), "s", "done")
 	if err != nil || rec.State != idempotency.StateDone || rec.Response.Status != 201 {
@@ -191,7 +193,7 @@ func TestOtherProcessAndKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := claimAt(t, s, "k", childNow.Add(2*time.Minute))
+	res := claim(t, s, "k")
 	if !res.Claimed || !res.TookOver || res.Token <= old.Token {
 		t.Fatalf("takeover of the killed process's key: %+v, old token %d", res, old.Token)
 	}
@@ -238,7 +240,7 @@ func TestOpenOddPath(t *testing.T) {
 	}
 	path := filepath.Join(dir, "idem.db?mode=ro")
 	s := open(t, path)
-	claimAt(t, s, "k", time.UnixMilli(1_700_000_000_000))
+	claim(t, s, "k")
 	if _, err := os.Stat(path); err != nil {
 		t.Fatalf("database not at the configured path: %v", err)
 	}
@@ -247,8 +249,9 @@ func TestOpenOddPath(t *testing.T) {
 func TestTwoStoresOneFile(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "idem.db")
-	a, b := open(t, path), openConfig(t, sqlitestore.Config{Path: path, Synchronous: "normal"})
 	now := time.UnixMilli(1_700_000_000_000)
+	a := openConfig(t, sqlitestore.Config{Path: path, Clock: at(now)})
+	b := openConfig(t, sqlitestore.Config{Path: path, Synchronous: "normal", Clock: at(now)})
 
 	// Both race for the same keys: exactly one wins each, and tokens stay unique.
 	const keys = 20
@@ -258,8 +261,7 @@ func TestTwoStoresOneFile(t *testing.T) {
 	for i := range keys {
 		for _, s := range []*sqlitestore.Store{a, b} {
 			go func() {
-				res, err := s.Claim(ctx, idempotency.ClaimRequest{Scope: "s", Key: fmt.Sprint(i), Fingerprint: "fp",
-					Now: now, LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)})
+				res, err := s.Claim(ctx, claimReq(fmt.Sprint(i)))
 				if res.Claimed {
 					wins.Add(1)
 					tokens <- res.Token
@@ -286,12 +288,12 @@ func TestTwoStoresOneFile(t *testing.T) {
 	}
 
 	// A completion through one store is replayed through the other.
-	res := claimAt(t, a, "x", now)
-	if err := a.Complete(ctx, idempotency.Completion{Scope: "s", Key: "x", Token: res.Token, Now: now,
-		ExpiresAt: now.Add(time.Hour), Response: idempotency.Response{Status: 200}}); err != nil {
+	res := claim(t, a, "x")
+	if err := a.Complete(ctx, idempotency.Completion{Scope: "s", Key: "x", Token: res.Token,
+		TTL: time.Hour, Response: idempotency.Response{Status: 200}}); err != nil {
 		t.Fatal(err)
 	}
-	if got := claimAt(t, b, "x", now); got.Claimed || got.Existing.State != idempotency.StateDone {
+	if got := claim(t, b, "x"); got.Claimed || got.Existing.State != idempotency.StateDone {
 		t.Fatalf("second store: %+v", got)
 	}
 }
@@ -301,7 +303,7 @@ func TestCustomTableAndWAL(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "idem.db")
 	s := openConfig(t, sqlitestore.Config{Path: path, Table: "order"}) // a reserved word
-	claimAt(t, s, "k", time.UnixMilli(1_700_000_000_000))
+	claim(t, s, "k")
 	if err := s.Migrate(ctx); err != nil { // idempotent
 		t.Fatal(err)
 	}
@@ -339,7 +341,6 @@ func TestWithTx(t *testing.T) {
 	if _, err := db.Exec(`CREATE TABLE payments (key TEXT PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
-	now := time.UnixMilli(1_700_000_000_000)
 	pay := func(key string, fail error) func(context.Context, *sql.Tx) (idempotency.Response, error) {
 		return func(ctx context.Context, tx *sql.Tx) (idempotency.Response, error) {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO payments (key) VALUES (?)`, key); err != nil {
@@ -356,8 +357,8 @@ func TestWithTx(t *testing.T) {
 		return n == 1
 	}
 	withClaim := func(key string) (context.Context, *idempotency.Claim) {
-		res := claimAt(t, s, key, now)
-		c := idempotency.NewClaim("s", key, "fp", res.Token, time.Hour, func() time.Time { return now })
+		res := claim(t, s, key)
+		c := idempotency.NewClaim("s", key, "fp", res.Token, time.Hour)
 		return idempotency.NewContext(ctx, c), c
 	}
 
@@ -411,7 +412,6 @@ func BenchmarkClaimComplete(b *testing.B) {
 
 func benchmarkClaimComplete(b *testing.B, s *sqlitestore.Store) {
 	ctx := context.Background()
-	now := time.UnixMilli(1_700_000_000_000)
 	var next atomic.Int64
 	resp := idempotency.Response{Status: 200, Body: []byte(`{"id":"pay_123","status":"ok"}`),
 		Header: map[string][]string{"Content-Type": {"application/json"}}}
@@ -419,13 +419,12 @@ func benchmarkClaimComplete(b *testing.B, s *sqlitestore.Store) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			key := fmt.Sprint(next.Add(1))
-			res, err := s.Claim(ctx, idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "fp", Now: now,
-				LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)})
+			res, err := s.Claim(ctx, claimReq(key))
 			if err != nil || !res.Claimed {
 				b.Fatal(res, err)
 			}
-			if err := s.Complete(ctx, idempotency.Completion{Scope: "s", Key: key, Token: res.Token, Now: now,
-				ExpiresAt: now.Add(time.Hour), Response: resp}); err != nil {
+			if err := s.Complete(ctx, idempotency.Completion{Scope: "s", Key: key, Token: res.Token,
+				TTL: time.Hour, Response: resp}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -435,15 +434,13 @@ func benchmarkClaimComplete(b *testing.B, s *sqlitestore.Store) {
 func BenchmarkClaimReplay(b *testing.B) {
 	s := open(b, filepath.Join(b.TempDir(), "idem.db"))
 	ctx := context.Background()
-	now := time.UnixMilli(1_700_000_000_000)
-	req := idempotency.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Now: now,
-		LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)}
+	req := claimReq("k")
 	res, err := s.Claim(ctx, req)
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := s.Complete(ctx, idempotency.Completion{Scope: "s", Key: "k", Token: res.Token, Now: now,
-		ExpiresAt: now.Add(time.Hour), Response: idempotency.Response{Status: 200, Body: make([]byte, 1024)}}); err != nil {
+	if err := s.Complete(ctx, idempotency.Completion{Scope: "s", Key: "k", Token: res.Token,
+		TTL: time.Hour, Response: idempotency.Response{Status: 200, Body: make([]byte, 1024)}}); err != nil {
 		b.Fatal(err)
 	}
 	b.SetParallelism(8) // many requests per CPU, as a server has
