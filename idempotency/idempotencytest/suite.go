@@ -2,8 +2,9 @@
 //
 // It is the only place store behaviour is specified by tests: a store's own test file
 // calls Run with a Harness and adds only what is specific to its backend (migrations,
-// round trips, durability). The suite drives stores with an explicit clock (the Now
-// fields of the requests), so expiry and lease cases run instantly.
+// round trips, durability). The suite drives each store's clock (the Harness passes it
+// a Clock the suite moves), so expiry and lease cases run instantly; one case runs the
+// store on its own clock.
 package idempotencytest
 
 import (
