@@ -2,16 +2,17 @@ package pgstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/batch"
+	"github.com/retrysafe/retrysafe/internal/headercodec"
 )
 
 // Batching (Config.Batch, on internal/batch): claims that arrive together are made by
@@ -20,12 +21,13 @@ import (
 // per batch instead of once per request: in pgbench a claim of eight keys costs the
 // server about what a claim of one does.
 //
-// Each call still learns its own outcome. A batch is one autocommit statement, so its
-// claims (or completions) commit together or not at all; when the server rejects a
-// batch (a PgError, such as a header jsonb refuses), each of its calls is retried
-// alone, so that one bad request cannot fail the others. Rows are locked in (scope,
-// key) order, the same in every batch, so concurrent batches (of several replicas) do
-// not deadlock.
+// Each call still learns its own outcome, decided on its own clock reading (the
+// server's clock, statement_timestamp(), when it is NULL). A batch is one autocommit
+// statement, so its claims (or completions) commit together or not at all; when the
+// server rejects a batch (a PgError, such as a constraint violation), each of its calls
+// is retried alone, so that one bad request cannot fail the others. Rows are locked in
+// (scope, key) order, the same in every batch, so concurrent batches (of several
+// replicas) do not deadlock.
 
 // batchInFlight is the most statements of one kind in flight per Store.
 const batchInFlight = 2
@@ -37,18 +39,27 @@ func rejected(err error) bool {
 	return errors.As(err, &pgErr)
 }
 
-// claimCall is one Claim's first statement, batched.
+// claimCall is one Claim's claim statement, alone or batched.
 type claimCall struct {
 	batch.Call
 	req idempotency.ClaimRequest
+	now *time.Time // the Config.Clock reading; nil for the server's clock
 	// The result: found is false when the statement returned no row for the call (a
-	// concurrent insert after its snapshot).
+	// concurrent insert after its snapshot); at is the instant of the decision.
 	found, claimed, claimable bool
+	at                        time.Time
 	rec                       *idempotency.Record
 	err                       error
 }
 
 func (c *claimCall) ID() string { return batch.RowID(c.req.Scope, c.req.Key) }
+
+// args are the parameters of the single-key claim statement (and the first seven of
+// the takeover).
+func (c *claimCall) args() []any {
+	r := c.req
+	return []any{[]byte(r.Scope), []byte(r.Key), []byte(r.Fingerprint), c.now, r.Lease, r.TTL, r.NoTakeover}
+}
 
 // runClaims runs the batched claim statement for calls, sorted by row.
 func (s *Store) runClaims(calls []*claimCall) {
@@ -60,13 +71,14 @@ func (s *Store) runClaims(calls []*claimCall) {
 	}
 	n := len(calls)
 	scopes, keys, fps := make([][]byte, n), make([][]byte, n), make([][]byte, n)
-	nows, leases, expires := make([]time.Time, n), make([]time.Time, n), make([]time.Time, n)
+	nows, leases, ttls, noTakeovers := make([]*time.Time, n), make([]time.Duration, n), make([]time.Duration, n), make([]bool, n)
 	for i, c := range calls {
+		c.found, c.claimed, c.claimable, c.rec, c.err = false, false, false, nil, nil
 		scopes[i], keys[i], fps[i] = []byte(c.req.Scope), []byte(c.req.Key), []byte(c.req.Fingerprint)
-		nows[i], leases[i], expires[i] = c.req.Now, c.req.LeaseUntil, c.req.ExpiresAt
+		nows[i], leases[i], ttls[i], noTakeovers[i] = c.now, c.req.Lease, c.req.TTL, c.req.NoTakeover
 	}
 	err := func() error {
-		rows, err := s.pool.Query(ctx, s.sql.claimBatch, scopes, keys, fps, nows, leases, expires)
+		rows, err := s.pool.Query(ctx, s.sql.claimBatch, scopes, keys, fps, nows, leases, ttls, noTakeovers)
 		if err != nil {
 			return err
 		}
@@ -74,7 +86,8 @@ func (s *Store) runClaims(calls []*claimCall) {
 		for rows.Next() {
 			var ord int64
 			var claimed, claimable bool
-			rec, err := scanRecord(rows, &ord, &claimed, &claimable)
+			var at time.Time
+			rec, err := scanRecord(rows, &ord, &claimed, &claimable, &at)
 			if err != nil {
 				return err
 			}
@@ -82,7 +95,7 @@ func (s *Store) runClaims(calls []*claimCall) {
 				return fmt.Errorf("batched claim returned row %d of %d", ord, n)
 			}
 			c := calls[ord-1]
-			c.found, c.claimed, c.claimable, c.rec = true, claimed, claimable, rec
+			c.found, c.claimed, c.claimable, c.at, c.rec = true, claimed, claimable, at, rec
 		}
 		return rows.Err()
 	}()
@@ -100,35 +113,34 @@ func (s *Store) runClaims(calls []*claimCall) {
 	}
 }
 
-// claimAlone runs the claim statement for c alone.
+// claimAlone runs the single-key claim statement for c.
 func (s *Store) claimAlone(ctx context.Context, c *claimCall) {
 	c.found, c.claimed, c.claimable, c.rec, c.err = false, false, false, nil, nil
-	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.claim, s.claimArgs(c.req)...), &c.claimed, &c.claimable)
-	c.found, c.rec, c.err = err == nil, rec, noRows(err)
+	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.claim, c.args()...), &c.claimed, &c.claimable, &c.at)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		c.err = err
+	default:
+		c.found, c.rec = true, rec
+	}
 }
 
 // completeCall is one Complete, batched.
 type completeCall struct {
 	batch.Call
-	c      idempotency.Completion
-	header *string // JSON of the response header; nil for a nil header
-	wrote  bool    // the result: the row was completed
-	err    error
+	c       idempotency.Completion
+	headers []byte     // the response's header and trailer, encoded
+	now     *time.Time // the Config.Clock reading; nil for the server's clock
+	wrote   bool       // the result: the row was completed
+	err     error
 }
 
 func (c *completeCall) ID() string { return batch.RowID(c.c.Scope, c.c.Key) }
 
 // completeBatched completes c through the completion group.
 func (s *Store) completeBatched(ctx context.Context, c idempotency.Completion) error {
-	cc := &completeCall{c: c}
-	if c.Response.Header != nil {
-		h, err := json.Marshal(c.Response.Header)
-		if err != nil {
-			return fmt.Errorf("pgstore: complete: encoding header: %w", err)
-		}
-		hs := string(h)
-		cc.header = &hs
-	}
+	cc := &completeCall{c: c, headers: headercodec.Encode(c.Response.Header, c.Response.Trailer), now: s.now()}
 	if err := s.completes.Do(ctx, cc); err != nil {
 		return fmt.Errorf("pgstore: complete: %w", err)
 	}
@@ -150,18 +162,17 @@ func (s *Store) runCompletes(calls []*completeCall) {
 		return
 	}
 	n := len(calls)
-	scopes, keys, bodies := make([][]byte, n), make([][]byte, n), make([][]byte, n)
-	tokens, statuses := make([]int64, n), make([]int32, n)
-	headers, omitted := make([]*string, n), make([]bool, n)
-	nows, expires := make([]time.Time, n), make([]time.Time, n)
+	scopes, keys, headers, bodies := make([][]byte, n), make([][]byte, n), make([][]byte, n), make([][]byte, n)
+	tokens, statuses, omitted := make([]int64, n), make([]int32, n), make([]bool, n)
+	nows, ttls := make([]*time.Time, n), make([]time.Duration, n)
 	for i, cc := range calls {
 		c := cc.c
 		scopes[i], keys[i], tokens[i] = []byte(c.Scope), []byte(c.Key), c.Token
-		statuses[i], headers[i], bodies[i], omitted[i] = int32(c.Response.Status), cc.header, c.Response.Body, c.Response.BodyOmitted
-		nows[i], expires[i] = c.Now, c.ExpiresAt
+		statuses[i], headers[i], bodies[i], omitted[i] = int32(c.Response.Status), cc.headers, c.Response.Body, c.Response.BodyOmitted
+		nows[i], ttls[i] = cc.now, c.TTL
 	}
 	err := func() error {
-		rows, err := s.pool.Query(ctx, s.sql.completeBatch, scopes, keys, tokens, statuses, headers, bodies, omitted, nows, expires)
+		rows, err := s.pool.Query(ctx, s.sql.completeBatch, scopes, keys, tokens, statuses, headers, bodies, omitted, nows, ttls)
 		if err != nil {
 			return err
 		}
@@ -194,13 +205,7 @@ func (s *Store) runCompletes(calls []*completeCall) {
 
 // completeAlone runs the completion statement for cc alone.
 func (s *Store) completeAlone(ctx context.Context, cc *completeCall) {
-	var header []byte
-	if cc.header != nil {
-		header = []byte(*cc.header)
-	}
-	c := cc.c
-	tag, err := s.pool.Exec(ctx, s.sql.complete, []byte(c.Scope), []byte(c.Key), c.Token,
-		c.Response.Status, header, c.Response.Body, c.Response.BodyOmitted, c.Now, c.ExpiresAt)
+	tag, err := s.pool.Exec(ctx, s.sql.complete, completeArgs(cc.c, cc.headers, cc.now)...)
 	cc.wrote, cc.err = err == nil && tag.RowsAffected() > 0, err
 }
 

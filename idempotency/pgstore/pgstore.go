@@ -9,24 +9,49 @@
 //	state                     'in_progress' or 'done'
 //	token                     the owner's fencing token (bigint)
 //	attempts                  1 + the takeovers of the current claim
+//	abandoned                 the owner gave up without knowing the outcome (Store.Abandon)
 //	created_at, lease_until, expires_at, completed_at   timestamptz (microseconds)
-//	status, header, body, body_omitted                  the stored response, once done
+//	status, headers, body, body_omitted                 the stored response, once done
+//	header                    jsonb, read for records written by stores without headers
 //
-// header is jsonb (a JSON object of arrays, multi-valued headers intact), so header
-// values are text: bytes that are not UTF-8 would be stored as U+FFFD, and a NUL (which
-// net/http never sends) fails the completion. A sequence,
-// <table>_token_seq, issues the fencing tokens, and an index on expires_at serves the
-// janitor. The DDL is embedded (schema.sql) and applied by Store.Migrate, idempotently
-// and under a transaction-level advisory lock, so replicas may all migrate as they
-// start. Migrate needs a role that may create the schema and the table; the serving
-// role needs only SELECT, INSERT, UPDATE and DELETE on the table and USAGE on the
-// sequence.
+// headers is bytea: the response's header and trailer as internal/headercodec encodes
+// them, so values are kept byte for byte (not UTF-8, NUL included) and multi-valued
+// headers intact. A sequence, <table>_token_seq, issues the fencing tokens, and an index
+// on expires_at serves the janitor. The DDL is embedded (schema.sql) and applied by
+// Store.Migrate, idempotently and under a transaction-level advisory lock, so replicas
+// may all migrate as they start. Migrate needs a role that may create the schema and
+// the table; the serving role needs only SELECT, INSERT, UPDATE and DELETE on the table
+// and USAGE on the sequence.
+//
+// # Migration from a jsonb header column
+//
+// Tables created before the headers and abandoned columns existed keep the response
+// header as JSON text in header (jsonb), which turns bytes that are not UTF-8 into
+// U+FFFD and has no trailer. Migrate adds headers (bytea, NULL) and abandoned (boolean,
+// default false) in place: neither rewrites the table, and once they exist Migrate
+// takes no lock on the table at all, so a replica starting beside running ones waits
+// for nothing. The header column stays, nullable. Records already in the table (they
+// live as long as their TTL) read as they were written: a completion writes the new
+// headers column and JSON null into header, and a record is read from headers when
+// header holds that JSON null, and from header otherwise. So a store built on the
+// previous schema, run against a migrated table (a rollback), still reads new records'
+// status and body (with no header: JSON null decodes to none), and a record it completes
+// afterwards is read from its header column, never from stale bytes in headers.
+//
+// # Time
+//
+// Leases and expiry are decided on the database server's clock: every statement reads
+// statement_timestamp() and adds the request's durations to it, so replicas whose
+// clocks disagree still agree on when a lease ends and a record expires. Config.Clock
+// replaces that clock (tests drive time with it); it reaches the same statements as a
+// parameter, coalesce($n, statement_timestamp()), which is NULL without it.
 //
 // # Claim in one statement
 //
 // Claim is a single statement, so one round trip:
 //
-//	WITH existing AS (SELECT … WHERE scope = $1 AND key = $2),
+//	WITH clock    AS (SELECT coalesce($4, statement_timestamp()) AS now),
+//	     existing AS (SELECT <lean record>, <claimable> FROM … WHERE scope = $1 AND key = $2),
 //	     claimed  AS (INSERT … SELECT …, nextval(seq), … WHERE NOT EXISTS (SELECT FROM existing)
 //	                  ON CONFLICT (scope, key) DO NOTHING RETURNING …)
 //	SELECT <claimed row> UNION ALL SELECT <existing row, and whether it is claimable>
@@ -34,17 +59,25 @@
 // The primary key makes exactly one of any number of concurrent claims win. When the key
 // exists, nothing is inserted, locked or written: a replay, a 409 or a 422 is a plain
 // read, so duplicates of one key never queue behind each other or behind a transaction
-// that holds the record, and cost no WAL flush. Under READ COMMITTED a row inserted by
-// another transaction after the statement's snapshot makes the statement return no row;
-// Claim then runs it again (at most 10 times).
+// that holds the record, and cost no WAL flush. The existing record is lean: its status,
+// headers and body are selected under CASE WHEN the record is a replay (done, not
+// expired, same fingerprint), and PostgreSQL does not read (detoast) a column that a
+// CASE does not evaluate, so a 409 or a 422 never reads a stored body, however large.
+// Under READ COMMITTED a row inserted by another transaction after the statement's
+// snapshot makes the statement return no row; Claim then runs it again (at most 10
+// times).
 //
-// Only when the existing record is claimable (expired, or in progress with its lease run
-// out and the same fingerprint) does a second statement replace it: an UPDATE
-// conditioned on the token that was read, which PostgreSQL re-checks on the latest row
-// after taking its lock, so of concurrent takeovers exactly one wins. Tokens come from
-// the sequence, for fresh claims and takeovers alike, so they are never reused, and a
-// takeover's token, drawn after the row lock, is greater than the token it replaces.
-// (The fence package issues lease tokens by the same rule.)
+// A record is claimable when it is done and expired, or in progress with its lease run
+// out, unless the request says NoTakeover, and with the same fingerprint or expired
+// (then it is replaced as by a fresh claim). An in-progress record whose lease runs is
+// never claimable, whatever its expiry. Only for a claimable record does a second
+// statement replace it: an UPDATE conditioned on the token that was read and on the
+// same rule, which PostgreSQL re-checks on the latest row after taking its lock, so of
+// concurrent takeovers exactly one wins, and a renewal (Extend) that commits first
+// keeps the record. Tokens come from the sequence, for fresh claims and takeovers
+// alike, so they are never reused, and a takeover's token, drawn after the row lock, is
+// greater than the token it replaces. (The fence package issues lease tokens by the
+// same rule.)
 //
 // # Round trips
 //
@@ -62,11 +95,13 @@
 // one at once, so a lone request waits for nothing, and a batch of one runs the single-
 // key statement, so it costs what it would without batching; under load, the calls that
 // arrive during a statement go together in the next (at most 128), and a second call
-// on a key already in the batch runs alone at once. Each call learns its own outcome, exactly as without batching. When the server rejects a batch, each of
-// its calls is run alone, so one bad request (a header value jsonb refuses) fails only
+// on a key already in the batch runs alone at once. Each call learns its own outcome,
+// exactly as without batching: the batched statements apply the same rules, each call
+// with its own clock reading (NULL, the server's clock, without Config.Clock). When the
+// server rejects a batch, each of its calls is run alone, so one bad request fails only
 // itself. Rows are taken in (scope, key) order in every batch, so batches of several
-// replicas cannot deadlock. Takeovers, Extend, Release and completions inside WithTx
-// are never batched.
+// replicas cannot deadlock. Takeovers, Extend, Abandon, Release and completions inside
+// WithTx are never batched.
 //
 // # Transaction mode
 //
@@ -79,9 +114,11 @@
 // # Janitor and durability
 //
 // Records stay after expires_at until Store.DeleteExpired removes them, in batches
-// (Claim treats them as absent meanwhile); run it periodically. Records are as durable
-// as the database: under PostgreSQL's default synchronous_commit a claim or completion
-// that returned survives a crash.
+// (Claim treats them as described above meanwhile); run it periodically. It never
+// deletes an in-progress record whose lease runs, and re-checks that on the latest row,
+// so a renewal that commits first keeps the record. Records are as durable as the
+// database: under PostgreSQL's default synchronous_commit a claim or completion that
+// returned survives a crash.
 package pgstore
 
 import (
@@ -103,6 +140,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/batch"
+	"github.com/retrysafe/retrysafe/internal/headercodec"
 	"github.com/retrysafe/retrysafe/internal/pgddl"
 )
 
@@ -127,6 +165,13 @@ type Config struct {
 	// waits for nothing (see "Batching" in the package doc). Results, round trips per
 	// request and guarantees are the same as without it. Default false.
 	Batch bool
+	// Clock, when set, is the clock of every lease and expiry decision, read once per
+	// call and sent with the statement. Nil (the default) means the database server's
+	// clock (statement_timestamp()), the same for every process that shares the
+	// database. Replicas must leave it nil: processes whose clocks disagree would
+	// otherwise disagree on when a lease ends, and take over a live owner's key. Tests
+	// set it to move time.
+	Clock func() time.Time
 }
 
 // Store is an idempotency.Store on PostgreSQL. It also implements idempotency.Janitor,
@@ -134,6 +179,7 @@ type Config struct {
 type Store struct {
 	pool  *pgxpool.Pool
 	table string // quoted, schema-qualified
+	clock func() time.Time
 	sql   statements
 
 	claims    *batch.Group[*claimCall]    // nil without Config.Batch
@@ -141,8 +187,8 @@ type Store struct {
 }
 
 type statements struct {
-	schema, claim, takeover, complete, extend, release, get, delete, deleteExpired string
-	claimBatch, completeBatch                                                      string
+	schema, claim, takeover, complete, extend, abandon, release, get, delete, deleteExpired string
+	claimBatch, completeBatch                                                               string
 }
 
 var (
@@ -152,18 +198,47 @@ var (
 	_ idempotency.Pinger  = (*Store)(nil)
 )
 
-const recordColumns = `scope, key, fingerprint, state, token, created_at, lease_until, expires_at,
-	status, header, body, body_omitted`
+// recordColumns are the columns scanRecord reads, in its order.
+const recordColumns = `scope, key, fingerprint, state, token, abandoned, created_at, lease_until, expires_at,
+	status, header, headers, body, body_omitted`
 
-// claimable is the claim condition, on the row r and the parameters $3 (fingerprint)
-// and $4 (now).
-const claimable = `(r.expires_at <= $4 OR
-	(r.state = 'in_progress' AND r.lease_until <= $4 AND r.fingerprint = $3))`
+// headerMarker is what a completion writes into the jsonb header column: JSON null,
+// which says that the header is in headers, and which stores of the schema without
+// headers decode as no header.
+const headerMarker = `'null'::jsonb`
 
-// claimableBatch is claimable for the batched claim: on the row r and the call's input
-// row i.
-const claimableBatch = `(r.expires_at <= i.now OR
-	(r.state = 'in_progress' AND r.lease_until <= i.now AND r.fingerprint = i.fingerprint))`
+// clockParam is the decision instant of a statement whose parameter $n is the
+// Config.Clock reading, or NULL for the server's clock.
+func clockParam(n int) string {
+	return "coalesce($" + strconv.Itoa(n) + "::timestamptz, statement_timestamp())"
+}
+
+// claimable is the rule by which a claim replaces the record r (see Store.Claim), at
+// instant now, for a request with fingerprint fp and flag noTakeover.
+func claimable(now, fp, noTakeover string) string {
+	return `((r.state = 'done' AND r.expires_at <= ` + now + `) OR
+	(r.state = 'in_progress' AND r.lease_until <= ` + now + ` AND NOT ` + noTakeover + `
+		AND (r.expires_at <= ` + now + ` OR r.fingerprint = ` + fp + `)))`
+}
+
+// leanColumns are recordColumns of the row r as a lost claim reads them: the stored
+// response only when the claim replays it (done, not expired, same fingerprint). A
+// CASE that does not evaluate a column does not read it, so a 409 or a 422 never
+// detoasts a stored body.
+func leanColumns(now, fp string) string {
+	replay := `r.state = 'done' AND r.expires_at > ` + now + ` AND r.fingerprint = ` + fp
+	cols := `r.scope, r.key, r.fingerprint, r.state, r.token, r.abandoned, r.created_at, r.lease_until, r.expires_at`
+	for _, c := range []string{"status", "header", "headers", "body"} {
+		cols += ",\n\tCASE WHEN " + replay + " THEN r." + c + " END AS " + c
+	}
+	return cols + ", r.body_omitted"
+}
+
+// gone is the janitor's rule on the row r at instant now: expired, and not in progress
+// with its lease running.
+func gone(now string) string {
+	return `(r.expires_at <= ` + now + ` AND (r.state = 'done' OR r.lease_until <= ` + now + `))`
+}
 
 // New returns a Store on cfg.Pool. Schema and Table must be lowercase SQL identifiers
 // (letters, digits and underscores, not starting with a digit), the schema at most 63
@@ -181,77 +256,101 @@ func New(cfg Config) (*Store, error) {
 	if !pgddl.ValidName(table, 48) {
 		return nil, fmt.Errorf("pgstore: invalid table name %q", table)
 	}
-	s := &Store{pool: cfg.Pool, table: pgx.Identifier{schema, table}.Sanitize()}
+	s := &Store{pool: cfg.Pool, table: pgx.Identifier{schema, table}.Sanitize(), clock: cfg.Clock}
 	r := strings.NewReplacer(
 		"{schema}", pgx.Identifier{schema}.Sanitize(),
 		"{table}", s.table,
 		"{sequence}", pgx.Identifier{schema, table + "_token_seq"}.Sanitize(),
 		"{index}", pgx.Identifier{table + "_expires_at_idx"}.Sanitize(),
 	)
+	now4 := clockParam(4)
 	s.sql = statements{
 		schema: r.Replace(schemaSQL),
+		// $1 scope, $2 key, $3 fingerprint, $4 clock, $5 lease, $6 TTL, $7 NoTakeover.
 		// A replay, a 409 or a 422 is answered by this one statement without locking or
 		// writing anything: the INSERT runs only when the snapshot has no row.
-		claim: r.Replace(`WITH existing AS (
-	SELECT ` + recordColumns + ` FROM {table} WHERE scope = $1 AND key = $2
+		claim: r.Replace(`WITH clock AS (
+	SELECT ` + now4 + ` AS now
+), existing AS (
+	SELECT ` + claimable("c.now", "$3", "$7::bool") + ` AS claimable,
+	` + leanColumns("c.now", "$3") + `
+	FROM {table} AS r, clock AS c WHERE r.scope = $1 AND r.key = $2
 ), claimed AS (
 	INSERT INTO {table} (scope, key, fingerprint, state, token, created_at, lease_until, expires_at)
-	SELECT $1, $2, $3, 'in_progress', nextval('{sequence}'), $4, $5, $6
+	SELECT $1, $2, $3, 'in_progress', nextval('{sequence}'), c.now, c.now + $5::interval, c.now + $6::interval
+	FROM clock AS c
 	WHERE NOT EXISTS (SELECT FROM existing)
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING ` + recordColumns + `
 )
-SELECT true, false, ` + recordColumns + ` FROM claimed
+SELECT true, false, c.now, ` + qualify("k", recordColumns) + ` FROM claimed AS k, clock AS c
 UNION ALL
-SELECT false, ` + claimable + `, ` + recordColumns + ` FROM existing AS r`),
-		// Replaces a claimable record seen with token $7. Under READ COMMITTED the WHERE
-		// is re-checked on the latest row after its lock, so of concurrent takeovers one
-		// wins, and its token, drawn after the lock, exceeds the one it replaces.
+SELECT false, e.claimable, c.now, ` + qualify("e", recordColumns) + ` FROM existing AS e, clock AS c`),
+		// The claim's parameters and $8, the token of the claimable record it read.
+		// Under READ COMMITTED the WHERE is re-checked on the latest row after its lock,
+		// so of concurrent takeovers one wins, a renewal that committed first keeps the
+		// record, and the winner's token, drawn after the lock, exceeds the one it
+		// replaces.
 		takeover: r.Replace(`UPDATE {table} AS r SET
-	fingerprint = $3, state = 'in_progress', token = nextval('{sequence}'),
-	attempts = CASE WHEN r.expires_at <= $4 THEN 1 ELSE r.attempts + 1 END,
-	created_at = CASE WHEN r.expires_at <= $4 THEN $4 ELSE r.created_at END,
-	lease_until = $5, expires_at = $6, completed_at = NULL,
-	status = NULL, header = NULL, body = NULL, body_omitted = false
-WHERE scope = $1 AND key = $2 AND token = $7 AND ` + claimable + `
-RETURNING token, attempts > 1`),
-		complete: r.Replace(`UPDATE {table} SET state = 'done', status = $4, header = $5, body = $6,
-	body_omitted = $7, completed_at = $8, expires_at = $9
+	fingerprint = $3, state = 'in_progress', token = nextval('{sequence}'), abandoned = false,
+	attempts = CASE WHEN r.expires_at <= ` + now4 + ` THEN 1 ELSE r.attempts + 1 END,
+	created_at = CASE WHEN r.expires_at <= ` + now4 + ` THEN ` + now4 + ` ELSE r.created_at END,
+	lease_until = ` + now4 + ` + $5::interval, expires_at = ` + now4 + ` + $6::interval, completed_at = NULL,
+	status = NULL, header = NULL, headers = NULL, body = NULL, body_omitted = false
+WHERE r.scope = $1 AND r.key = $2 AND r.token = $8 AND ` + claimable(now4, "$3", "$7::bool") + `
+RETURNING r.token, r.attempts > 1, ` + now4),
+		// $4 status, $5 headers, $6 body, $7 body omitted, $8 clock, $9 TTL.
+		complete: r.Replace(`UPDATE {table} SET state = 'done', abandoned = false, status = $4,
+	header = ` + headerMarker + `, headers = $5, body = $6, body_omitted = $7,
+	completed_at = ` + clockParam(8) + `, expires_at = ` + clockParam(8) + ` + $9::interval
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'`),
-		extend: r.Replace(`UPDATE {table} SET lease_until = $4
+		// $4 lease, $5 clock. The record's expiry moves with the lease when that is
+		// later, so that a record never expires while its owner renews it.
+		extend: r.Replace(`UPDATE {table} SET lease_until = ` + clockParam(5) + ` + $4::interval,
+	expires_at = greatest(expires_at, ` + clockParam(5) + ` + $4::interval)
+WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'`),
+		abandon: r.Replace(`UPDATE {table} SET abandoned = true
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'`),
 		release: r.Replace(`DELETE FROM {table}
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'`),
 		get:    r.Replace(`SELECT ` + recordColumns + ` FROM {table} WHERE scope = $1 AND key = $2`),
 		delete: r.Replace(`DELETE FROM {table} WHERE scope = $1 AND key = $2`),
-		// SKIP LOCKED: janitors never wait for each other nor for a claim holding a row.
+		// $1 clock, $2 limit. SKIP LOCKED: janitors never wait for each other nor for a
+		// claim, renewal or transaction holding a row. Under READ COMMITTED, FOR UPDATE
+		// re-checks the rule on the latest version of a row that changed after the
+		// statement's snapshot (a renewal that committed) and skips it when it no longer
+		// holds; the DELETE, by ctid, removes only the rows so locked.
 		deleteExpired: r.Replace(`DELETE FROM {table} WHERE ctid = ANY (ARRAY(
-	SELECT ctid FROM {table} WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED))`),
+	SELECT ctid FROM {table} AS r WHERE ` + gone(clockParam(1)) + ` LIMIT $2 FOR UPDATE SKIP LOCKED))`),
 		// The claim statement for many keys: parameters are arrays, one element per
 		// call, sorted by (scope, key); each result row carries its call's position.
+		// Each call has its own clock reading (NULL: the server's clock).
 		claimBatch: r.Replace(`WITH input AS (
-	SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::timestamptz[], $5::timestamptz[], $6::timestamptz[])
-		WITH ORDINALITY AS i(scope, key, fingerprint, now, lease_until, expires_at, ord)
+	SELECT i.ord, i.scope, i.key, i.fingerprint, coalesce(i.now, statement_timestamp()) AS now,
+		i.lease, i.ttl, i.no_takeover
+	FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::timestamptz[], $5::interval[], $6::interval[], $7::bool[])
+		WITH ORDINALITY AS i(scope, key, fingerprint, now, lease, ttl, no_takeover, ord)
 ), existing AS (
-	SELECT i.ord, ` + claimableBatch + ` AS claimable, ` + qualify("r", recordColumns) + `
+	SELECT i.ord, i.now, ` + claimable("i.now", "i.fingerprint", "i.no_takeover") + ` AS claimable,
+	` + leanColumns("i.now", "i.fingerprint") + `
 	FROM input AS i JOIN {table} AS r ON r.scope = i.scope AND r.key = i.key
 ), claimed AS (
 	INSERT INTO {table} (scope, key, fingerprint, state, token, created_at, lease_until, expires_at)
-	SELECT i.scope, i.key, i.fingerprint, 'in_progress', nextval('{sequence}'), i.now, i.lease_until, i.expires_at
+	SELECT i.scope, i.key, i.fingerprint, 'in_progress', nextval('{sequence}'), i.now, i.now + i.lease, i.now + i.ttl
 	FROM input AS i WHERE NOT EXISTS (SELECT FROM existing AS e WHERE e.ord = i.ord)
 	ORDER BY i.ord
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING ` + recordColumns + `
 )
-SELECT i.ord, true, false, ` + qualify("c", recordColumns) + `
+SELECT i.ord, true, false, i.now, ` + qualify("c", recordColumns) + `
 FROM claimed AS c JOIN input AS i ON i.scope = c.scope AND i.key = c.key
 UNION ALL
-SELECT e.ord, false, e.claimable, ` + qualify("e", recordColumns) + ` FROM existing AS e`),
-		completeBatch: r.Replace(`UPDATE {table} AS r SET state = 'done', status = u.status,
-	header = u.header::jsonb, body = u.body, body_omitted = u.body_omitted,
-	completed_at = u.completed_at, expires_at = u.expires_at
-FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::int4[], $5::text[], $6::bytea[], $7::bool[], $8::timestamptz[], $9::timestamptz[])
-	WITH ORDINALITY AS u(scope, key, token, status, header, body, body_omitted, completed_at, expires_at, ord)
+SELECT e.ord, false, e.claimable, e.now, ` + qualify("e", recordColumns) + ` FROM existing AS e`),
+		completeBatch: r.Replace(`UPDATE {table} AS r SET state = 'done', abandoned = false, status = u.status,
+	header = ` + headerMarker + `, headers = u.headers, body = u.body, body_omitted = u.body_omitted,
+	completed_at = coalesce(u.now, statement_timestamp()), expires_at = coalesce(u.now, statement_timestamp()) + u.ttl
+FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::int4[], $5::bytea[], $6::bytea[], $7::bool[], $8::timestamptz[], $9::interval[])
+	WITH ORDINALITY AS u(scope, key, token, status, headers, body, body_omitted, now, ttl, ord)
 WHERE r.scope = u.scope AND r.key = u.key AND r.token = u.token AND r.state = 'in_progress'
 RETURNING u.ord`),
 	}
@@ -267,8 +366,9 @@ RETURNING u.ord`),
 }
 
 // Migrate creates the schema, the token sequence, the table and its index when they do
-// not exist. It is idempotent, and concurrent calls (from several replicas) are safe:
-// they run one at a time under a transaction-level advisory lock.
+// not exist, and adds the columns a table created without them lacks (see "Migration"
+// in the package doc). It is idempotent, and concurrent calls (from several replicas)
+// are safe: they run one at a time under a transaction-level advisory lock.
 func (s *Store) Migrate(ctx context.Context) error {
 	if err := pgddl.Apply(ctx, s.pool, s.sql.schema); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
@@ -276,67 +376,59 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// Claim implements idempotency.Store in one statement (see the package doc).
+// now is the clock parameter of a statement: the Config.Clock reading, or nil (SQL
+// NULL) for the server's clock.
+func (s *Store) now() *time.Time {
+	if s.clock == nil {
+		return nil
+	}
+	t := s.clock()
+	return &t
+}
+
+// Claim implements idempotency.Store in one statement (see the package doc). The clock
+// is read once, so a takeover decides on the instant the claim statement did.
 func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
-	args := s.claimArgs(req)
+	now := s.now()
 	for range claimTries {
-		rec, claimed, claimable, err := s.claimRow(ctx, req, args)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			continue // inserted by another transaction after this statement's snapshot
-		case err != nil:
+		c := &claimCall{req: req, now: now}
+		if err := s.claimRow(ctx, c); err != nil {
 			return idempotency.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
-		case claimed:
-			return idempotency.ClaimResult{Claimed: true, Token: rec.Token}, nil
-		case !claimable:
-			return idempotency.ClaimResult{Existing: rec}, nil
+		}
+		switch {
+		case !c.found:
+			continue // inserted by another transaction after this statement's snapshot
+		case c.claimed:
+			return idempotency.ClaimResult{Claimed: true, Token: c.rec.Token, Now: c.at}, nil
+		case !c.claimable:
+			return idempotency.ClaimResult{Existing: c.rec, Now: c.at}, nil
 		}
 		// Expired, or in progress with its lease run out: replace it, unless another
-		// claim got there first (then look again).
-		var res idempotency.ClaimResult
-		err = s.pool.QueryRow(ctx, s.sql.takeover, append(args, rec.Token)...).Scan(&res.Token, &res.TookOver)
+		// claim or a renewal got there first (then look again).
+		res := idempotency.ClaimResult{Claimed: true}
+		err := s.pool.QueryRow(ctx, s.sql.takeover, append(c.args(), c.rec.Token)...).Scan(&res.Token, &res.TookOver, &res.Now)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue
 		case err != nil:
 			return idempotency.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
 		}
-		res.Claimed = true
 		return res, nil
 	}
 	return idempotency.ClaimResult{}, fmt.Errorf("pgstore: claim: the record kept changing under %d attempts", claimTries)
 }
 
-func (s *Store) claimArgs(req idempotency.ClaimRequest) []any {
-	return []any{[]byte(req.Scope), []byte(req.Key), []byte(req.Fingerprint), req.Now, req.LeaseUntil, req.ExpiresAt}
-}
-
-// claimRow runs the claim statement for req, alone or in a batch. err is pgx.ErrNoRows
-// when the statement found no row for req.
-func (s *Store) claimRow(ctx context.Context, req idempotency.ClaimRequest, args []any) (rec *idempotency.Record, claimed, claimable bool, err error) {
+// claimRow runs the claim statement for c, alone or in a batch, and leaves its result
+// in c.
+func (s *Store) claimRow(ctx context.Context, c *claimCall) error {
 	if s.claims == nil {
-		rec, err = scanRecord(s.pool.QueryRow(ctx, s.sql.claim, args...), &claimed, &claimable)
-		return rec, claimed, claimable, err
+		s.claimAlone(ctx, c)
+		return c.err
 	}
-	c := &claimCall{req: req}
 	if err := s.claims.Do(ctx, c); err != nil {
-		return nil, false, false, err
+		return err
 	}
-	switch {
-	case c.err != nil:
-		return nil, false, false, c.err
-	case !c.found:
-		return nil, false, false, pgx.ErrNoRows
-	}
-	return c.rec, c.claimed, c.claimable, nil
-}
-
-// noRows is err, or nil for pgx.ErrNoRows.
-func noRows(err error) error {
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil
-	}
-	return err
+	return c.err
 }
 
 // Complete implements idempotency.Store.
@@ -353,20 +445,25 @@ type execer interface {
 }
 
 func (s *Store) complete(ctx context.Context, db execer, c idempotency.Completion) error {
-	var header []byte
-	if c.Response.Header != nil {
-		var err error
-		if header, err = json.Marshal(c.Response.Header); err != nil {
-			return fmt.Errorf("pgstore: complete: encoding header: %w", err)
-		}
-	}
-	return fenced(ctx, db, "complete", s.sql.complete, []byte(c.Scope), []byte(c.Key), c.Token,
-		c.Response.Status, header, c.Response.Body, c.Response.BodyOmitted, c.Now, c.ExpiresAt)
+	headers := headercodec.Encode(c.Response.Header, c.Response.Trailer)
+	return fenced(ctx, db, "complete", s.sql.complete, completeArgs(c, headers, s.now())...)
+}
+
+// completeArgs are the completion statement's parameters: headers is the encoded
+// header and trailer, now the clock parameter.
+func completeArgs(c idempotency.Completion, headers []byte, now *time.Time) []any {
+	return []any{[]byte(c.Scope), []byte(c.Key), c.Token, int32(c.Response.Status),
+		headers, c.Response.Body, c.Response.BodyOmitted, now, c.TTL}
 }
 
 // Extend implements idempotency.Store.
-func (s *Store) Extend(ctx context.Context, scope, key string, token int64, leaseUntil time.Time) error {
-	return fenced(ctx, s.pool, "extend", s.sql.extend, []byte(scope), []byte(key), token, leaseUntil)
+func (s *Store) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
+	return fenced(ctx, s.pool, "extend", s.sql.extend, []byte(scope), []byte(key), token, lease, s.now())
+}
+
+// Abandon implements idempotency.Store.
+func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) error {
+	return fenced(ctx, s.pool, "abandon", s.sql.abandon, []byte(scope), []byte(key), token)
 }
 
 // Release implements idempotency.Store.
@@ -408,16 +505,17 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 }
 
 // DeleteExpired implements idempotency.Janitor: it deletes at most limit records with
-// expires_at <= now, skipping rows other transactions hold locked (the next call gets
-// them). A limit of zero deletes nothing; a negative limit is an error.
-func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
+// expires_at <= now on the store's clock, except in-progress records whose lease still
+// runs, skipping rows other transactions hold locked (the next call gets them). A limit
+// of zero deletes nothing; a negative limit is an error.
+func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if limit < 0 {
 		return 0, fmt.Errorf("pgstore: delete expired: negative limit %d", limit)
 	}
 	if limit == 0 {
 		return 0, nil
 	}
-	tag, err := s.pool.Exec(ctx, s.sql.deleteExpired, now, limit)
+	tag, err := s.pool.Exec(ctx, s.sql.deleteExpired, s.now(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("pgstore: delete expired: %w", err)
 	}
@@ -508,32 +606,37 @@ func decodeCursor(cursor string) (scope, key []byte, err error) {
 	return b[:n], b[n:], nil
 }
 
-// scanRecord scans lead, then recordColumns.
+// scanRecord scans lead, then recordColumns. A done record gets its Response when its
+// status was read (a lost claim that is no replay reads none).
 func scanRecord(row pgx.Row, lead ...any) (*idempotency.Record, error) {
 	var (
 		r                       idempotency.Record
 		scope, key, fingerprint []byte
 		state                   string
 		status                  *int32
-		header, body            []byte
+		header, headers, body   []byte
 		omitted                 bool
 	)
-	dest := append(lead, &scope, &key, &fingerprint, &state, &r.Token,
-		&r.CreatedAt, &r.LeaseUntil, &r.ExpiresAt, &status, &header, &body, &omitted)
+	dest := append(lead, &scope, &key, &fingerprint, &state, &r.Token, &r.Abandoned,
+		&r.CreatedAt, &r.LeaseUntil, &r.ExpiresAt, &status, &header, &headers, &body, &omitted)
 	if err := row.Scan(dest...); err != nil {
 		return nil, err
 	}
 	r.Scope, r.Key, r.Fingerprint = string(scope), string(key), string(fingerprint)
 	r.State = idempotency.State(state)
-	if r.State == idempotency.StateDone {
-		resp := &idempotency.Response{Body: body, BodyOmitted: omitted}
-		if status != nil {
-			resp.Status = int(*status)
-		}
-		if header != nil {
-			if err := json.Unmarshal(header, &resp.Header); err != nil {
-				return nil, fmt.Errorf("decoding header of %q/%q: %w", r.Scope, r.Key, err)
+	if r.State == idempotency.StateDone && status != nil {
+		resp := &idempotency.Response{Status: int(*status), Body: body, BodyOmitted: omitted}
+		var err error
+		switch {
+		case string(header) == "null": // written by this store: headers holds them
+			if headers != nil {
+				resp.Header, resp.Trailer, err = headercodec.Decode(headers)
 			}
+		case header != nil: // written by a store of the schema without headers
+			err = json.Unmarshal(header, &resp.Header)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("decoding header of %q/%q: %w", r.Scope, r.Key, err)
 		}
 		r.Response = resp
 	}

@@ -95,8 +95,8 @@ func TestConformance(t *testing.T) {
 func conformance(t *testing.T, batch bool) {
 	pool := newPool(t, testenv.PostgresURL(t), func(c *pgxpool.Config) { c.MaxConns = 16 })
 	idempotencytest.Run(t, idempotencytest.Harness{
-		New: func(t *testing.T) idempotency.Store {
-			st, _ := newStoreConfig(t, pgstore.Config{Pool: pool, Batch: batch})
+		New: func(t *testing.T, clock func() time.Time) idempotency.Store {
+			st, _ := newStoreConfig(t, pgstore.Config{Pool: pool, Batch: batch, Clock: clock})
 			return st
 		},
 		Down: func(t *testing.T) idempotency.Store {
@@ -208,15 +208,14 @@ func roundTrips(t *testing.T, batch bool) {
 	})
 	st, _ := newStoreConfig(t, pgstore.Config{Pool: pool, Batch: batch})
 	ctx := t.Context()
-	now := time.Now()
 	execute := func(key string) (idempotency.ClaimResult, error) {
 		res, err := st.Claim(ctx, idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "f",
-			Now: now, LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)})
+			Lease: time.Minute, TTL: time.Hour})
 		if err != nil || !res.Claimed {
 			return res, err
 		}
 		return res, st.Complete(ctx, idempotency.Completion{Scope: "s", Key: key, Token: res.Token,
-			Response: idempotency.Response{Status: 201, Body: []byte("ok")}, Now: now, ExpiresAt: now.Add(time.Hour)})
+			Response: idempotency.Response{Status: 201, Body: []byte("ok")}, TTL: time.Hour})
 	}
 	if _, err := execute("warm-up"); err != nil {
 		t.Fatal(err)
@@ -241,24 +240,35 @@ func roundTrips(t *testing.T, batch bool) {
 func TestWithTx(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t, testenv.PostgresURL(t), nil)
-	st, schema := newStore(t, pool)
+	st, schema := newStore(t, pool) // on the server's clock
+	// newClocked returns a store on the same table whose clock the caller moves.
+	newClocked := func(t *testing.T) (*pgstore.Store, *idempotencytest.Clock) {
+		t.Helper()
+		clock := idempotencytest.NewClock()
+		st, err := pgstore.New(pgstore.Config{Pool: pool, Schema: schema, Clock: clock.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st, clock
+	}
 	ledger := schema + ".ledger"
 	if _, err := pool.Exec(t.Context(), "CREATE TABLE "+ledger+" (key text PRIMARY KEY)"); err != nil {
 		t.Fatal(err)
 	}
-	now := time.Now()
 	const scope = `s\x41` + "\x00" // bytes that text or bytea literals would mangle
-	want := idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":1}`)}
-	// claim claims key at instant at, with a lease of lease, and returns a context
-	// carrying the claim.
-	claim := func(t *testing.T, key string, at time.Time, lease time.Duration) (context.Context, int64) {
+	want := idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "X-Raw": {"\xff"}},
+		Body: []byte(`{"id":1}`)}
+	const ttl = 2 * time.Hour
+	// claim claims key on st (a lease of a minute) and returns a context carrying the
+	// claim.
+	claim := func(t *testing.T, st *pgstore.Store, key string) (context.Context, int64) {
 		t.Helper()
 		res, err := st.Claim(t.Context(), idempotency.ClaimRequest{Scope: scope, Key: key, Fingerprint: "f",
-			Now: at, LeaseUntil: at.Add(lease), ExpiresAt: at.Add(time.Hour)})
+			Lease: time.Minute, TTL: time.Hour})
 		if err != nil || !res.Claimed {
 			t.Fatalf("Claim %s: %+v, %v", key, res, err)
 		}
-		c := idempotency.NewClaim(scope, key, "f", res.Token, time.Hour, func() time.Time { return at })
+		c := idempotency.NewClaim(scope, key, "f", res.Token, ttl)
 		return idempotency.NewContext(t.Context(), c), res.Token
 	}
 	insert := func(key string) func(context.Context, pgx.Tx) (idempotency.Response, error) {
@@ -286,21 +296,42 @@ func TestWithTx(t *testing.T) {
 
 	t.Run("completes in the transaction", func(t *testing.T) {
 		t.Parallel()
-		ctx, _ := claim(t, "done", now, time.Minute)
+		ctx, _ := claim(t, st, "done")
+		before := time.Now()
 		if got, err := st.WithTx(ctx, insert("done")); err != nil || !reflect.DeepEqual(got, want) {
 			t.Fatalf("WithTx = %+v, %v", got, err)
 		}
-		if rec := record(t, "done"); rec.State != idempotency.StateDone || !reflect.DeepEqual(*rec.Response, want) {
+		after := time.Now()
+		rec := record(t, "done")
+		if rec.State != idempotency.StateDone || !reflect.DeepEqual(*rec.Response, want) {
 			t.Errorf("record %+v, response %+v; want done with %+v", rec, rec.Response, want)
+		}
+		// Retention runs from the completion, on the server's clock (here near the
+		// process's).
+		if rec.ExpiresAt.Before(before.Add(ttl-time.Second)) || rec.ExpiresAt.After(after.Add(ttl+time.Second)) {
+			t.Errorf("ExpiresAt %v, want about %v", rec.ExpiresAt, before.Add(ttl))
 		}
 		if !booked(t, "done") {
 			t.Error("the business write is missing")
 		}
 	})
 
+	t.Run("completes on the store's clock", func(t *testing.T) {
+		t.Parallel()
+		clocked, clock := newClocked(t)
+		ctx, _ := claim(t, clocked, "clocked")
+		clock.Advance(time.Minute)
+		if _, err := clocked.WithTx(ctx, insert("clocked")); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := record(t, "clocked").ExpiresAt, clock.Now().Add(ttl); !got.Equal(want) {
+			t.Errorf("ExpiresAt %v, want %v (the store's clock + the claim's TTL)", got, want)
+		}
+	})
+
 	t.Run("handler error rolls back", func(t *testing.T) {
 		t.Parallel()
-		ctx, _ := claim(t, "failed", now, time.Minute)
+		ctx, _ := claim(t, st, "failed")
 		boom := errors.New("boom")
 		_, err := st.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
 			if _, err := insert("failed")(ctx, tx); err != nil {
@@ -322,13 +353,15 @@ func TestWithTx(t *testing.T) {
 
 	t.Run("stale owner rolls back", func(t *testing.T) {
 		t.Parallel()
-		stale, old := claim(t, "stale", now, 0) // its lease expires at once
-		res, err := st.Claim(t.Context(), idempotency.ClaimRequest{Scope: scope, Key: "stale", Fingerprint: "f",
-			Now: now.Add(time.Second), LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)})
+		clocked, clock := newClocked(t)
+		stale, old := claim(t, clocked, "stale")
+		clock.Advance(time.Minute) // the lease runs out on the store's clock
+		res, err := clocked.Claim(t.Context(), idempotency.ClaimRequest{Scope: scope, Key: "stale", Fingerprint: "f",
+			Lease: time.Minute, TTL: time.Hour})
 		if err != nil || !res.Claimed || !res.TookOver || res.Token <= old {
 			t.Fatalf("takeover: %+v, %v (old token %d)", res, err, old)
 		}
-		if _, err := st.WithTx(stale, insert("stale")); !errors.Is(err, idempotency.ErrLeaseLost) {
+		if _, err := clocked.WithTx(stale, insert("stale")); !errors.Is(err, idempotency.ErrLeaseLost) {
 			t.Fatalf("WithTx error %v, want ErrLeaseLost", err)
 		}
 		if booked(t, "stale") {
@@ -356,7 +389,7 @@ func TestWithTx(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, _ := claim(t, "lost-reply", now, time.Minute)
+		ctx, _ := claim(t, st, "lost-reply")
 		if got, err := pst.WithTx(ctx, insert("lost-reply")); err != nil || !reflect.DeepEqual(got, want) {
 			t.Fatalf("WithTx = %+v, %v; want the response: the commit happened", got, err)
 		}
@@ -372,7 +405,7 @@ func TestWithTx(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, tok := claim(t, "lost-commit", now, time.Minute)
+		ctx, tok := claim(t, st, "lost-commit")
 		if _, err := pst.WithTx(ctx, insert("lost-commit")); !errors.Is(err, pgstore.ErrCommitUnknown) {
 			t.Fatalf("WithTx error %v, want ErrCommitUnknown (the transaction is still open)", err)
 		}
@@ -481,17 +514,15 @@ func TestAnswersFromExistingRecordTakeNoLock(t *testing.T) {
 	pool := newPool(t, testenv.PostgresURL(t), nil)
 	st, schema := newStore(t, pool)
 	ctx := t.Context()
-	now := time.Now()
 	req := func(key, fp string) idempotency.ClaimRequest {
-		return idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: fp, Now: now,
-			LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)}
+		return idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: fp, Lease: time.Minute, TTL: time.Hour}
 	}
 	done, err := st.Claim(ctx, req("done", "f"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Complete(ctx, idempotency.Completion{Scope: "s", Key: "done", Token: done.Token,
-		Response: idempotency.Response{Status: 201}, Now: now, ExpiresAt: now.Add(time.Hour)}); err != nil {
+		Response: idempotency.Response{Status: 201}, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.Claim(ctx, req("busy", "f")); err != nil {
@@ -528,12 +559,16 @@ func TestBatch(t *testing.T) {
 		cfg.MaxConns = 4
 		cfg.ConnConfig.Tracer = &n
 	})
-	st, _ := newStoreConfig(t, pgstore.Config{Pool: pool, Batch: true})
+	st, schema := newStoreConfig(t, pgstore.Config{Pool: pool, Batch: true})
+	// A rule of the database that refuses one completion (status 599), so that a batch
+	// holding it fails on the server.
+	table := pgx.Identifier{schema, "retrysafe_idempotency"}.Sanitize()
+	if _, err := pool.Exec(t.Context(), "ALTER TABLE "+table+" ADD CONSTRAINT no_599 CHECK (status <> 599)"); err != nil {
+		t.Fatal(err)
+	}
 	ctx := t.Context()
-	now := time.Now()
 	req := func(key string) idempotency.ClaimRequest {
-		return idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "f",
-			Now: now, LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)}
+		return idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "f", Lease: time.Minute, TTL: time.Hour}
 	}
 	// together runs f(0) … f(n-1) at once and waits for them.
 	together := func(calls int, f func(i int)) {
@@ -596,21 +631,30 @@ func TestBatch(t *testing.T) {
 	}
 
 	// Complete them in two rounds of calls at once. The first: key 0 with a stale token
-	// (refused), key 2 with no header and no body, the rest as they should. The second
-	// (keys 48 to 63): key 48 with a header jsonb rejects (a NUL), which fails the
-	// batch's statement; each call is then retried alone, and only key 48's fails.
+	// (refused), key 2 with no header and no body, key 3 with header bytes no text
+	// column keeps (a NUL, bytes that are not UTF-8) and a trailer, the rest as they
+	// should. The second (keys 48 to 63): key 48 with the status the table refuses,
+	// which fails the batch's statement; each call is then retried alone, and only key
+	// 48's fails.
+	response := func(i int) *idempotency.Response {
+		r := &idempotency.Response{Status: 201, Header: http.Header{"X-I": {fmt.Sprint(i)}}, Body: []byte(fmt.Sprint("body ", i))}
+		switch i {
+		case 2:
+			r.Header, r.Body = nil, nil
+		case 3:
+			r.Header = http.Header{"X-Bytes": {"a\x00b", "\xff\xfe"}}
+			r.Trailer = http.Header{"X-Sum": {"\x80"}}
+		case 48:
+			r.Status = 599
+		}
+		return r
+	}
 	completeErrs := make([]error, calls)
 	complete := func(i int) {
 		c := idempotency.Completion{Scope: "s", Key: fmt.Sprint("k", i), Token: results[i].Token,
-			Response: idempotency.Response{Status: 201, Header: http.Header{"X-I": {fmt.Sprint(i)}}, Body: []byte(fmt.Sprint("body ", i))},
-			Now:      now, ExpiresAt: now.Add(time.Hour)}
-		switch i {
-		case 0:
+			Response: *response(i), TTL: time.Hour}
+		if i == 0 {
 			c.Token--
-		case 48:
-			c.Response.Header = http.Header{"X-Bad": {"a\x00b"}}
-		case 2:
-			c.Response.Header, c.Response.Body = nil, nil
 		}
 		completeErrs[i] = st.Complete(ctx, c)
 	}
@@ -623,7 +667,7 @@ func TestBatch(t *testing.T) {
 		t.Errorf("completion with a stale token: %v, want ErrLeaseLost", completeErrs[0])
 	}
 	if completeErrs[48] == nil || errors.Is(completeErrs[48], idempotency.ErrLeaseLost) {
-		t.Errorf("completion with a NUL in a header: %v, want the server's error", completeErrs[48])
+		t.Errorf("completion the table refuses: %v, want the server's error", completeErrs[48])
 	}
 	for i := 1; i < calls; i++ {
 		if i == 48 {
@@ -636,11 +680,7 @@ func TestBatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := &idempotency.Response{Status: 201, Header: http.Header{"X-I": {fmt.Sprint(i)}}, Body: []byte(fmt.Sprint("body ", i))}
-		if i == 2 {
-			want.Header, want.Body = nil, nil
-		}
-		if rec.State != idempotency.StateDone || rec.Token != results[i].Token || !reflect.DeepEqual(rec.Response, want) {
+		if want := response(i); rec.State != idempotency.StateDone || rec.Token != results[i].Token || !reflect.DeepEqual(rec.Response, want) {
 			t.Errorf("record %d: %+v, response %+v; want done with token %d and %+v", i, rec, rec.Response, results[i].Token, want)
 		}
 	}

@@ -1,9 +1,9 @@
 -- retrysafe idempotency records (package pgstore).
 --
 -- {schema}, {table}, {sequence} and {index} are replaced by quoted identifiers; {table}
--- and {sequence} are schema-qualified. Every statement is idempotent, and Migrate runs
--- them in one transaction under an advisory lock, so that replicas starting together
--- can all migrate.
+-- and {sequence} are schema-qualified, {index} is not. Every statement is idempotent,
+-- and Migrate runs them in one transaction under an advisory lock, so that replicas
+-- starting together can all migrate.
 
 SELECT pg_advisory_xact_lock(hashtext('retrysafe.idempotency.migrate'));
 
@@ -27,11 +27,37 @@ CREATE TABLE IF NOT EXISTS {table} (
     expires_at   timestamptz NOT NULL,
     completed_at timestamptz,                    -- set when done
     status       integer,                        -- the stored response, when done
-    header       jsonb,                          -- http.Header as JSON; NULL for a nil header
+    -- The header and trailer, encoded by internal/headercodec (byte for byte), when
+    -- header holds the JSON null this store writes beside it.
+    headers      bytea,
+    -- http.Header as JSON: what stores of the schema without headers wrote (values as
+    -- text), and read. This store writes JSON null here, which those stores read as no
+    -- header, and reads this column whenever it holds anything else.
+    header       jsonb,
     body         bytea,
     body_omitted boolean     NOT NULL DEFAULT false,
+    abandoned    boolean     NOT NULL DEFAULT false, -- the owner gave up (Store.Abandon)
     PRIMARY KEY (scope, key)
 );
 
--- The janitor's scan.
-CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);
+-- Tables created without the headers and abandoned columns get them in place: adding a
+-- column that is NULL or has a constant default rewrites nothing. Each step runs only
+-- when needed, because ALTER TABLE and CREATE INDEX lock the table even when they turn
+-- out to have nothing to do, and would wait for (and hold up) every open transaction
+-- that writes records.
+DO $migrate$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute
+                   WHERE attrelid = '{table}'::regclass AND attname = 'headers' AND NOT attisdropped) THEN
+        ALTER TABLE {table} ADD COLUMN IF NOT EXISTS headers bytea;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_attribute
+                   WHERE attrelid = '{table}'::regclass AND attname = 'abandoned' AND NOT attisdropped) THEN
+        ALTER TABLE {table} ADD COLUMN IF NOT EXISTS abandoned boolean NOT NULL DEFAULT false;
+    END IF;
+    -- The janitor's scan.
+    IF to_regclass('{schema}.{index}') IS NULL THEN
+        CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);
+    END IF;
+END
+$migrate$;

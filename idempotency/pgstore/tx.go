@@ -24,7 +24,9 @@ const resolveTimeout = 5 * time.Second
 // an idempotency.Claim (the middleware puts it there), the completion of the claimed key
 // with fn's response is written in the same transaction, so the business write and the
 // stored response commit together or not at all ("work done, result not stored" cannot
-// happen). The store's table must therefore be in the database fn writes to.
+// happen). The store's table must therefore be in the database fn writes to. The
+// completed record is kept for the claim's TTL from the completion statement's instant
+// on the store's clock, as Complete keeps it.
 //
 // With a claim in ctx:
 //   - fn succeeds and the commit succeeds: the record is done with fn's response,
