@@ -24,8 +24,14 @@
 //	                            (redis.ParseClusterURL).
 //	memory:                     the in-process memstore: nothing survives the process.
 //
+// The PostgreSQL and Redis forms are URLs with a host part ("//" after the scheme);
+// anything else after their scheme is an error, not a keyword/value string. An SQLite
+// path holding a control character is an error too.
+//
 // Open checks that the backend answers (a ping bounded by a few seconds) and returns
-// errors on one line, with any password redacted.
+// errors on one line, with any password redacted: the user info's, and the value of any
+// query parameter or keyword whose name holds "password" (PostgreSQL's password and
+// sslpassword). The same goes for Opened.Name.
 package storedsn
 
 import (
@@ -34,10 +40,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -115,30 +124,21 @@ func Open(ctx context.Context, dsn string, logger *slog.Logger) (*Opened, error)
 	if logger == nil {
 		logger = slog.Default()
 	}
-	dsn = strings.TrimSpace(cmp.Or(strings.TrimSpace(dsn), Default))
-	scheme, rest, ok := strings.Cut(dsn, ":")
-	if !ok {
-		return nil, fmt.Errorf("%w %q: want sqlite:PATH, postgres://…, redis://… or memory:", ErrUnknownScheme, redactRaw(dsn))
+	sp, err := parse(dsn)
+	if err != nil {
+		return nil, err
 	}
-	var (
-		o   *Opened
-		err error
-	)
-	switch strings.ToLower(scheme) {
-	case "sqlite", "sqlite3":
-		o, err = openSQLite(ctx, rest)
-	case "postgres", "postgresql":
-		o, err = openPostgres(ctx, dsn)
-	case "redis", "rediss":
-		o, err = openRedis(ctx, dsn)
-	case "memory", "mem":
-		if rest != "" && rest != "//" {
-			return nil, fmt.Errorf("%w %q: memory: takes no argument", ErrInvalid, dsn)
-		}
-		s := memstore.New()
-		o = &Opened{Store: s, Kind: KindMemory, Name: "memory:", Janitor: s, close: s.Close}
+	var o *Opened
+	switch sp.kind {
+	case KindSQLite:
+		o, err = openSQLite(ctx, sp)
+	case KindPostgres:
+		o, err = openPostgres(ctx, sp)
+	case KindRedis:
+		o, err = openRedis(ctx, sp)
 	default:
-		return nil, fmt.Errorf("%w %q: want sqlite:PATH, postgres://…, redis://… or memory:", ErrUnknownScheme, redactRaw(dsn))
+		s := memstore.New()
+		o = &Opened{Store: s, Kind: KindMemory, Name: sp.name, Janitor: s, close: s.Close}
 	}
 	if err != nil {
 		return nil, err
@@ -147,7 +147,52 @@ func Open(ctx context.Context, dsn string, logger *slog.Logger) (*Opened, error)
 	return o, nil
 }
 
-func openSQLite(ctx context.Context, path string) (*Opened, error) {
+// spec is a parsed DSN: what Open needs to open its store, nothing opened or dialled yet.
+type spec struct {
+	kind string // one of the Kind constants
+	name string // Opened.Name: the DSN without its password
+
+	path   string // sqlite
+	batch  bool   // sqlite, postgres
+	schema string // postgres
+	pg     *pgxpool.Config
+	prefix string // redis
+	redis  *redis.Options
+	// cluster, when set, replaces redis: a Redis Cluster client.
+	cluster *redis.ClusterOptions
+}
+
+// parse reads dsn (see the package doc) without opening anything. Its errors match
+// ErrUnknownScheme or ErrInvalid.
+func parse(dsn string) (*spec, error) {
+	dsn = strings.TrimSpace(cmp.Or(strings.TrimSpace(dsn), Default))
+	scheme, rest, ok := strings.Cut(dsn, ":")
+	if !ok {
+		return nil, fmt.Errorf("%w %q: want sqlite:PATH, postgres://…, redis://… or memory:", ErrUnknownScheme, redactRaw(dsn))
+	}
+	switch strings.ToLower(scheme) {
+	case "sqlite", "sqlite3":
+		return parseSQLite(rest)
+	case "postgres", "postgresql", "redis", "rediss":
+		if !strings.HasPrefix(rest, "//") {
+			// Not a URL with a host part: PostgreSQL's driver would read the rest as
+			// keyword/value settings whose first keyword starts with "postgres:".
+			return nil, fmt.Errorf("%w %q: want %s://…", ErrInvalid, redactRaw(dsn), strings.ToLower(scheme))
+		}
+		if strings.HasPrefix(strings.ToLower(scheme), "redis") {
+			return parseRedis(dsn)
+		}
+		return parsePostgres(dsn)
+	case "memory", "mem":
+		if rest != "" && rest != "//" {
+			return nil, fmt.Errorf("%w %q: memory: takes no argument", ErrInvalid, redactRaw(dsn))
+		}
+		return &spec{kind: KindMemory, name: "memory:"}, nil
+	}
+	return nil, fmt.Errorf("%w %q: want sqlite:PATH, postgres://…, redis://… or memory:", ErrUnknownScheme, redactRaw(dsn))
+}
+
+func parseSQLite(path string) (*spec, error) {
 	if strings.HasPrefix(path, "//") { // sqlite:///abs/path, sqlite://rel/path
 		path = path[2:]
 	}
@@ -157,10 +202,11 @@ func openSQLite(ctx context.Context, path string) (*Opened, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: sqlite parameters %q: %s", ErrInvalid, query, oneLine(err.Error()))
 		}
-		for k, v := range q {
+		for _, k := range slices.Sorted(maps.Keys(q)) { // the same error every time
+			v := q[k]
 			b, err := strconv.ParseBool(v[len(v)-1])
 			if k != "batch" || err != nil {
-				return nil, fmt.Errorf("%w: sqlite parameter %s=%q: the only one is batch=true|false", ErrInvalid, k, v[len(v)-1])
+				return nil, fmt.Errorf("%w: sqlite parameter %q: the only one is batch=true|false", ErrInvalid, k+"="+v[len(v)-1])
 			}
 			batch = b
 		}
@@ -169,17 +215,24 @@ func openSQLite(ctx context.Context, path string) (*Opened, error) {
 	if path == "" {
 		path = strings.TrimPrefix(Default, "sqlite:")
 	}
-	name := "sqlite:" + path
-	pctx, cancel := context.WithTimeout(ctx, PingTimeout)
-	defer cancel()
-	s, err := sqlitestore.Open(pctx, sqlitestore.Config{Path: path, Batch: batch})
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, name, err)
+	if strings.ContainsFunc(path, unicode.IsControl) {
+		// It would break the one-line errors and the logs that name the store.
+		return nil, fmt.Errorf("%w: sqlite path %q holds a control character", ErrInvalid, path)
 	}
-	return &Opened{Store: s, Kind: KindSQLite, Name: name, Janitor: s, migrate: s.Migrate, close: s.Close}, nil
+	return &spec{kind: KindSQLite, name: "sqlite:" + path, path: path, batch: batch}, nil
 }
 
-func openPostgres(ctx context.Context, dsn string) (*Opened, error) {
+func openSQLite(ctx context.Context, sp *spec) (*Opened, error) {
+	pctx, cancel := context.WithTimeout(ctx, PingTimeout)
+	defer cancel()
+	s, err := sqlitestore.Open(pctx, sqlitestore.Config{Path: sp.path, Batch: sp.batch})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, sp.name, err)
+	}
+	return &Opened{Store: s, Kind: KindSQLite, Name: sp.name, Janitor: s, migrate: s.Migrate, close: s.Close}, nil
+}
+
+func parsePostgres(dsn string) (*spec, error) {
 	u, err := url.Parse(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("%w: postgres URL: %s", ErrInvalid, oneLine(urlErr(err)))
@@ -197,16 +250,24 @@ func openPostgres(ctx context.Context, dsn string) (*Opened, error) {
 	q.Del("schema")
 	q.Del("batch")
 	u.RawQuery = q.Encode()
-	name := u.Redacted()
+	// No fragment: it means nothing to PostgreSQL, and pgx's own URL parser does not
+	// read it as one (a "#?batch=false" would reach the server as a parameter).
+	u.Fragment, u.RawFragment = "", ""
+	name := redactURL(u)
 	cfg, err := pgxpool.ParseConfig(u.String())
 	if err != nil {
-		return nil, fmt.Errorf("%w %s: %s", ErrInvalid, name, oneLine(err.Error()))
+		return nil, fmt.Errorf("%w %s: %s", ErrInvalid, name, oneLine(driverErr(err)))
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	return &spec{kind: KindPostgres, name: name, schema: schema, batch: batch, pg: cfg}, nil
+}
+
+func openPostgres(ctx context.Context, sp *spec) (*Opened, error) {
+	name := sp.name
+	pool, err := pgxpool.NewWithConfig(ctx, sp.pg)
 	if err != nil {
 		return nil, fmt.Errorf("%w %s: %w", ErrInvalid, name, err)
 	}
-	s, err := pgstore.New(pgstore.Config{Pool: pool, Schema: schema, Batch: batch})
+	s, err := pgstore.New(pgstore.Config{Pool: pool, Schema: sp.schema, Batch: sp.batch})
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("%w %s: %w", ErrInvalid, name, err)
@@ -221,7 +282,7 @@ func openPostgres(ctx context.Context, dsn string) (*Opened, error) {
 		close: func() error { pool.Close(); return nil }}, nil
 }
 
-func openRedis(ctx context.Context, dsn string) (*Opened, error) {
+func parseRedis(dsn string) (*spec, error) {
 	u, err := url.Parse(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("%w: redis URL: %s", ErrInvalid, oneLine(urlErr(err)))
@@ -231,22 +292,28 @@ func openRedis(ctx context.Context, dsn string) (*Opened, error) {
 	q.Del("prefix")
 	cluster := q.Has("addr")
 	u.RawQuery = q.Encode()
-	name := u.Redacted()
-	var client redis.UniversalClient
+	sp := &spec{kind: KindRedis, name: redactURL(u), prefix: prefix}
 	if cluster {
-		opt, err := redis.ParseClusterURL(u.String())
-		if err != nil {
-			return nil, fmt.Errorf("%w %s: %s", ErrInvalid, name, oneLine(err.Error()))
+		if sp.cluster, err = redis.ParseClusterURL(u.String()); err != nil {
+			return nil, fmt.Errorf("%w %s: %s", ErrInvalid, sp.name, oneLine(driverErr(err)))
 		}
-		client = redis.NewClusterClient(opt)
-	} else {
-		opt, err := redis.ParseURL(u.String())
-		if err != nil {
-			return nil, fmt.Errorf("%w %s: %s", ErrInvalid, name, oneLine(err.Error()))
-		}
-		client = redis.NewClient(opt)
+		return sp, nil
 	}
-	s, err := redisstore.New(redisstore.Config{Client: client, Prefix: prefix})
+	if sp.redis, err = redis.ParseURL(u.String()); err != nil {
+		return nil, fmt.Errorf("%w %s: %s", ErrInvalid, sp.name, oneLine(driverErr(err)))
+	}
+	return sp, nil
+}
+
+func openRedis(ctx context.Context, sp *spec) (*Opened, error) {
+	name := sp.name
+	var client redis.UniversalClient
+	if sp.cluster != nil {
+		client = redis.NewClusterClient(sp.cluster)
+	} else {
+		client = redis.NewClient(sp.redis)
+	}
+	s, err := redisstore.New(redisstore.Config{Client: client, Prefix: sp.prefix})
 	if err != nil {
 		_ = client.Close()
 		return nil, fmt.Errorf("%w %s: %w", ErrInvalid, name, err)
@@ -261,19 +328,77 @@ func openRedis(ctx context.Context, dsn string) (*Opened, error) {
 }
 
 // urlErr returns the message of a url.Parse error without the URL itself, which may
-// hold a password.
+// hold a password, and without the pieces of it the message quotes (an invalid port or
+// escape is often a piece of a password holding a '/' or a '%').
 func urlErr(err error) string {
 	var ue *url.Error
 	if errors.As(err, &ue) {
-		return ue.Err.Error()
+		return unquote(ue.Err.Error())
 	}
 	return "unparsable"
 }
 
-// redactRaw hides what looks like a password in a string that did not parse as a URL.
+// driverErr returns the message of a driver's parse error without the connection string
+// it quotes between backquotes (pgx redacts passwords there on a best-effort basis only;
+// the error names the store, redacted) and without the pieces of input it quotes.
+func driverErr(err error) string {
+	msg := err.Error()
+	if i := strings.IndexByte(msg, '`'); i >= 0 {
+		if j := strings.IndexByte(msg[i+1:], '`'); j >= 0 {
+			msg = strings.TrimRight(msg[:i], " ") + msg[i+1+j+1:]
+		}
+	}
+	return unquote(msg)
+}
+
+// unquote replaces each string quoted with %q in msg by "…".
+func unquote(msg string) string {
+	var b strings.Builder
+	for i := 0; i < len(msg); i++ {
+		if msg[i] != '"' {
+			b.WriteByte(msg[i])
+			continue
+		}
+		for i++; i < len(msg) && msg[i] != '"'; i++ {
+			if msg[i] == '\\' {
+				i++
+			}
+		}
+		b.WriteString(`"…"`)
+	}
+	return b.String()
+}
+
+// redactURL is u as a string without its secrets: the password of its user info and the
+// values of its query parameters whose name holds "password" (PostgreSQL's password and
+// sslpassword) are xxxxx, and the fragment, which no store reads, is left out.
+func redactURL(u *url.URL) string {
+	v := *u
+	v.Fragment, v.RawFragment = "", ""
+	q := v.Query() // drops what it cannot parse, so nothing unparsed stays behind
+	secret := false
+	for k, vals := range q {
+		if strings.Contains(strings.ToLower(k), "password") {
+			secret = true
+			for i := range vals {
+				vals[i] = "xxxxx"
+			}
+		}
+	}
+	if secret {
+		v.RawQuery = q.Encode()
+	}
+	return v.Redacted()
+}
+
+// redactRaw hides what looks like a password in a string that may not parse as a URL:
+// the values of keywords whose name holds "password" (password=…, as in PostgreSQL's
+// keyword/value form), then the password of the URL it is, or the user info of what
+// looks like one.
 func redactRaw(s string) string {
-	if u, err := url.Parse(s); err == nil && u.User != nil {
-		return u.Redacted()
+	s = redactKeywords(s)
+	if u, err := url.Parse(s); err == nil && u.Opaque == "" {
+		return redactURL(u)
 	}
 	if at := strings.LastIndex(s, "@"); at >= 0 {
 		if i := strings.Index(s, "://"); i >= 0 && i < at {
@@ -281,6 +406,31 @@ func redactRaw(s string) string {
 		}
 	}
 	return s
+}
+
+// redactKeywords replaces by xxxxx the value of each key=value word of s whose key holds
+// "password", wherever such a word starts: at the start of s or after a space, tab, &,
+// ?, ; or #. A value ends before a space, tab, & or #.
+func redactKeywords(s string) string {
+	const starts, ends = " \t&?;#", " \t&#"
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if i == 0 || strings.IndexByte(starts, s[i-1]) >= 0 {
+			eq := strings.IndexByte(s[i:], '=')
+			if eq >= 0 && !strings.ContainsAny(s[i:i+eq], starts) && strings.Contains(strings.ToLower(s[i:i+eq]), "password") {
+				val := i + eq + 1
+				n := strings.IndexAny(s[val:], ends)
+				if n < 0 {
+					n = len(s) - val
+				}
+				b.WriteString(s[i:val] + "xxxxx")
+				i = val + n - 1
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 func oneLine(s string) string {

@@ -182,6 +182,21 @@ func TestErrors(t *testing.T) {
 		{"redis://" + dead + "/0?nope=1", storedsn.ErrInvalid},
 		{"redis://" + dead + "/0?prefix=a{b}", storedsn.ErrInvalid},
 		{"sqlite:" + filepath.Join(t.TempDir(), "missing-dir", "x.db"), storedsn.ErrUnreachable},
+		// Passwords in other places than the user info, or in a DSN that is no URL.
+		{"postgres://" + dead + "/db?password=hunter2&sslmode=disable", storedsn.ErrUnreachable},
+		{"postgres://" + dead + "/db?sslpassword=hunter2&sslmode=disable", storedsn.ErrUnreachable},
+		{"postgres://u:hunter2/more@" + dead + "/db", storedsn.ErrInvalid},
+		{"postgres://u:hunter2%zz@" + dead + "/db", storedsn.ErrInvalid},
+		{"postgres:host=" + dead + " password=hunter2", storedsn.ErrInvalid},
+		{"memory://u:hunter2@x", storedsn.ErrInvalid},
+		{"mysql://db/app?password=hunter2", storedsn.ErrUnknownScheme},
+		{"mysql:host=db password=hunter2", storedsn.ErrUnknownScheme},
+		{"password=hunter2", storedsn.ErrUnknownScheme},
+		{"= password=hunter2", storedsn.ErrUnknownScheme},
+		{"x=?password=hunter2", storedsn.ErrUnknownScheme},
+		{"redis:host password=hunter2", storedsn.ErrInvalid},
+		{"sqlite:" + filepath.Join(t.TempDir(), "a\nb.db"), storedsn.ErrInvalid},
+		{"sqlite:" + filepath.Join(t.TempDir(), "x.db") + "?\r0", storedsn.ErrInvalid},
 	}
 	for _, c := range cases {
 		start := time.Now()
@@ -197,6 +212,9 @@ func TestErrors(t *testing.T) {
 		msg := err.Error()
 		if strings.Contains(msg, "hunter2") {
 			t.Errorf("%s: the password leaks: %s", c.dsn, msg)
+		}
+		if strings.ContainsAny(msg, "\r\n") {
+			t.Errorf("%q: the error is not one line: %q", c.dsn, msg)
 		}
 		// Bounded by the ping timeout; twice that leaves a loaded machine its slack.
 		if time.Since(start) > 2*storedsn.PingTimeout {
