@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -50,7 +51,8 @@ func BenchmarkMiddleware(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				h = mw(h)
+				b.Cleanup(func() { _ = mw.Shutdown(context.Background()) })
+				h = mw.Handler(h)
 			}
 			serve := func(i int) *httptest.ResponseRecorder {
 				r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(paymentBody))

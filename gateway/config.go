@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/retry"
 )
 
 // Config configures a Gateway. The zero value of every field but Upstream and Store
@@ -42,25 +44,42 @@ type Config struct {
 	// SHA-256 of the Authorization header (no header is one anonymous scope).
 	ScopeHeader string
 
-	// TTL is how long a record, and so the replay of a response, is kept. Default 24h.
+	// TTL is how long a record, and so the replay of a response, is kept. It must be
+	// longer than Lease and than UpstreamTimeout, so that no record can expire while its
+	// request may still run. Default idempotency.DefaultTTL (24h).
 	TTL time.Duration
 
 	// Lease is how long a key stays in progress without a heartbeat; the gateway renews
 	// it while the upstream works. After a crash, or an upstream timeout, the key can be
-	// taken over once its lease has ended. Default 30s.
+	// taken over once its lease has ended. Default idempotency.DefaultLease (30s).
 	Lease time.Duration
 
 	// MaxBody is the largest request body accepted on a keyed request; larger is answered
-	// 413 before anything is stored. Default 1 MiB.
+	// 413 before anything is stored. Default idempotency.DefaultMaxBody (1 MiB).
 	MaxBody int64
 
-	// MaxResponse is the largest response body stored. A larger response is passed on
-	// and its record kept without the body (the work was done); a replay then says
-	// Idempotent-Body-Omitted: true. Default 4 MiB.
+	// BodyTimeout bounds the reading of a keyed request's body: one not received in time
+	// is answered 408 before anything is claimed. Default idempotency.DefaultBodyTimeout
+	// (30s).
+	BodyTimeout time.Duration
+
+	// MaxBodyMemory is the most keyed-request body bytes held in memory at once, all
+	// requests together; past it a request is answered 503 with Retry-After before
+	// anything is claimed. Default idempotency.DefaultMaxBodyMemory (256 MiB).
+	MaxBodyMemory int64
+
+	// MaxResponse is the largest response body stored. Responses up to it are read whole
+	// from the upstream, stored, and then sent (at the client's pace, however slow); a
+	// larger response is passed on as it comes and its record kept without the body (the
+	// work was done); a replay then says Idempotent-Body-Omitted: true. Default
+	// idempotency.DefaultMaxResponse (4 MiB).
 	MaxResponse int64
 
-	// UpstreamTimeout bounds each upstream round trip, the response body included. It
-	// runs from the moment the request is forwarded, whatever the client does. Default 30s.
+	// UpstreamTimeout bounds each upstream call from the moment it is forwarded until
+	// its answer is settled — stored, for a keyed request; its headers received, for
+	// another — whatever the client does. After that, only each wait for the upstream's
+	// next bytes is bounded by it, so a client that reads slowly is never cut off.
+	// Default DefaultUpstreamTimeout (30s).
 	UpstreamTimeout time.Duration
 
 	// FailOpen forwards requests unprotected when the store fails. Default false: fail
@@ -79,19 +98,21 @@ type Config struct {
 	Registerer prometheus.Registerer
 
 	// Transport sends the requests to the upstream. Default: a clone of
-	// http.DefaultTransport keeping up to 256 idle connections to the upstream.
+	// http.DefaultTransport keeping up to 256 idle connections to the upstream. It is
+	// always used through retry.SendOnce, so that it never resends a request by itself:
+	// one forward per claim.
 	Transport http.RoundTripper
 
-	// ShutdownTimeout bounds Run's graceful shutdown: how long the requests in flight
-	// get to finish before their connections are closed. A request whose connection was
-	// closed still records the upstream's answer before Run returns. Default
-	// UpstreamTimeout + 5s.
+	// ShutdownTimeout bounds each phase of Run's graceful shutdown: how long the
+	// requests in flight get to finish before their connections are closed (a request
+	// whose connection was closed still records the upstream's answer before Run
+	// returns), and then how long answers the store could not take get to be stored.
+	// Default UpstreamTimeout + 5s.
 	ShutdownTimeout time.Duration
-
-	// Clock returns the current time for leases, expiry and the janitor. Default
-	// time.Now.
-	Clock func() time.Time
 }
+
+// DefaultUpstreamTimeout is Config.UpstreamTimeout's default.
+const DefaultUpstreamTimeout = 30 * time.Second
 
 // withDefaults validates cfg and fills in the defaults.
 func (cfg Config) withDefaults() (Config, error) {
@@ -108,6 +129,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		name string
 		v    int64
 	}{{"TTL", int64(cfg.TTL)}, {"Lease", int64(cfg.Lease)}, {"MaxBody", cfg.MaxBody},
+		{"BodyTimeout", int64(cfg.BodyTimeout)}, {"MaxBodyMemory", cfg.MaxBodyMemory},
 		{"MaxResponse", cfg.MaxResponse}, {"UpstreamTimeout", int64(cfg.UpstreamTimeout)},
 		{"ShutdownTimeout", int64(cfg.ShutdownTimeout)}} {
 		if d.v < 0 {
@@ -118,7 +140,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, fmt.Errorf("gateway: Config.ScopeHeader %q is not a header name", cfg.ScopeHeader)
 	}
 	if len(cfg.Methods) == 0 {
-		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
+		cfg.Methods = idempotency.DefaultMethods()
 	}
 	cfg.Methods = slices.Clone(cfg.Methods)
 	for i, m := range cfg.Methods {
@@ -126,30 +148,32 @@ func (cfg Config) withDefaults() (Config, error) {
 			return cfg, fmt.Errorf("gateway: Config.Methods: %q is not a method", m)
 		}
 		cfg.Methods[i] = strings.ToUpper(m)
+		switch cfg.Methods[i] {
+		case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+			// Safe methods have no effect to do twice, and Go's HTTP client resends them
+			// by itself on a broken connection, which would break one forward per claim.
+			return cfg, fmt.Errorf("gateway: Config.Methods: %s is a safe method and cannot need a key", cfg.Methods[i])
+		}
 	}
-	if cfg.TTL == 0 {
-		cfg.TTL = 24 * time.Hour
+	cfg.TTL = cmp.Or(cfg.TTL, idempotency.DefaultTTL)
+	cfg.Lease = cmp.Or(cfg.Lease, idempotency.DefaultLease)
+	cfg.MaxBody = cmp.Or(cfg.MaxBody, idempotency.DefaultMaxBody)
+	cfg.BodyTimeout = cmp.Or(cfg.BodyTimeout, idempotency.DefaultBodyTimeout)
+	cfg.MaxBodyMemory = cmp.Or(cfg.MaxBodyMemory, idempotency.DefaultMaxBodyMemory)
+	cfg.MaxResponse = cmp.Or(cfg.MaxResponse, idempotency.DefaultMaxResponse)
+	cfg.UpstreamTimeout = cmp.Or(cfg.UpstreamTimeout, DefaultUpstreamTimeout)
+	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, cfg.UpstreamTimeout+5*time.Second)
+	// A record must outlive every request that may still write it: its lease's
+	// renewals keep it alive, and the store refuses to expire a running lease, but the
+	// settings must not ask for less.
+	if cfg.TTL <= cfg.Lease {
+		return cfg, fmt.Errorf("gateway: the TTL (%s) must be longer than the lease (%s)", cfg.TTL, cfg.Lease)
 	}
-	if cfg.Lease == 0 {
-		cfg.Lease = 30 * time.Second
-	}
-	if cfg.MaxBody == 0 {
-		cfg.MaxBody = 1 << 20
-	}
-	if cfg.MaxResponse == 0 {
-		cfg.MaxResponse = 4 << 20
-	}
-	if cfg.UpstreamTimeout == 0 {
-		cfg.UpstreamTimeout = 30 * time.Second
-	}
-	if cfg.ShutdownTimeout == 0 {
-		cfg.ShutdownTimeout = cfg.UpstreamTimeout + 5*time.Second
+	if cfg.TTL <= cfg.UpstreamTimeout {
+		return cfg, fmt.Errorf("gateway: the TTL (%s) must be longer than the upstream timeout (%s), or a record could expire while its request still runs", cfg.TTL, cfg.UpstreamTimeout)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = time.Now
 	}
 	if cfg.Transport == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
@@ -157,6 +181,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		t.MaxIdleConnsPerHost = 256
 		cfg.Transport = t
 	}
+	cfg.Transport = retry.SendOnce(cfg.Transport)
 	return cfg, nil
 }
 

@@ -37,6 +37,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
+	defer gw.Shutdown(context.Background()) // after the server below has closed
 	front := httptest.NewServer(gw)
 	defer front.Close()
 

@@ -8,7 +8,9 @@ import (
 	"math"
 	"net/http"
 	"net/http/httputil"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,7 +28,11 @@ type Gateway struct {
 	metrics  *metrics
 	gatherer prometheus.Gatherer // nil: no /metrics
 	proxy    *httputil.ReverseProxy
+	mw       *idempotency.Middleware
 	handler  http.Handler
+	// protected are the request headers the upstream must receive as the gateway saw
+	// them: the key, the scope's source and the content type (both fingerprinted).
+	protected []string
 
 	active   tracker     // requests being served
 	draining atomic.Bool // Run is shutting down: /readyz answers 503
@@ -53,21 +59,24 @@ func New(cfg Config) (*Gateway, error) {
 	g.store = instrument(cfg.Store, g.metrics)
 
 	var scope func(*http.Request) string
+	g.protected = []string{"Idempotency-Key", "Authorization", "Content-Type"}
 	if h := cfg.ScopeHeader; h != "" {
 		scope = func(r *http.Request) string { return r.Header.Get(h) }
+		g.protected[1] = http.CanonicalHeaderKey(h)
 	}
-	mw, err := idempotency.New(idempotency.Config{
-		Store:       g.store,
-		Methods:     cfg.Methods,
-		KeyOptional: cfg.KeyOptional,
-		Scope:       scope,
-		Lease:       cfg.Lease,
-		TTL:         cfg.TTL,
-		MaxBody:     cfg.MaxBody,
-		MaxResponse: cfg.MaxResponse,
-		FailOpen:    cfg.FailOpen,
-		Clock:       cfg.Clock,
-		Logger:      cfg.Logger,
+	g.mw, err = idempotency.New(idempotency.Config{
+		Store:         g.store,
+		Methods:       cfg.Methods,
+		KeyOptional:   cfg.KeyOptional,
+		Scope:         scope,
+		Lease:         cfg.Lease,
+		TTL:           cfg.TTL,
+		MaxBody:       cfg.MaxBody,
+		BodyTimeout:   cfg.BodyTimeout,
+		MaxBodyMemory: cfg.MaxBodyMemory,
+		MaxResponse:   cfg.MaxResponse,
+		FailOpen:      cfg.FailOpen,
+		Logger:        cfg.Logger,
 		OnOutcome: func(r *http.Request, o idempotency.Outcome) {
 			if ex := exchangeFrom(r.Context()); ex != nil {
 				ex.setOutcome(string(o))
@@ -93,11 +102,31 @@ func New(cfg Config) (*Gateway, error) {
 		// half the bytes a proxied request allocated in BenchmarkGateway's profile.
 		BufferPool: &bufferPool{},
 	}
-	// The server's budget for a request is UpstreamTimeout: a caller whose own budget
-	// (Request-Budget-Ms) is already spent is answered 504 before anything is claimed.
-	g.handler = deadline.Middleware(deadline.Config{Budget: cfg.UpstreamTimeout, Logger: cfg.Logger})(
-		mw(http.HandlerFunc(g.forward)))
+	// The server's budget for a request is the time to receive its body and to call the
+	// upstream: a caller whose own budget (Request-Budget-Ms) is already spent is
+	// answered 504 before anything is claimed, and one whose budget runs out while its
+	// body arrives is answered 504 too; a body slower than BodyTimeout is a 408.
+	g.handler = deadline.Middleware(deadline.Config{Budget: cfg.BodyTimeout + cfg.UpstreamTimeout, Logger: cfg.Logger})(
+		g.mw.Handler(http.HandlerFunc(g.forward)))
 	return g, nil
+}
+
+// ProblemHopByHop (400): the request's Connection header lists a header the upstream
+// must receive — the Idempotency-Key, the header its scope comes from, or its content
+// type — which a proxy must drop as hop-by-hop.
+const ProblemHopByHop = "urn:retrysafe:problem:hop-by-hop-header"
+
+// hopByHop returns the first protected header r's Connection header lists, or "".
+func (g *Gateway) hopByHop(r *http.Request) string {
+	for _, v := range r.Header.Values("Connection") {
+		for name := range strings.SplitSeq(v, ",") {
+			name = http.CanonicalHeaderKey(strings.TrimSpace(name))
+			if slices.Contains(g.protected, name) {
+				return name
+			}
+		}
+	}
+	return ""
 }
 
 // exchange is one request's state, shared by the layers of the gateway through the
@@ -106,6 +135,7 @@ type exchange struct {
 	sent atomic.Bool // the upstream request's headers were written
 
 	mu          sync.Mutex
+	call        *upstreamCall
 	outcome     string
 	failure     failure
 	upstreamErr error
@@ -136,6 +166,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ex := &exchange{}
 	cw := &clientWriter{ResponseWriter: w}
 	defer func() { g.finish(r, ex, cw, start) }()
+	if name := g.hopByHop(r); name != "" {
+		ex.setOutcome("hop-by-hop")
+		idempotency.WriteProblem(cw, idempotency.Problem{Type: ProblemHopByHop, Title: "Header listed as hop-by-hop",
+			Status: http.StatusBadRequest,
+			Detail: "The Connection header lists " + name + ", which the upstream must receive (it is the key, the scope or fingerprinted): the request was not forwarded."}, 0)
+		return
+	}
 	g.handler.ServeHTTP(cw, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, ex)))
 	ex.mu.Lock()
 	abort := ex.abort
@@ -160,12 +197,17 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 	// cancel the upstream request, whose answer its retry will want. An unkeyed one
 	// (nothing will be stored) ends with its client, as through any proxy.
 	parent := r.Context()
+	var settled <-chan struct{}
 	if keyed {
 		parent = context.WithoutCancel(parent)
+		settled = claim.Stored()
 	}
-	ctx, cancel := context.WithTimeout(parent, g.cfg.UpstreamTimeout)
-	defer cancel()
-	ctx = sentTrace(ctx, &ex.sent)
+	call := startUpstreamCall(parent, g.cfg.UpstreamTimeout, settled)
+	defer call.stop()
+	ex.mu.Lock()
+	ex.call = call
+	ex.mu.Unlock()
+	ctx := sentTrace(call.ctx, &ex.sent)
 	start := time.Now()
 	defer func() {
 		ex.mu.Lock()
@@ -198,17 +240,20 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 }
 
 // modifyResponse watches the upstream's body so that a body that breaks off is not
-// stored as a whole answer.
+// stored as a whole answer, and bounds each wait for it once the answer is settled.
 func (g *Gateway) modifyResponse(res *http.Response) error {
 	ex := exchangeFrom(res.Request.Context())
 	if ex == nil {
 		return nil
 	}
-	b := &watchedBody{ReadCloser: res.Body}
-	res.Body = b
 	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	b := &watchedBody{ReadCloser: res.Body, call: ex.call}
+	res.Body = b
 	ex.body, ex.upstreamSt = b, res.StatusCode
-	ex.mu.Unlock()
+	if ex.call != nil && ex.call.settled == nil {
+		ex.call.settle() // unkeyed: nothing to store, the answer is under way
+	}
 	return nil
 }
 

@@ -149,18 +149,21 @@ func (c *clock) advance(d time.Duration) {
 
 // storeKinds makes a fresh, isolated store of each kind; the services' ones skip when
 // the service is absent.
+// Each store reads the time from clock (nil: its own clock).
 var storeKinds = []struct {
 	name string
-	open func(t *testing.T) idempotency.Store
+	open func(t *testing.T, clock func() time.Time) idempotency.Store
 }{
-	{"memory", func(t *testing.T) idempotency.Store { return memstore.New() }},
+	{"memory", func(t *testing.T, clock func() time.Time) idempotency.Store { return memstore.NewWithClock(clock) }},
 	{"sqlite", openSQLite},
-	{"postgres", openPostgres},
+	{"postgres", func(t *testing.T, clock func() time.Time) idempotency.Store {
+		return openPostgresSchema(t, testenv.Name("gw"), clock)
+	}},
 	{"redis", openRedis},
 }
 
-func openSQLite(t *testing.T) idempotency.Store {
-	s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: filepath.Join(t.TempDir(), "gw.db")})
+func openSQLite(t *testing.T, clock func() time.Time) idempotency.Store {
+	s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: filepath.Join(t.TempDir(), "gw.db"), Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,13 +171,9 @@ func openSQLite(t *testing.T) idempotency.Store {
 	return s
 }
 
-// openPostgres returns a store in a schema of its own, dropped at the end. Two calls
-// with the same schema share the records (two replicas).
-func openPostgres(t *testing.T) idempotency.Store {
-	return openPostgresSchema(t, testenv.Name("gw"))
-}
-
-func openPostgresSchema(t *testing.T, schema string) idempotency.Store {
+// openPostgresSchema returns a store in schema, dropped at the end. Two calls with the
+// same schema share the records (two replicas).
+func openPostgresSchema(t *testing.T, schema string, clock func() time.Time) idempotency.Store {
 	url := testenv.PostgresURL(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)
@@ -185,7 +184,7 @@ func openPostgresSchema(t *testing.T, schema string) idempotency.Store {
 		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
 		pool.Close()
 	})
-	s, err := pgstore.New(pgstore.Config{Pool: pool, Schema: schema})
+	s, err := pgstore.New(pgstore.Config{Pool: pool, Schema: schema, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +194,7 @@ func openPostgresSchema(t *testing.T, schema string) idempotency.Store {
 	return s
 }
 
-func openRedis(t *testing.T) idempotency.Store {
+func openRedis(t *testing.T, clock func() time.Time) idempotency.Store {
 	opt, err := redis.ParseURL(testenv.RedisURL(t))
 	if err != nil {
 		t.Fatal(err)
@@ -210,7 +209,7 @@ func openRedis(t *testing.T) idempotency.Store {
 		}
 		_ = client.Close()
 	})
-	s, err := redisstore.New(redisstore.Config{Client: client, Prefix: prefix})
+	s, err := redisstore.New(redisstore.Config{Client: client, Prefix: prefix, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +222,7 @@ type fixture struct {
 	store idempotency.Store
 	gw    *gateway.Gateway
 	front *httptest.Server
-	clock *clock
+	clock *clock // the store's clock, when the test drives it
 	logs  *syncBuffer
 }
 
@@ -250,14 +249,13 @@ func newFixture(t *testing.T, store idempotency.Store, up *upstream, edit func(*
 	if up == nil {
 		up = newUpstream(t)
 	}
-	f := &fixture{t: t, up: up, store: store, clock: &clock{}, logs: &syncBuffer{}}
+	f := &fixture{t: t, up: up, store: store, logs: &syncBuffer{}}
 	u, _ := url.Parse(up.URL)
 	cfg := gateway.Config{
 		Upstream:        u,
 		Store:           store,
 		MaxBody:         1 << 10,
 		UpstreamTimeout: 5 * time.Second,
-		Clock:           f.clock.now,
 		Logger:          slog.New(slog.NewJSONHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	if edit != nil {
@@ -268,6 +266,13 @@ func newFixture(t *testing.T, store idempotency.Store, up *upstream, edit func(*
 		t.Fatal(err)
 	}
 	f.gw = gw
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := gw.Shutdown(ctx); err != nil {
+			t.Error(err)
+		}
+	})
 	f.front = httptest.NewServer(gw)
 	t.Cleanup(f.front.Close)
 	return f
@@ -339,9 +344,11 @@ func TestContract(t *testing.T) {
 	for _, kind := range storeKinds {
 		t.Run(kind.name, func(t *testing.T) {
 			t.Parallel()
-			store := kind.open(t)
+			clk := &clock{}
+			store := kind.open(t, clk.now)
 			up := newUpstream(t)
 			f := newFixture(t, store, up, nil)
+			f.clock = clk
 			for _, c := range contractCases {
 				t.Run(c.name, func(t *testing.T) {
 					t.Parallel()
@@ -511,7 +518,7 @@ var contractCases = []struct {
 		if r := g.do("POST", "/block", key, `{}`); r.status != http.StatusConflict {
 			t.Fatalf("retry within the lease: %d %s", r.status, r.body)
 		}
-		g.clock.advance(31 * time.Second)
+		f.clock.advance(31 * time.Second)
 		r = g.do("POST", "/block", key, `{}`)
 		if r.status != http.StatusCreated {
 			t.Fatalf("retry after the lease: %d %s", r.status, r.body)
@@ -634,8 +641,8 @@ func TestReplicasSharePostgres(t *testing.T) {
 	t.Parallel()
 	schema := testenv.Name("gwrep")
 	up := newUpstream(t)
-	a := newFixture(t, openPostgresSchema(t, schema), up, nil)
-	b := newFixture(t, openPostgresSchema(t, schema), up, nil)
+	a := newFixture(t, openPostgresSchema(t, schema, nil), up, nil)
+	b := newFixture(t, openPostgresSchema(t, schema, nil), up, nil)
 	for k := 0; k < 5; k++ {
 		key := testenv.Name("dup")
 		var wg sync.WaitGroup
@@ -712,6 +719,7 @@ func TestBodyBreaksOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = gw.Shutdown(context.Background()) })
 	front := httptest.NewServer(gw)
 	t.Cleanup(front.Close)
 	req, _ := http.NewRequest("POST", front.URL+"/x", strings.NewReader("{}"))

@@ -158,10 +158,17 @@ func (t *timedStore) Claim(ctx context.Context, req idempotency.ClaimRequest) (i
 	return res, err
 }
 
-func (t *timedStore) Extend(ctx context.Context, scope, key string, token int64, leaseUntil time.Time) error {
+func (t *timedStore) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
 	start := time.Now()
-	err := t.s.Extend(ctx, scope, key, token, leaseUntil)
+	err := t.s.Extend(ctx, scope, key, token, lease)
 	t.m.observe("extend", start, err)
+	return err
+}
+
+func (t *timedStore) Abandon(ctx context.Context, scope, key string, token int64) error {
+	start := time.Now()
+	err := t.s.Abandon(ctx, scope, key, token)
+	t.m.observe("abandon", start, err)
 	return err
 }
 
@@ -198,9 +205,9 @@ type timedJanitor struct {
 	m *metrics
 }
 
-func (t *timedJanitor) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
+func (t *timedJanitor) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	start := time.Now()
-	n, err := t.j.DeleteExpired(ctx, now, limit)
+	n, err := t.j.DeleteExpired(ctx, limit)
 	t.m.observe("delete_expired", start, err)
 	return n, err
 }

@@ -67,9 +67,11 @@ var ErrRunning = errors.New("gateway: already running")
 // the store is an idempotency.Janitor. Then it shuts down gracefully: /readyz turns 503,
 // the listeners close, requests in flight get Config.ShutdownTimeout to finish, and the
 // connections of those still running are then closed — but Run still waits for their
-// handlers, so that every upstream answer received is recorded before it returns. It
-// closes the listeners, not the store. It returns nil after a shutdown asked for by ctx
-// and completed in time.
+// handlers, so that every upstream answer received is recorded before it returns.
+// Answers the store could not take when their requests finished (it was unreachable)
+// then get another Config.ShutdownTimeout to be stored; each one still not stored is
+// logged with its key, and Run's error says how many. It closes the listeners, not the
+// store. It returns nil after a shutdown asked for by ctx and completed in time.
 func (g *Gateway) Run(ctx context.Context, ln, adminLn net.Listener) error {
 	if ln == nil {
 		return errors.New("gateway: Run with a nil listener")
@@ -93,7 +95,7 @@ func (g *Gateway) Run(ctx context.Context, ln, adminLn net.Listener) error {
 	if j, ok := g.store.(idempotency.Janitor); ok {
 		go func() {
 			defer close(janitorDone)
-			idempotency.RunJanitor(jctx, j, idempotency.JanitorConfig{Clock: g.cfg.Clock, Logger: g.cfg.Logger})
+			idempotency.RunJanitor(jctx, j, idempotency.JanitorConfig{Logger: g.cfg.Logger})
 		}()
 	} else {
 		close(janitorDone)
@@ -121,6 +123,12 @@ func (g *Gateway) Run(ctx context.Context, ln, adminLn net.Listener) error {
 	}
 	// Handlers whose connections were closed above still record their answers.
 	g.active.wait()
+	// Then the answers the store could not take get their chance to be stored.
+	sctx, cancel := context.WithTimeout(context.Background(), g.cfg.ShutdownTimeout)
+	if err := g.Shutdown(sctx); err != nil {
+		errs = append(errs, err)
+	}
+	cancel()
 	stopJanitor()
 	<-janitorDone
 	for ; pending > 0; pending-- {
@@ -129,6 +137,17 @@ func (g *Gateway) Run(ctx context.Context, ln, adminLn net.Listener) error {
 		}
 	}
 	return errors.Join(append([]error{failed}, errs...)...)
+}
+
+// Shutdown stops the gateway's background work: it waits, until ctx ends, for the
+// answers the store could not take when their requests finished to be stored, logs
+// each one it could not store, and stops the store probe. Run calls it; call it
+// yourself, after your server has stopped, when you serve the Gateway another way.
+func (g *Gateway) Shutdown(ctx context.Context) error {
+	if err := g.mw.Shutdown(ctx); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	return nil
 }
 
 func serve(s *http.Server, ln net.Listener, name string) error {

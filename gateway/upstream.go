@@ -3,11 +3,13 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http/httptrace"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Problem types of the gateway's own error answers (RFC 9457). The middleware's are in
@@ -89,16 +91,97 @@ func sentTrace(ctx context.Context, sent *atomic.Bool) context.Context {
 	})
 }
 
-// watchedBody wraps an upstream response body and remembers a read error other than
-// io.EOF: the body broke off.
+// errUpstreamTimeout is the cause of an upstream call cut by the upstream timeout.
+var errUpstreamTimeout = fmt.Errorf("gateway: upstream timeout: %w", context.DeadlineExceeded)
+
+// upstreamCall bounds one upstream call. Until its answer is settled the whole call is
+// bounded by the upstream timeout; after, only each wait for the upstream's bytes is:
+// the copy to the client goes at the client's pace, and a slow client must not make
+// the upstream look late. A keyed call is settled when its answer is stored (the
+// middleware's Claim.Stored), which for an answer it keeps whole is after the upstream
+// sent all of it; another call when its response headers arrive.
+type upstreamCall struct {
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	timeout time.Duration
+	settled <-chan struct{} // nil: settle is called by the gateway
+
+	mu    sync.Mutex
+	total *time.Timer
+	done  bool // settled
+}
+
+func startUpstreamCall(parent context.Context, timeout time.Duration, settled <-chan struct{}) *upstreamCall {
+	ctx, cancel := context.WithCancelCause(parent)
+	deadline := time.Now().Add(timeout)
+	if d, ok := parent.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	c := &upstreamCall{cancel: cancel, timeout: timeout, settled: settled}
+	// The deadline the upstream is told of (Request-Budget-Ms): the gateway's wait.
+	c.ctx = deadlineContext{Context: ctx, deadline: deadline}
+	c.total = time.AfterFunc(timeout, c.expire)
+	return c
+}
+
+func (c *upstreamCall) expire() { c.cancel(errUpstreamTimeout) }
+
+// settle ends the bound on the whole call.
+func (c *upstreamCall) settle() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.done {
+		c.done = true
+		c.total.Stop()
+	}
+}
+
+// read runs one read of the upstream's body, bounded by the timeout once the call is
+// settled.
+func (c *upstreamCall) read(f func() (int, error)) (int, error) {
+	if c.settled != nil {
+		select {
+		case <-c.settled:
+			c.settle()
+		default:
+		}
+	}
+	c.mu.Lock()
+	done := c.done
+	c.mu.Unlock()
+	if !done {
+		return f()
+	}
+	t := time.AfterFunc(c.timeout, c.expire)
+	defer t.Stop()
+	return f()
+}
+
+func (c *upstreamCall) stop() {
+	c.total.Stop()
+	c.cancel(nil)
+}
+
+// deadlineContext reports deadline as its deadline while its cancellation is its own:
+// the upstream timeout can be lifted once the answer is settled.
+type deadlineContext struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c deadlineContext) Deadline() (time.Time, bool) { return c.deadline, true }
+
+// watchedBody wraps an upstream response body: it remembers a read error other than
+// io.EOF (the body broke off), and bounds each read as the call says.
 type watchedBody struct {
 	io.ReadCloser
-	mu  sync.Mutex
-	err error
+	call *upstreamCall
+	mu   sync.Mutex
+	err  error
 }
 
 func (b *watchedBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
+	n, err := b.call.read(func() (int, error) { return b.ReadCloser.Read(p) })
 	if err != nil && !errors.Is(err, io.EOF) {
 		b.mu.Lock()
 		if b.err == nil {

@@ -20,7 +20,8 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	defer mw.Shutdown(context.Background()) // after the server stops: stores what the store could not take yet
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		payments++
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"payment":%d}`, payments)
@@ -43,7 +44,8 @@ func Example() {
 // The same key with another body is a client bug: 422.
 func Example_mismatch() {
 	mw, _ := idempotency.New(idempotency.Config{Store: memstore.New()})
-	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	defer mw.Shutdown(context.Background())
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
 	for _, body := range []string{`{"amount":100}`, `{"amount":999}`} {
 		r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(body))
 		r.Header.Set("Idempotency-Key", "k-1")
@@ -61,7 +63,8 @@ func Example_mismatch() {
 func ExampleClaim_Release() {
 	attempts := 0
 	mw, _ := idempotency.New(idempotency.Config{Store: memstore.New()})
-	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	defer mw.Shutdown(context.Background())
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		attempts++
 		if attempts == 1 {
 			c, _ := idempotency.ClaimFromContext(r.Context())
@@ -85,14 +88,15 @@ func ExampleClaim_Release() {
 
 // Sweep deletes expired records in batches; RunJanitor does it on a timer.
 func ExampleSweep() {
-	store := memstore.New()
-	ctx := context.Background()
 	now := time.Now()
+	store := memstore.NewWithClock(func() time.Time { return now })
+	ctx := context.Background()
 	for i := range 3 {
 		_, _ = store.Claim(ctx, idempotency.ClaimRequest{Key: fmt.Sprint(i), Fingerprint: "fp",
-			Now: now, LeaseUntil: now.Add(time.Second), ExpiresAt: now.Add(time.Minute)})
+			Lease: time.Second, TTL: time.Minute})
 	}
-	n, err := idempotency.Sweep(ctx, store, now.Add(time.Hour), 2)
+	now = now.Add(time.Hour) // an hour later, all three have expired
+	n, err := idempotency.Sweep(ctx, store, 2)
 	fmt.Println(n, err)
 	// Output: 3 <nil>
 }

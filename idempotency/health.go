@@ -25,10 +25,12 @@ type health struct {
 }
 
 func newHealth(lease time.Duration) *health {
-	// Nothing is known yet: the first lease after start counts as after an outage, as it
-	// may be, for a process restarted during one.
-	now := time.Now()
-	return &health{lease: lease, trouble: now, contact: now}
+	// A process starts presuming the store healthy: if it is down, the first call or
+	// probe says so within a third of a lease. (A process started just after an outage
+	// ended could take a key over before its owner elsewhere stored its answer; the
+	// owner retries within a second of the store's return, so the window is that
+	// second.)
+	return &health{lease: lease, contact: time.Now()}
 }
 
 // observe records a store call that began at start and ended now with err. Answers

@@ -61,10 +61,11 @@ type Config struct {
 	// Store keeps the records. Required.
 	Store Store
 
-	// Methods are the methods that need a key. Default: POST and PATCH. Other methods
-	// never touch the store. Method names are case-sensitive (RFC 9110); a request whose
-	// method is a keyed method in another case (post) is answered 400, since many
-	// servers would treat it as the keyed method.
+	// Methods are the methods that need a key, in upper case (they are upper-cased).
+	// Default: POST and PATCH. Other methods never touch the store. Method names are
+	// case-sensitive (RFC 9110); a request whose method is a keyed method in another
+	// case (post) is answered 400, since many servers would treat it as the keyed
+	// method.
 	Methods []string
 
 	// KeyOptional lets keyed methods without an Idempotency-Key through unprotected.
@@ -194,7 +195,7 @@ func New(cfg Config) (*Middleware, error) {
 	m.probeCtx, m.probeStop = context.WithCancel(context.Background())
 	m.flushCtx, m.flushStop = context.WithCancel(context.Background())
 	for _, meth := range cfg.Methods {
-		m.methods[meth] = true
+		m.methods[asciiUpper(meth)] = true
 	}
 	return m, nil
 }

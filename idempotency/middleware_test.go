@@ -49,7 +49,8 @@ type env struct {
 // newEnv wraps a handler that counts its runs and answers 201 with a body naming the run.
 func newEnv(t *testing.T, mod func(*idempotency.Config), h http.HandlerFunc) *env {
 	t.Helper()
-	e := &env{store: memstore.New(), clock: &fakeClock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}}
+	e := &env{clock: &fakeClock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}}
+	e.store = memstore.NewWithClock(e.clock.Now)
 	if h == nil {
 		h = func(w http.ResponseWriter, r *http.Request) {
 			body, _ := io.ReadAll(r.Body)
@@ -61,7 +62,7 @@ func newEnv(t *testing.T, mod func(*idempotency.Config), h http.HandlerFunc) *en
 			_ = json.NewEncoder(w).Encode(map[string]any{"run": e.runs.Load(), "echo": string(body)})
 		}
 	}
-	cfg := idempotency.Config{Store: e.store, Clock: e.clock.Now}
+	cfg := idempotency.Config{Store: e.store}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -69,11 +70,22 @@ func newEnv(t *testing.T, mod func(*idempotency.Config), h http.HandlerFunc) *en
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.h = mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	t.Cleanup(func() { shutdown(t, mw) })
+	e.h = mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		e.runs.Add(1)
 		h(w, r)
 	}))
 	return e
+}
+
+// shutdown stops mw's background work, failing t if a response was left unstored.
+func shutdown(t *testing.T, mw *idempotency.Middleware) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := mw.Shutdown(ctx); err != nil {
+		t.Error(err)
+	}
 }
 
 type reqOpt func(*http.Request)
@@ -135,6 +147,14 @@ func TestBadKeys(t *testing.T) {
 		{"bad escape", []string{`"a\bc"`}},
 		{"bare quote inside", []string{`"a"b"`}},
 		{"two headers", []string{"a", "b"}},
+		{"lone quote", []string{`"`}},
+		{"list", []string{`a,b`}},
+		{"list of strings", []string{`"a", "b"`}},
+		{"parameters", []string{`"a";p=1`}},
+		{"bare with quote", []string{`a"b`}},
+		{"bare with backslash", []string{`a\b`}},
+		{"bare with semicolon", []string{`a;b`}},
+		{"garbage after the string", []string{`"a" b`}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -171,7 +191,8 @@ func TestMissingKey(t *testing.T) {
 func TestValidKeyBoundaries(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil, nil)
-	for _, k := range []string{"a", strings.Repeat("z", 255), "!~#$%&'()*+,-./:;<=>?@[]^_`{|}", `"` + strings.Repeat("q", 255) + `"`} {
+	for _, k := range []string{"a", strings.Repeat("z", 255), "!~#$%&'()*+-./:<=>?@[]^_`{|}",
+		`"!~#$%&'()*+,-./:;<=>?@[]^_` + "`" + `{|}\"\\"`, `"` + strings.Repeat("q", 255) + `"`, ` "padded" `} {
 		wantStatus(t, e.do(http.MethodPost, "/pay", "{}", withKey(k)), http.StatusCreated)
 	}
 }
@@ -186,11 +207,13 @@ func TestQuotedAndBareKeysAreOneKey(t *testing.T) {
 	if second.Header().Get("Idempotent-Replayed") != "true" || e.runs.Load() != 1 {
 		t.Errorf("quoted form did not replay the bare form's response (runs %d)", e.runs.Load())
 	}
-	// Escapes inside the quoted form are part of the key.
-	e.do(http.MethodPost, "/pay", `{}`, withKey(`a"b`))
-	w := e.do(http.MethodPost, "/pay", `{}`, withKey(`"a\"b"`))
-	if w.Header().Get("Idempotent-Replayed") != "true" {
-		t.Error(`"a\"b" is not the key a"b`)
+	// Escapes inside the quoted form are part of the key: "a\"b" is a"b, not ab.
+	e.do(http.MethodPost, "/pay", `{}`, withKey(`"a\"b"`))
+	if w := e.do(http.MethodPost, "/pay", `{}`, withKey(`"a\"b"`)); w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Error(`"a\"b" is not the same key twice`)
+	}
+	if w := e.do(http.MethodPost, "/pay", `{}`, withKey(`"ab"`)); w.Header().Get("Idempotent-Replayed") == "true" {
+		t.Error(`"ab" replayed the answer of "a\"b"`)
 	}
 }
 
@@ -293,7 +316,7 @@ func TestUnkeyedMethodsNeverTouchTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	var runs int
-	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { runs++ }))
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { runs++ }))
 	for _, m := range []string{"GET", "HEAD", "PUT", "DELETE", "OPTIONS"} {
 		r := httptest.NewRequest(m, "/x", nil)
 		r.Header.Set("Idempotency-Key", "k")
@@ -305,7 +328,7 @@ func TestUnkeyedMethodsNeverTouchTheStore(t *testing.T) {
 	mw2, _ := idempotency.New(idempotency.Config{Store: cs, Methods: []string{"put"}})
 	r := httptest.NewRequest("PUT", "/x", nil)
 	w := httptest.NewRecorder()
-	mw2(http.NotFoundHandler()).ServeHTTP(w, r)
+	mw2.Handler(http.NotFoundHandler()).ServeHTTP(w, r)
 	wantStatus(t, w, http.StatusBadRequest) // PUT is keyed now: key required
 }
 
@@ -454,7 +477,7 @@ func TestClientDisconnects(t *testing.T) {
 			store := memstore.New()
 			var runs atomic.Int64
 			mw, _ := idempotency.New(idempotency.Config{Store: store})
-			srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				defer func() { returned <- struct{}{} }()
 				n := runs.Add(1)
 				if n > 1 {
@@ -554,10 +577,9 @@ func TestLeaseTakeoverAfterCrash(t *testing.T) {
 	e := newEnv(t, nil, nil)
 	ctx := context.Background()
 	// A process claimed the key and died: its record is in progress with a lease.
-	now := e.clock.Now()
 	fp := idempotency.Fingerprint(http.MethodPost, "/pay", "", "application/json", []byte("{}"), false)
-	res, err := e.store.Claim(ctx, idempotency.ClaimRequest{Key: "k", Fingerprint: fp, Now: now,
-		LeaseUntil: now.Add(30 * time.Second), ExpiresAt: now.Add(time.Hour)})
+	res, err := e.store.Claim(ctx, idempotency.ClaimRequest{Key: "k", Fingerprint: fp,
+		Lease: 30 * time.Second, TTL: time.Hour})
 	if err != nil || !res.Claimed {
 		t.Fatal(res, err)
 	}
@@ -565,7 +587,7 @@ func TestLeaseTakeoverAfterCrash(t *testing.T) {
 	e.clock.Advance(31 * time.Second)
 	wantStatus(t, e.do(http.MethodPost, "/pay", "{}", withKey("k")), http.StatusCreated)
 	// The dead owner's late completion is rejected; the new response stands.
-	err = e.store.Complete(ctx, idempotency.Completion{Key: "k", Token: res.Token, Response: idempotency.Response{Status: 500}, Now: now, ExpiresAt: now.Add(time.Hour)})
+	err = e.store.Complete(ctx, idempotency.Completion{Key: "k", Token: res.Token, Response: idempotency.Response{Status: 500}, TTL: time.Hour})
 	if !errors.Is(err, idempotency.ErrLeaseLost) {
 		t.Errorf("stale completion: %v, want ErrLeaseLost", err)
 	}
@@ -585,7 +607,7 @@ func TestHeartbeatKeepsSlowHandlersLease(t *testing.T) {
 	// A lease of a second, renewed every third of it, so that a stall of the machine
 	// (the race detector, parallel packages) cannot let it lapse between renewals.
 	mw, _ := idempotency.New(idempotency.Config{Store: store, Lease: time.Second})
-	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if runs.Add(1) == 1 {
 			close(entered)
 			<-release
@@ -680,9 +702,10 @@ func TestFlusherAndResponseController(t *testing.T) {
 		}
 		_, _ = w.Write([]byte("part2"))
 	})
+	// A response is held until it is stored: a Flush before that sends nothing early.
 	w := e.do(http.MethodPost, "/x", "{}", withKey("k"))
-	if !w.Flushed || w.Body.String() != "part1 part2" {
-		t.Errorf("flushed=%v body=%q", w.Flushed, w.Body)
+	if w.Flushed || w.Body.String() != "part1 part2" {
+		t.Errorf("flushed=%v body=%q; want the whole body, sent once stored", w.Flushed, w.Body)
 	}
 	if again := e.do(http.MethodPost, "/x", "{}", withKey("k")); again.Body.String() != "part1 part2" {
 		t.Errorf("replay of a flushed response: %q", again.Body)

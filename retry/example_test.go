@@ -86,7 +86,8 @@ func ExampleTransport() {
 	if err != nil {
 		panic(err)
 	}
-	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	defer mw.Shutdown(context.Background())
+	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		defer mu.Unlock()
 		keys = append(keys, r.Header.Get("Idempotency-Key"))

@@ -105,7 +105,8 @@ func paymentsServer(t *testing.T, keyOptional bool) (srv *httptest.Server, payme
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv = httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	t.Cleanup(func() { _ = mw.Shutdown(context.Background()) })
+	srv = httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		n := payments.Add(1)
 		w.Header().Set("Content-Type", "application/json")

@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -177,6 +178,8 @@ func (p *proc) wait(d time.Duration) int {
 //	/hang-once       hangs on a key's first call until the test ends, as /pay after
 //	/held-once       hangs on a key's first call until release(key), as /pay after
 //	/status/N        N
+//	/big?bytes=N     201 with a JSON body of N bytes
+//	/odd             201 with header values that are not UTF-8 and a trailer
 type upstream struct {
 	*httptest.Server
 	calls  atomic.Int64
@@ -247,6 +250,21 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	case strings.HasPrefix(r.URL.Path, "/status/"):
 		code, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/status/"))
 		http.Error(w, "upstream says "+strconv.Itoa(code), code)
+		return
+	case r.URL.Path == "/big":
+		n, _ := strconv.Atoi(r.URL.Query().Get("bytes"))
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(n))
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, `{"pad":"`+strings.Repeat("x", max(0, n-10))+`"}`)
+		return
+	case r.URL.Path == "/odd":
+		w.Header()["X-Latin1"] = []string{"caf\xe9"}
+		w.Header()["X-Bytes"] = []string{"\x80\xff", "ok"}
+		w.Header().Set("Trailer", "X-Checksum")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = fmt.Fprintf(w, `{"call":%d}`, n)
+		w.Header().Set("X-Checksum", "sum-\xde\xad")
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -653,13 +671,18 @@ func runBinary(t *testing.T, args ...string) (string, int) {
 
 func runBinaryEnv(t *testing.T, extraEnv []string, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(binary, args...)
+	// A command that should exit but serves instead is killed, and fails the test.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
 	cmd.Env = env(extraEnv...)
 	out, err := cmd.CombinedOutput()
-	if err != nil {
-		if _, ok := err.(*exec.ExitError); !ok {
-			t.Fatal(err)
-		}
+	if ctx.Err() != nil {
+		t.Fatalf("%v still running after a minute:\n%s", args, out)
+	}
+	var exitErr *exec.ExitError
+	if err != nil && !errors.As(err, &exitErr) {
+		t.Fatal(err)
 	}
 	return string(out), cmd.ProcessState.ExitCode()
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/retrysafe/retrysafe/gateway"
+	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/storedsn"
 )
 
@@ -22,9 +23,14 @@ and never reaches the upstream twice. 409 while in flight, 422 for a key reused 
 another request, 400 without a key. The key is forwarded unchanged.
 
 Upstream never reached: 502, key released. Upstream timed out after the request was
-sent: 504, key kept until its lease ends. Upstream 429/503: passed through, key
-released. SIGTERM/SIGINT: stop accepting, finish and record the requests in flight,
-exit 0.
+sent: 504, key kept until its lease ends (the request is never resent by the gateway
+itself). Upstream 429/503: passed through, key released. Store unreachable when an
+answer is to be stored: the client gets it, the gateway keeps it and stores it when the
+store answers. SIGTERM/SIGINT: stop accepting, finish and record the requests in
+flight, store the answers kept, exit 0 (1 if some could not be stored; each is logged).
+
+The TTL must be longer than the lease and the upstream timeout, so that no record can
+expire while its request may still run.
 
 flags (each can also be set from the environment: --max-body from RETRYSAFE_MAX_BODY,
 --upstream from RETRYSAFE_UPSTREAM, and so on; a flag on the command line wins):
@@ -48,10 +54,18 @@ flags (each can also be set from the environment: --max-body from RETRYSAFE_MAX_
                            principal whose keys these are (default: a hash of the
                            Authorization header)
   --max-body SIZE          largest request body on keyed methods, else 413 (default 1MiB)
-  --max-response SIZE      largest response body stored (default 4MiB; larger ones are
-                           passed on and stored without their body)
-  --upstream-timeout DUR   bound on each upstream call (default 30s)
-  --shutdown-timeout DUR   time the requests in flight get at shutdown (default
+  --body-timeout DUR       time a keyed request's body gets to arrive, else 408
+                           (default 30s)
+  --max-body-memory SIZE   request-body bytes all keyed requests together may hold in
+                           memory; past it 503 with Retry-After (default 256MiB)
+  --max-response SIZE      largest response body stored (default 4MiB). Answers up to
+                           it are read whole from the upstream, stored, then sent at the
+                           client's pace; larger ones are passed on as they come and
+                           stored without their body
+  --upstream-timeout DUR   bound on each upstream call until its answer is stored
+                           (default 30s); then only each wait for the upstream's bytes
+  --shutdown-timeout DUR   time the requests in flight get at shutdown, and then the
+                           answers the store could not take get to be stored (default
                            upstream timeout + 5s)
   --fail-open              forward unprotected when the store fails (default: 503)
   --log-format text|json   (default text)
@@ -70,27 +84,30 @@ examples:
 
 type gatewayFlags struct {
 	upstream, listen, admin, store, methods, scopeHeader, logFormat, logLevel string
-	ttl, lease, upstreamTimeout, shutdownTimeout                              time.Duration
+	ttl, lease, upstreamTimeout, shutdownTimeout, bodyTimeout                 time.Duration
 	requireKey, failOpen                                                      bool
-	maxBody, maxResponse                                                      byteSize
+	maxBody, maxResponse, maxBodyMemory                                       byteSize
 }
 
 func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	const cmd = "retrysafe gateway"
-	f := gatewayFlags{maxBody: 1 << 20, maxResponse: 4 << 20}
+	f := gatewayFlags{maxBody: idempotency.DefaultMaxBody, maxResponse: idempotency.DefaultMaxResponse,
+		maxBodyMemory: idempotency.DefaultMaxBodyMemory}
 	fs := newFlagSet(cmd)
 	fs.StringVar(&f.upstream, "upstream", "", "")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "")
 	fs.StringVar(&f.admin, "admin", "127.0.0.1:9090", "")
 	fs.StringVar(&f.store, "store", storedsn.Default, "")
-	fs.DurationVar(&f.ttl, "ttl", 24*time.Hour, "")
-	fs.DurationVar(&f.lease, "lease", 30*time.Second, "")
+	fs.DurationVar(&f.ttl, "ttl", idempotency.DefaultTTL, "")
+	fs.DurationVar(&f.lease, "lease", idempotency.DefaultLease, "")
 	fs.StringVar(&f.methods, "methods", "POST,PATCH", "")
 	fs.BoolVar(&f.requireKey, "require-key", true, "")
 	fs.StringVar(&f.scopeHeader, "scope-header", "", "")
 	fs.Var(&f.maxBody, "max-body", "")
+	fs.DurationVar(&f.bodyTimeout, "body-timeout", idempotency.DefaultBodyTimeout, "")
+	fs.Var(&f.maxBodyMemory, "max-body-memory", "")
 	fs.Var(&f.maxResponse, "max-response", "")
-	fs.DurationVar(&f.upstreamTimeout, "upstream-timeout", 30*time.Second, "")
+	fs.DurationVar(&f.upstreamTimeout, "upstream-timeout", gateway.DefaultUpstreamTimeout, "")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 0, "")
 	fs.BoolVar(&f.failOpen, "fail-open", false, "")
 	fs.StringVar(&f.logFormat, "log-format", "text", "")
@@ -114,7 +131,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"--ttl", f.ttl}, {"--lease", f.lease}, {"--upstream-timeout", f.upstreamTimeout}} {
+	}{{"--ttl", f.ttl}, {"--lease", f.lease}, {"--upstream-timeout", f.upstreamTimeout}, {"--body-timeout", f.bodyTimeout}} {
 		if d.v <= 0 {
 			return fail(stderr, cmd, fmt.Errorf("%s must be positive, not %s", d.name, d.v), exitUsage)
 		}
@@ -125,8 +142,14 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if f.ttl <= f.lease {
 		return fail(stderr, cmd, fmt.Errorf("--ttl (%s) must be longer than --lease (%s)", f.ttl, f.lease), exitUsage)
 	}
-	if f.maxBody <= 0 || f.maxResponse <= 0 {
-		return fail(stderr, cmd, errors.New("--max-body and --max-response must be positive"), exitUsage)
+	if f.ttl <= f.upstreamTimeout {
+		return fail(stderr, cmd, fmt.Errorf("--ttl (%s) must be longer than --upstream-timeout (%s), or a record could expire while its request still runs", f.ttl, f.upstreamTimeout), exitUsage)
+	}
+	if f.maxBody <= 0 || f.maxResponse <= 0 || f.maxBodyMemory <= 0 {
+		return fail(stderr, cmd, errors.New("--max-body, --max-body-memory and --max-response must be positive"), exitUsage)
+	}
+	if f.maxBodyMemory < f.maxBody {
+		return fail(stderr, cmd, fmt.Errorf("--max-body-memory (%s) must be at least --max-body (%s)", &f.maxBodyMemory, &f.maxBody), exitUsage)
 	}
 	var methods []string
 	for m := range strings.SplitSeq(f.methods, ",") {
@@ -159,6 +182,8 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		TTL:             f.ttl,
 		Lease:           f.lease,
 		MaxBody:         int64(f.maxBody),
+		BodyTimeout:     f.bodyTimeout,
+		MaxBodyMemory:   int64(f.maxBodyMemory),
 		MaxResponse:     int64(f.maxResponse),
 		UpstreamTimeout: f.upstreamTimeout,
 		ShutdownTimeout: f.shutdownTimeout,

@@ -78,11 +78,13 @@ type Config struct {
 	Mode Mode
 
 	// Idempotency configures the middleware (Lease, TTL, CanonicalJSON, OnOutcome...).
-	// The constructor sets Store (the database's store) and Scope (the user); Clock and
-	// Logger default to the fields below. Ignored in ModeUnprotected.
+	// The constructor sets Store (the database's store) and Scope (the user); Logger
+	// defaults to the field below. Ignored in ModeUnprotected.
 	Idempotency idempotency.Config
 
-	// Clock stamps payments and drives the middleware. Default time.Now.
+	// Clock stamps payments and is the idempotency store's clock. Default nil: time.Now
+	// for payments, and the store's own clock (PostgreSQL's, for a PostgreSQL ledger
+	// served by several processes). Set it only in tests.
 	Clock func() time.Time
 
 	// Logger receives failures. Default slog.Default().
@@ -128,6 +130,7 @@ type Server struct {
 	logger  *slog.Logger
 	create  http.Handler // POST /payments without the middleware (tests reach it)
 	handler http.Handler
+	mw      *idempotency.Middleware // nil in ModeUnprotected
 	close   func() error
 }
 
@@ -152,9 +155,6 @@ func newServer(cfg Config, db backend, store idempotency.Store, closer func() er
 			u, _ := User(r) // authenticate has rejected a malformed header already
 			return u
 		}
-		if ic.Clock == nil {
-			ic.Clock = s.clock
-		}
 		if ic.Logger == nil {
 			ic.Logger = s.logger
 		}
@@ -162,7 +162,8 @@ func newServer(cfg Config, db backend, store idempotency.Store, closer func() er
 		if err != nil {
 			return nil, fmt.Errorf("ledger: %w", err)
 		}
-		post = mw(post)
+		s.mw = mw
+		post = mw.Handler(post)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", post)
@@ -187,8 +188,25 @@ func (s *Server) Count(ctx context.Context, user string) (int64, error) {
 	return s.db.count(ctx, user)
 }
 
+// Shutdown stops the middleware's background work, storing until ctx ends the answers
+// the store could not take (see idempotency.Middleware.Shutdown). Call it after the
+// HTTP server has stopped, before Close.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if s.mw == nil {
+		return nil
+	}
+	return s.mw.Shutdown(ctx)
+}
+
 // Close releases what the constructor opened (a PostgreSQL pool passed in stays open).
+// It stops the middleware's background work without waiting for answers not yet
+// stored; call Shutdown first to give them time.
 func (s *Server) Close() error {
+	if s.mw != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_ = s.mw.Shutdown(ctx)
+	}
 	if s.close == nil {
 		return nil
 	}

@@ -397,9 +397,8 @@ func TestStaleOwnerRollsBack(t *testing.T) {
 			fp := idempotency.Fingerprint(http.MethodPost, "/payments", "", "application/json", []byte(body), false)
 			claimAt := func() idempotency.ClaimResult {
 				t.Helper()
-				now := clock.Now()
 				res, err := store.Claim(ctx, idempotency.ClaimRequest{Scope: "alice", Key: "k", Fingerprint: fp,
-					Now: now, LeaseUntil: now.Add(time.Second), ExpiresAt: now.Add(time.Hour)})
+					Lease: time.Second, TTL: time.Hour})
 				if err != nil || !res.Claimed {
 					t.Fatalf("claim: %+v, %v", res, err)
 				}
@@ -414,7 +413,7 @@ func TestStaleOwnerRollsBack(t *testing.T) {
 
 			// The old owner finishes late: its payment and its completion must not commit.
 			run := func(token int64) *httptest.ResponseRecorder {
-				c := idempotency.NewClaim("alice", "k", fp, token, time.Hour, clock.Now)
+				c := idempotency.NewClaim("alice", "k", fp, token, time.Hour)
 				r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(body))
 				r.Header.Set("Authorization", "Bearer alice")
 				r.Header.Set("Content-Type", "application/json")

@@ -47,7 +47,7 @@ func NewPostgres(ctx context.Context, cfg PostgresConfig) (*Server, error) {
 	b := &pgBackend{pool: cfg.Pool, table: table}
 	var store idempotency.Store
 	if cfg.Mode != ModeUnprotected {
-		st, err := pgstore.New(pgstore.Config{Pool: cfg.Pool, Schema: schema, Batch: cfg.Batch})
+		st, err := pgstore.New(pgstore.Config{Pool: cfg.Pool, Schema: schema, Batch: cfg.Batch, Clock: cfg.Clock})
 		if err != nil {
 			return nil, fmt.Errorf("ledger: %w", err)
 		}

@@ -89,7 +89,7 @@ func OpenSQLite(ctx context.Context, cfg SQLiteConfig) (*Server, error) {
 func newSQLite(ctx context.Context, cfg SQLiteConfig, b *sqliteBackend, closeAll func() error) (*Server, error) {
 	var store idempotency.Store
 	if cfg.Mode != ModeUnprotected {
-		st, err := sqlitestore.New(ctx, b.write, sqlitestore.Config{}) // migrates, prepares its statements
+		st, err := sqlitestore.New(ctx, b.write, sqlitestore.Config{Clock: cfg.Clock}) // migrates, prepares its statements
 		if err != nil {
 			return nil, fmt.Errorf("ledger: %w", err)
 		}

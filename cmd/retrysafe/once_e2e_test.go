@@ -1,0 +1,643 @@
+package main
+
+// End-to-end tests of "one execution per key" on every link, through the built binary
+// with default flags where the case allows: the gateway's own resends to the upstream,
+// store outages, slow clients, and inputs that could slip around the contract. The
+// upstreams here never deduplicate: each counts every request it executes.
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/internal/tcpproxy"
+	"github.com/retrysafe/retrysafe/internal/testenv"
+)
+
+// counter counts executions by a label (a key, a path).
+type counter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counter) add(label string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[label]++
+	return c.n[label]
+}
+
+func (c *counter) get(label string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[label]
+}
+
+// dropSecond is an upstream that reads and executes every request, answers the first
+// request of each connection with keep-alive, and closes (or resets) the connection
+// after reading the second one, without answering: a server that crashed, hit its
+// WriteTimeout, or a load balancer that dropped the connection.
+type dropSecond struct {
+	ln    net.Listener
+	reset bool
+	execs counter
+}
+
+func newDropSecond(t *testing.T, reset bool) *dropSecond {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &dropSecond{ln: ln, reset: reset}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() { u.serve(c) })
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		wg.Wait()
+	})
+	return u
+}
+
+func (u *dropSecond) URL() string { return "http://" + u.ln.Addr().String() }
+
+func (u *dropSecond) serve(c net.Conn) {
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for n := 1; ; n++ {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, req.Body)
+		u.execs.add(req.Header.Get("Idempotency-Key"))
+		if n == 2 {
+			if tc, ok := c.(*net.TCPConn); ok && u.reset {
+				_ = tc.SetLinger(0)
+			}
+			return
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+	}
+}
+
+// TestE2ENoResendByTheGateway: a keyed request the upstream read on a reused keep-alive
+// connection and never answered is forwarded once, never resent by the gateway's HTTP
+// client on its own: its outcome is unknown, so the key is kept to its lease.
+func TestE2ENoResendByTheGateway(t *testing.T) {
+	t.Parallel()
+	for _, reset := range []bool{false, true} {
+		for _, body := range []string{`{"amount":100}`, ""} {
+			name := fmt.Sprintf("reset=%v/body=%d", reset, len(body))
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				up := newDropSecond(t, reset)
+				gw := startGateway(t, nil, "--store", "memory:", "--upstream", up.URL())
+				ctx := context.Background()
+				warm, k := testenv.Name("warm"), testenv.Name("once")
+				if r := post(ctx, gw.addr, "/pay", warm, body); r.status != 201 {
+					t.Fatalf("first request on the connection: %v", r)
+				}
+				r := post(ctx, gw.addr, "/pay", k, body) // the second on the same connection
+				if n := up.execs.get(k); n != 1 {
+					t.Fatalf("the upstream executed the request %d times (the gateway resent it); the client got %v", n, r)
+				}
+				if r.status != 502 || r.problem() != "urn:retrysafe:problem:upstream-failed" {
+					t.Errorf("client got %v, want 502 upstream-failed (outcome unknown)", r)
+				}
+				if again := post(ctx, gw.addr, "/pay", k, body); again.status != 409 || up.execs.get(k) != 1 {
+					t.Errorf("retry within the lease: %v, %d executions; want 409 and 1", again, up.execs.get(k))
+				}
+			})
+		}
+	}
+}
+
+// TestE2ENonCanonicalMethod: "post" is no way around the key rules.
+func TestE2ENonCanonicalMethod(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	gw := startGateway(t, nil, "--store", "memory:", "--upstream", up.URL)
+	for _, key := range []string{"", testenv.Name("lower")} {
+		for range 2 {
+			req, err := http.NewRequest("post", gw.addr+"/pay", strings.NewReader(`{}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if key != "" {
+				req.Header.Set("Idempotency-Key", key)
+			}
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			if res.StatusCode != 400 {
+				t.Errorf("post with key %q: %d, want 400", key, res.StatusCode)
+			}
+		}
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Errorf("the upstream executed %d lowercase posts, want 0", n)
+	}
+}
+
+// proxiedStore returns a store DSN of kind ("postgres" or "redis") whose connections go
+// through a TCP proxy the test can cut, and the direct DSN of the same store.
+func proxiedStore(t *testing.T, kind string) (proxied, direct string, p *tcpproxy.Proxy) {
+	t.Helper()
+	switch kind {
+	case "postgres":
+		direct = postgresDSN(t)
+	case "redis":
+		direct = redisDSN(t)
+	default:
+		t.Fatalf("no proxied store %q", kind)
+	}
+	u, err := url.Parse(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err = tcpproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	u.Host = p.Addr()
+	return u.String(), direct, p
+}
+
+// keyState returns the state of key in the store at dsn ("in_progress", "done" or
+// "missing"), read with `retrysafe keys show`.
+func keyState(t *testing.T, dsn, key string) string {
+	t.Helper()
+	out, code := runBinary(t, "keys", "show", "--store", dsn, "--key", key)
+	switch {
+	case code != 0 && strings.Contains(out, "not found"):
+		return "missing"
+	case code != 0:
+		t.Fatalf("keys show: %d %s", code, out)
+	case strings.Contains(out, "in_progress"):
+		return "in_progress"
+	case strings.Contains(out, "done"):
+		return "done"
+	}
+	t.Fatalf("keys show: %s", out)
+	return ""
+}
+
+// TestE2EStoreOutageAtCompletion: the store cannot be reached when the answer is to be
+// stored, and stays away for longer than the lease. The client gets its answer; the
+// gateway keeps it, with its lease, and stores it when the store is back; the retry
+// after the outage is a replay, not a second execution.
+func TestE2EStoreOutageAtCompletion(t *testing.T) {
+	t.Parallel()
+	const lease = 2 * time.Second
+	for _, kind := range []string{"postgres", "redis"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			proxied, direct, store := proxiedStore(t, kind)
+			up := newUpstream(t)
+			gw := startGateway(t, nil, "--store", proxied, "--upstream", up.URL, "--lease", lease.String())
+			ctx := context.Background()
+			k := testenv.Name("outage")
+			first := make(chan reply, 1)
+			go func() { first <- post(ctx, gw.addr, "/held-once", k, `{"amount":1}`) }()
+			waitFor(t, "the request upstream", 10*time.Second, func() bool { return up.callsFor(k) == 1 })
+			store.Cut()
+			up.release(k)
+			if r := <-first; r.status != 201 {
+				t.Fatalf("first: %v", r)
+			}
+			// A retry during the outage is not executed.
+			if r := post(ctx, gw.addr, "/held-once", k, `{"amount":1}`); up.callsFor(k) != 1 ||
+				!(r.status == 201 && r.header.Get("Idempotent-Replayed") == "true" || r.status == 503) {
+				t.Fatalf("retry during the outage: %v, %d executions", r, up.callsFor(k))
+			}
+			time.Sleep(2*lease + lease/2) // the store stays away for longer than the lease
+			store.Restore()
+			r := post(ctx, gw.addr, "/held-once", k, `{"amount":1}`)
+			if up.callsFor(k) != 1 {
+				t.Fatalf("the retry after the outage executed again (%d executions): %v", up.callsFor(k), r)
+			}
+			if r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" {
+				t.Errorf("retry after the outage: %v, want the replayed 201", r)
+			}
+			waitFor(t, "the answer stored", 10*time.Second, func() bool { return keyState(t, direct, k) == "done" })
+		})
+	}
+}
+
+// TestE2EStoreOutageDuringUpstreamCall: two replicas on one store, which goes away for
+// longer than the lease while the upstream works. The owner's heartbeats fail; when the
+// store returns, a retry on the other replica must not take the key over beside the
+// live owner.
+func TestE2EStoreOutageDuringUpstreamCall(t *testing.T) {
+	t.Parallel()
+	const lease = 2 * time.Second
+	for _, kind := range []string{"postgres", "redis"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			proxied, _, store := proxiedStore(t, kind)
+			up := newUpstream(t)
+			args := []string{"--store", proxied, "--upstream", up.URL, "--lease", lease.String()}
+			a, b := startGateway(t, nil, args...), startGateway(t, nil, args...)
+			ctx := context.Background()
+			k := testenv.Name("long")
+			first := make(chan reply, 1)
+			go func() { first <- post(ctx, a.addr, "/held-once", k, `{}`) }()
+			waitFor(t, "the request upstream", 10*time.Second, func() bool { return up.callsFor(k) == 1 })
+			store.Cut()
+			time.Sleep(2*lease + lease/2)
+			store.Restore()
+			r := post(ctx, b.addr, "/held-once", k, `{}`)
+			if up.callsFor(k) != 1 {
+				t.Fatalf("the other replica took the key over beside its live owner (%d executions): %v", up.callsFor(k), r)
+			}
+			if r.status != 409 {
+				t.Errorf("retry on the other replica: %v, want 409", r)
+			}
+			up.release(k)
+			if r := <-first; r.status != 201 {
+				t.Fatalf("owner: %v", r)
+			}
+			waitFor(t, "the replay on the other replica", 10*time.Second, func() bool {
+				r = post(ctx, b.addr, "/held-once", k, `{}`)
+				return r.status != 409
+			})
+			if r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" || up.callsFor(k) != 1 {
+				t.Fatalf("after the owner finished: %v, %d executions", r, up.callsFor(k))
+			}
+		})
+	}
+}
+
+// TestE2ESIGTERMStoresHeldAnswers: a gateway told to stop while it holds an answer the
+// store could not take stores it when the store comes back within the shutdown
+// timeout, and otherwise says which key it could not store.
+func TestE2ESIGTERMStoresHeldAnswers(t *testing.T) {
+	t.Parallel()
+	for _, back := range []bool{true, false} {
+		t.Run(fmt.Sprintf("store back=%v", back), func(t *testing.T) {
+			t.Parallel()
+			proxied, direct, store := proxiedStore(t, "postgres")
+			up := newUpstream(t)
+			gw := startGateway(t, nil, "--store", proxied, "--upstream", up.URL, "--lease", "2s", "--shutdown-timeout", "4s")
+			ctx := context.Background()
+			k := testenv.Name("drain")
+			first := make(chan reply, 1)
+			go func() { first <- post(ctx, gw.addr, "/held-once", k, `{}`) }()
+			waitFor(t, "the request upstream", 10*time.Second, func() bool { return up.callsFor(k) == 1 })
+			store.Cut()
+			up.release(k)
+			if r := <-first; r.status != 201 {
+				t.Fatalf("first: %v", r)
+			}
+			if err := gw.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			if back {
+				time.Sleep(time.Second)
+				store.Restore()
+				if code := gw.wait(15 * time.Second); code != 0 {
+					t.Errorf("exit status %d, want 0", code)
+				}
+				if s := keyState(t, direct, k); s != "done" {
+					t.Errorf("after the drain the key is %s, want done", s)
+				}
+				return
+			}
+			if code := gw.wait(15 * time.Second); code == 0 {
+				t.Errorf("exit status 0 with an answer not stored")
+			}
+			if log := gw.log(); !strings.Contains(log, "not stored before shutdown") || !strings.Contains(log, k) {
+				t.Errorf("the log does not name the key it could not store:\n%s", log)
+			}
+		})
+	}
+}
+
+// TestE2ESlowReader: a client that reads a large answer slowly gets all of it, and the
+// key is completed when the upstream's answer is complete, not when the client has
+// read it: the upstream timeout does not cut the client off, and no retry executes again.
+func TestE2ESlowReader(t *testing.T) {
+	t.Parallel()
+	const size = 10 << 20
+	up := newUpstream(t)
+	gw := startGateway(t, nil, "--store", "memory:", "--upstream", up.URL, "--upstream-timeout", "2s",
+		"--lease", "2s", "--max-response", "16MiB")
+	k := testenv.Name("slow")
+	host := strings.TrimPrefix(gw.addr, "http://")
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 8192) })
+	}}
+	c, err := d.Dial("tcp", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST /big?bytes=%d HTTP/1.1\r\nHost: %s\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", size, host, k)
+	start := time.Now()
+	res, err := http.ReadResponse(bufio.NewReaderSize(c, 4096), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// About 2 MB/s: five seconds for the whole answer, more than twice the upstream timeout.
+	got, err := io.Copy(io.Discard, &pacedReader{r: res.Body, rate: 2 << 20})
+	res.Body.Close()
+	if err != nil || got != size || res.StatusCode != 201 {
+		t.Fatalf("slow read: status %d, %d of %d bytes in %s, err %v", res.StatusCode, got, size, time.Since(start), err)
+	}
+	time.Sleep(3 * time.Second) // past the lease: a key left in progress would be taken over
+	if r := post(context.Background(), gw.addr, fmt.Sprintf("/big?bytes=%d", size), k, `{}`); r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" || len(r.body) != size {
+		t.Errorf("retry: %d replayed=%q %d bytes", r.status, r.header.Get("Idempotent-Replayed"), len(r.body))
+	}
+	if n := up.callsFor(k); n != 1 {
+		t.Errorf("the upstream executed the request %d times, want 1", n)
+	}
+}
+
+// pacedReader reads at about rate bytes a second.
+type pacedReader struct {
+	r     io.Reader
+	rate  int
+	start time.Time
+	n     int
+}
+
+func (p *pacedReader) Read(b []byte) (int, error) {
+	if p.start.IsZero() {
+		p.start = time.Now()
+	}
+	if due := p.start.Add(time.Duration(p.n) * time.Second / time.Duration(p.rate)); time.Until(due) > 0 {
+		time.Sleep(time.Until(due))
+	}
+	n, err := p.r.Read(b[:min(len(b), 32<<10)])
+	p.n += n
+	return n, err
+}
+
+// TestE2EConnectionHeaderCannotStripTheKey: a client cannot make the key, or the header
+// its scope was computed from, hop-by-hop.
+func TestE2EConnectionHeaderCannotStripTheKey(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	gw := startGateway(t, nil, "--store", "memory:", "--upstream", up.URL)
+	for _, hop := range []string{"Idempotency-Key", "idempotency-key", "Authorization", "keep-alive, Authorization"} {
+		k := testenv.Name("hop")
+		req, err := http.NewRequest(http.MethodPost, gw.addr+"/pay", strings.NewReader(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Idempotency-Key", k)
+		req.Header.Set("Authorization", "Bearer alice")
+		req.Header.Set("Connection", hop)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != 400 || up.callsFor(k) != 0 || up.callsFor("") != 0 {
+			t.Errorf("Connection: %s: %d %s, %d upstream calls with the key, %d without; want 400 and none",
+				hop, res.StatusCode, b, up.callsFor(k), up.callsFor(""))
+		}
+	}
+}
+
+// TestE2ERecordCannotExpireWhileRunning: settings under which a record could expire
+// while its request still runs are refused at start.
+func TestE2ERecordCannotExpireWhileRunning(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--lease", "2s", "--ttl", "3s", "--upstream-timeout", "20s"},
+		{"--ttl", "20s", "--upstream-timeout", "30s"},
+	} {
+		out, code := runBinary(t, append([]string{"gateway", "--upstream", "http://127.0.0.1:1", "--store", "memory:"}, args...)...)
+		if code != 2 || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.Contains(out, "--ttl") {
+			t.Errorf("%v: exit %d, output %q; want exit 2 and one line about --ttl", args, code, out)
+		}
+	}
+}
+
+// TestE2EEscapedPath: the fingerprint covers the path as it is sent upstream, so
+// /pay/x%2Fy and /pay/x/y are two requests.
+func TestE2EEscapedPath(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	gw := startGateway(t, nil, "--store", "memory:", "--upstream", up.URL)
+	ctx := context.Background()
+	k := testenv.Name("path")
+	if r := post(ctx, gw.addr, "/pay/x%2Fy", k, `{}`); r.status != 201 {
+		t.Fatalf("first: %v", r)
+	}
+	if r := post(ctx, gw.addr, "/pay/x/y", k, `{}`); r.status != 422 || r.problem() != idempotency.ProblemMismatch {
+		t.Errorf("same key on /pay/x/y: %v, want 422 (not the answer of /pay/x%%2Fy)", r)
+	}
+}
+
+// rawRequest writes head, then body one byte every gap, on a new connection, and
+// returns the response (or an error when there is none).
+func rawRequest(addr, head, body string, gap time.Duration) (*http.Response, string, error) {
+	c, err := net.Dial("tcp", strings.TrimPrefix(addr, "http://"))
+	if err != nil {
+		return nil, "", err
+	}
+	defer c.Close()
+	go func() {
+		if _, err := io.WriteString(c, head); err != nil {
+			return
+		}
+		for i := range len(body) {
+			time.Sleep(gap)
+			if _, err := c.Write([]byte{body[i]}); err != nil {
+				return
+			}
+		}
+	}()
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return nil, "", err
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	return res, string(b), nil
+}
+
+// TestE2EBodyMemoryAndTime: request bodies held in memory have a ceiling, and a body
+// that does not arrive in time is cut with 408; neither claims anything.
+func TestE2EBodyMemoryAndTime(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	gw := startGateway(t, nil, "--store", "memory:", "--upstream", up.URL, "--max-body", "1MiB",
+		"--max-body-memory", "3MiB", "--body-timeout", "1s")
+	ctx := context.Background()
+	t.Run("ceiling", func(t *testing.T) {
+		body := strings.Repeat("x", 1<<20)
+		var keys []string
+		replies := make(chan reply, 5)
+		for i := range 5 {
+			k := testenv.Name(fmt.Sprintf("mem%d", i))
+			keys = append(keys, k)
+			go func() { replies <- post(ctx, gw.addr, "/held-once", k, body) }()
+		}
+		waitFor(t, "three requests upstream", 10*time.Second, func() bool {
+			n := 0
+			for _, k := range keys {
+				n += up.callsFor(k)
+			}
+			return n >= 3
+		})
+		var overloaded int
+		for range 2 {
+			r := <-replies
+			if r.status != 503 || r.problem() != idempotency.ProblemOverloaded || r.header.Get("Retry-After") == "" {
+				t.Errorf("a request past the ceiling: %v, want 503 overloaded with Retry-After", r)
+			}
+			overloaded++
+		}
+		for _, k := range keys {
+			up.release(k)
+		}
+		for range 3 {
+			if r := <-replies; r.status != 201 {
+				t.Errorf("a request within the ceiling: %v", r)
+			}
+		}
+		n := 0
+		for _, k := range keys {
+			n += up.callsFor(k)
+		}
+		if n != 3 || overloaded != 2 {
+			t.Errorf("%d forwarded, %d refused; want 3 and 2", n, overloaded)
+		}
+	})
+	t.Run("slow body", func(t *testing.T) {
+		k := testenv.Name("trickle")
+		head := fmt.Sprintf("POST /pay HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Length: 40\r\n\r\n", k)
+		start := time.Now()
+		res, body, err := rawRequest(gw.addr, head, strings.Repeat("x", 40), 200*time.Millisecond)
+		if err != nil {
+			t.Fatalf("no answer to a body sent at 5 bytes/s (after %s): %v", time.Since(start), err)
+		}
+		if res.StatusCode != 408 || !strings.Contains(body, idempotency.ProblemBodyTimeout) {
+			t.Errorf("slow body: %d %s, want 408 body-timeout", res.StatusCode, body)
+		}
+		if up.callsFor(k) != 0 {
+			t.Errorf("a request whose body never arrived was forwarded")
+		}
+	})
+}
+
+// TestE2ETruthfulErrors: an upload slower than the caller's budget is a 504 of its own
+// kind, not a store failure; a 409 for a key whose owner gave up says when its lease
+// ends.
+func TestE2ETruthfulErrors(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	gw := startGateway(t, nil, "--store", "memory:", "--upstream", up.URL, "--lease", "6s", "--upstream-timeout", "1s")
+	t.Run("budget spent on the upload", func(t *testing.T) {
+		k := testenv.Name("budget")
+		head := fmt.Sprintf("POST /pay HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nRequest-Budget-Ms: 500\r\nContent-Length: 10\r\n\r\n", k)
+		res, body, err := rawRequest(gw.addr, head, strings.Repeat("x", 10), 150*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.StatusCode != 504 || !strings.Contains(body, idempotency.ProblemDeadlineExceeded) {
+			t.Errorf("upload slower than the budget: %d %s, want 504 deadline-exceeded", res.StatusCode, body)
+		}
+		if log := gw.log(); strings.Contains(log, "claim failed") {
+			t.Errorf("a slow client was logged as a store failure:\n%s", log)
+		}
+	})
+	t.Run("409 after a 504", func(t *testing.T) {
+		k := testenv.Name("gone")
+		if r := post(context.Background(), gw.addr, "/slow-once?ms=30000", k, `{}`); r.status != 504 {
+			t.Fatalf("first: %v", r)
+		}
+		r := post(context.Background(), gw.addr, "/slow-once?ms=30000", k, `{}`)
+		ra, _ := strconv.Atoi(r.header.Get("Retry-After"))
+		if r.status != 409 || ra < 3 || ra > 6 {
+			t.Errorf("retry after the 504: %v; want 409 with Retry-After the rest of the 6s lease", r)
+		}
+	})
+}
+
+// TestE2EFidelity: a replay gives back what the first answer carried, header bytes and
+// trailers included, on every store; keys follow the structured-field grammar.
+func TestE2EFidelity(t *testing.T) {
+	t.Parallel()
+	for _, s := range storeDSNs {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			up := newUpstream(t)
+			gw := startGateway(t, nil, "--store", s.dsn(t), "--upstream", up.URL)
+			k := testenv.Name("odd")
+			get := func() (*http.Response, string) {
+				req, err := http.NewRequest(http.MethodPost, gw.addr+"/odd", strings.NewReader(`{}`))
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header.Set("Idempotency-Key", k)
+				res, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(res.Body) // trailers arrive after the body
+				res.Body.Close()
+				return res, string(b)
+			}
+			first, firstBody := get()
+			again, againBody := get()
+			if again.Header.Get("Idempotent-Replayed") != "true" || againBody != firstBody || up.callsFor(k) != 1 {
+				t.Fatalf("replay: %v %q, %d executions", again.Header, againBody, up.callsFor(k))
+			}
+			for _, h := range []string{"X-Latin1", "X-Bytes"} {
+				if got, want := again.Header.Values(h), first.Header.Values(h); strings.Join(got, "|") != strings.Join(want, "|") || len(want) == 0 {
+					t.Errorf("header %s: replay %q, first %q", h, got, want)
+				}
+			}
+			if got, want := again.Trailer.Get("X-Checksum"), first.Trailer.Get("X-Checksum"); got != want || want == "" {
+				t.Errorf("trailer X-Checksum: replay %q, first %q", got, want)
+			}
+		})
+	}
+	t.Run("key grammar", func(t *testing.T) {
+		t.Parallel()
+		up := newUpstream(t)
+		gw := startGateway(t, nil, "--store", "memory:", "--upstream", up.URL)
+		for _, bad := range []string{`"`, `a,b`, `"a", "b"`, `"a";p=1`, `"a\q"`, `a"b`} {
+			if r := post(context.Background(), gw.addr, "/pay", bad, `{}`); r.status != 400 || r.problem() != idempotency.ProblemInvalidKey {
+				t.Errorf("key %s: %v, want 400 invalid-key", bad, r)
+			}
+		}
+		k := testenv.Name("sf")
+		post(context.Background(), gw.addr, "/pay", `"`+k+`"`, `{}`)
+		if r := post(context.Background(), gw.addr, "/pay", k, `{}`); r.header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("the bare form of a quoted key is not the same key: %v", r)
+		}
+	})
+}
