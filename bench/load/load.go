@@ -29,6 +29,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/retrysafe/retrysafe/retry"
 )
 
 // KeyMode says which Idempotency-Key the requests carry.
@@ -123,7 +125,10 @@ type Config struct {
 	Preconnect string
 
 	// Client sends the requests. Default: a keep-alive client of its own, keeping an
-	// idle connection per client (closed at the end of the run).
+	// idle connection per client (closed at the end of the run), whose http.Transport
+	// is wrapped in retry.SendOnce: it never resends a keyed request by itself when a
+	// reused connection closes after the request was read, which would hide that
+	// failure and fold two executions into one measured request.
 	Client *http.Client
 
 	// Tags are copied into the Result, to label it in reports.
@@ -426,7 +431,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		t.DisableCompression = true
 		t.ForceAttemptHTTP2 = false
 		defer t.CloseIdleConnections()
-		hc = &http.Client{Transport: t, Timeout: cfg.Timeout}
+		hc = &http.Client{Transport: retry.SendOnce(t), Timeout: cfg.Timeout}
 	}
 	rec := &recorder{all: NewHistogram(), errs: map[string]int64{}}
 

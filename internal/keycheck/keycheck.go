@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/retrysafe/retrysafe/retry"
 )
 
 // Errors Run returns, wrapped; match them with errors.Is.
@@ -70,7 +72,10 @@ type Config struct {
 	// instead of the bare form (abc) most APIs (Stripe's among them) take. Default false.
 	QuotedKeys bool
 	// Transport sends the requests. Default: a clone of http.DefaultTransport, closed
-	// when Run returns.
+	// when Run returns. Either way Run sends through retry.SendOnce(Transport), so that
+	// an http.Transport never resends a keyed request by itself (which the endpoint
+	// would count as one more execution than the battery asked for); a RoundTripper of
+	// the caller's sees the key under the lower-case map key "idempotency-key".
 	Transport http.RoundTripper
 	// Rand is where the keys' randomness comes from. Default crypto/rand.Reader.
 	Rand io.Reader
@@ -472,7 +477,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		transport = t
 	}
 	r := &runner{p: p, client: &http.Client{
-		Transport:     transport,
+		Transport:     retry.SendOnce(transport),
 		Timeout:       p.Timeout,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}}

@@ -43,7 +43,7 @@ type Observer struct {
 func (o *Observer) RoundTrip(req *http.Request) (*http.Response, error) {
 	o.Counts.Attempts.Add(1)
 	if p, ok := req.Context().Value(probeKey{}).(*keyProbe); ok {
-		p.key.Store(req.Header.Get(retry.IdempotencyKeyHeader))
+		p.key.Store(requestKey(req.Header))
 	}
 	out := req
 	if len(o.Targets) > 0 {
@@ -64,6 +64,19 @@ func (o *Observer) RoundTrip(req *http.Request) (*http.Response, error) {
 		o.Counts.Replays.Add(1)
 	}
 	return resp, err
+}
+
+// requestKey returns the Idempotency-Key of an attempt. Below retry.Transport, which
+// sends every attempt through retry.SendOnce, it is under the lower-case map key
+// "idempotency-key", where Header.Get does not look.
+func requestKey(h http.Header) string {
+	if k := h.Get(retry.IdempotencyKeyHeader); k != "" {
+		return k
+	}
+	if v := h[strings.ToLower(retry.IdempotencyKeyHeader)]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 type probeKey struct{}
