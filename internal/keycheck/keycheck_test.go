@@ -106,6 +106,7 @@ func TestGatewayPassesEverything(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer gw.Shutdown(context.Background()) // stops its store probe, after the server below
 	gwSrv := httptest.NewServer(gw)
 	defer gwSrv.Close()
 

@@ -21,14 +21,12 @@ import (
 func roundTrip(t *testing.T, s idempotency.Store) {
 	t.Helper()
 	ctx := context.Background()
-	now := time.Now()
 	key := testenv.Name("k")
-	res, err := s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: "fp", Now: now,
-		LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)})
+	res, err := s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
 	if err != nil || !res.Claimed {
 		t.Fatalf("Claim: %+v %v", res, err)
 	}
-	if err := s.Complete(ctx, idempotency.Completion{Key: key, Token: res.Token, Now: now, ExpiresAt: now.Add(time.Hour),
+	if err := s.Complete(ctx, idempotency.Completion{Key: key, Token: res.Token, TTL: time.Hour,
 		Response: idempotency.Response{Status: 201}}); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
