@@ -220,7 +220,19 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 	if err != nil {
 		return res, fmt.Errorf("demo: gateway: %w", err)
 	}
-	defer gateway.close()
+	// The gateway's server, then the gateway itself: its Shutdown stores the answers the
+	// store could not take and stops its store probe.
+	stopGateway := sync.OnceFunc(func() {
+		gateway.close()
+		if gw, ok := gwHandler.(interface{ Shutdown(context.Context) error }); ok {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := gw.Shutdown(sctx); err != nil {
+				cfg.Logger.Warn("demo: gateway shutdown", "err", err)
+			}
+		}
+	})
+	defer stopGateway()
 
 	// The failing network between the clients and the gateway.
 	f := cfg.FaultRate
@@ -314,7 +326,7 @@ loop:
 	if err := proxy.Close(); err != nil {
 		cfg.Logger.Warn("demo: closing the fault proxy", "err", err)
 	}
-	gateway.close()
+	stopGateway()
 	// Connections the gateway's transport dialed but never used are "new" to the
 	// upstream's server, whose Shutdown would wait 5s for them: close them first.
 	gwTransport.CloseIdleConnections()
