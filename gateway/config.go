@@ -98,9 +98,11 @@ type Config struct {
 	Registerer prometheus.Registerer
 
 	// Transport sends the requests to the upstream. Default: a clone of
-	// http.DefaultTransport keeping up to 256 idle connections to the upstream. It is
-	// always used through retry.SendOnce, so that it never resends a request by itself:
-	// one forward per claim.
+	// http.DefaultTransport keeping up to 256 idle connections to the upstream and
+	// speaking HTTP/1.1 only. It is always used through retry.SendOnce, so that it never
+	// resends a request by itself: one forward per claim. A Transport that speaks
+	// HTTP/2 keeps one way to resend: Go's HTTP/2 client sends a request again when the
+	// server resets its stream with PROTOCOL_ERROR, whether or not the server acted.
 	Transport http.RoundTripper
 
 	// ShutdownTimeout bounds each phase of Run's graceful shutdown: how long the
@@ -179,6 +181,11 @@ func (cfg Config) withDefaults() (Config, error) {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.MaxIdleConns = 512
 		t.MaxIdleConnsPerHost = 256
+		// HTTP/1.1 to the upstream, as nginx does by default: Go's HTTP/2 client resends
+		// by itself a request whose stream the server reset with PROTOCOL_ERROR, which
+		// may come after the server acted on it.
+		t.Protocols = new(http.Protocols)
+		t.Protocols.SetHTTP1(true)
 		cfg.Transport = t
 	}
 	cfg.Transport = retry.SendOnce(cfg.Transport)
