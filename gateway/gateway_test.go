@@ -174,6 +174,12 @@ func openSQLite(t *testing.T, clock func() time.Time) idempotency.Store {
 // openPostgresSchema returns a store in schema, dropped at the end. Two calls with the
 // same schema share the records (two replicas).
 func openPostgresSchema(t *testing.T, schema string, clock func() time.Time) idempotency.Store {
+	return openPostgresShared(t, schema, clock, true)
+}
+
+// openPostgresShared returns a store in schema on a pool of its own; owner drops the
+// schema at the end.
+func openPostgresShared(t *testing.T, schema string, clock func() time.Time, owner bool) idempotency.Store {
 	url := testenv.PostgresURL(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)
@@ -181,7 +187,9 @@ func openPostgresSchema(t *testing.T, schema string, clock func() time.Time) ide
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
+		if owner {
+			_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
+		}
 		pool.Close()
 	})
 	s, err := pgstore.New(pgstore.Config{Pool: pool, Schema: schema, Clock: clock})
@@ -195,17 +203,24 @@ func openPostgresSchema(t *testing.T, schema string, clock func() time.Time) ide
 }
 
 func openRedis(t *testing.T, clock func() time.Time) idempotency.Store {
+	return openRedisPrefix(t, testenv.Name("gw")+":", clock, true)
+}
+
+// openRedisPrefix returns a store on its own client under prefix; owner deletes the
+// prefix's keys at the end. Two calls with the same prefix share the records.
+func openRedisPrefix(t *testing.T, prefix string, clock func() time.Time, owner bool) idempotency.Store {
 	opt, err := redis.ParseURL(testenv.RedisURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	client := redis.NewClient(opt)
-	prefix := testenv.Name("gw") + ":"
 	t.Cleanup(func() {
-		ctx := context.Background()
-		iter := client.Scan(ctx, 0, prefix+"*", 100).Iterator()
-		for iter.Next(ctx) {
-			client.Del(ctx, iter.Val())
+		if owner {
+			ctx := context.Background()
+			iter := client.Scan(ctx, 0, prefix+"*", 100).Iterator()
+			for iter.Next(ctx) {
+				client.Del(ctx, iter.Val())
+			}
 		}
 		_ = client.Close()
 	})
