@@ -15,12 +15,29 @@
 // gateway will wait for it; a caller whose own Request-Budget-Ms is already spent is
 // answered 504 before anything is claimed.
 //
+// A request whose Connection header names the Idempotency-Key, the header its scope comes
+// from or its Content-Type is answered 400: a proxy drops the headers Connection names,
+// and the upstream must receive those the gateway keyed and fingerprinted. Keyed bodies
+// are bounded in size (Config.MaxBody, 413), in time (Config.BodyTimeout, 408) and,
+// together, in memory (Config.MaxBodyMemory, 503 with Retry-After), before anything is
+// claimed.
+//
 // # The upstream call and what its failures mean
 //
+// Each claim is forwarded once. The transport goes through retry.SendOnce, so Go's HTTP
+// client never resends a keyed request by itself (it would, on a reused keep-alive
+// connection that broke after the request was written), and the default transport
+// speaks HTTP/1.1 to the upstream, as Go's HTTP/2 client resends a request whose stream
+// was reset with PROTOCOL_ERROR.
+//
 // The upstream request runs on a context detached from the client's
-// (context.WithoutCancel), bounded by Config.UpstreamTimeout: a client that disconnects
-// does not cancel it, so the upstream's answer is still stored and the client's retry
-// gets it. A lost response is not lost work.
+// (context.WithoutCancel): a client that disconnects does not cancel it, so the
+// upstream's answer is still stored and the client's retry gets it. A lost response is
+// not lost work. Config.UpstreamTimeout bounds the call until its answer is stored
+// (answers up to Config.MaxResponse are read whole from the upstream first, then sent to
+// the client at its pace); after that only each wait for the upstream's next bytes is
+// bounded by it, so a client that reads slowly is never cut off and its key is completed
+// whatever its pace.
 //
 // When the round trip fails, what happened to the key depends on whether the request
 // can have reached the upstream. The gateway traces every round trip (httptrace's
@@ -47,7 +64,9 @@
 //
 // Run serves the proxy and an admin listener (Admin: /healthz, /readyz, /metrics) until
 // its context ends, then shuts down gracefully: it stops accepting, lets the requests in
-// flight finish and record their responses, and returns. It runs the store's janitor
+// flight finish and record their responses, gives the answers the store could not take
+// (it was unreachable) their chance to be stored, logs each one it could not store, and
+// returns. It runs the store's janitor
 // when the store has one. Every keyed request is logged on one line (log/slog) with its
 // outcome and latency. Metrics (all prefixed retrysafe_gateway_):
 //

@@ -14,6 +14,21 @@
 //	in progress, lease expired  → taken over with a new fencing token (the owner crashed);
 //	                              the old owner's late completion is rejected
 //
+// The handler's response is held until it is stored and then sent, so a client never
+// holds an answer its retry could not get again (a response larger than
+// Config.MaxResponse is completed, without its body, as soon as it passes the limit, and
+// then streamed). When the store cannot be reached to store it, the client still gets
+// the response, and the Middleware keeps it, with its key, stores it as soon as the store
+// answers (retrying at least every second), and answers retries that reach this process
+// from it; call Middleware.Shutdown after the server stops to give such responses their
+// chance and to learn of those that never were stored. A key whose owner could not renew
+// its lease because the store was unreachable is not taken over: for a lease after this
+// process last saw the store fail (a store call failing or slow, or its probe, which
+// pings every third of a lease), claims leave expired leases alone.
+//
+// Leases and expiry are decided on the store's clock (the server's, for PostgreSQL and
+// Redis), so processes whose clocks disagree agree on them.
+//
 // Keys live in a scope (by default a hash of the Authorization header): two scopes never
 // share a record. The handler's response is stored whatever its status, 5xx included
 // (the endpoint started executing), except 429 and 503, a panic, a request the client
