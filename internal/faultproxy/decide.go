@@ -40,8 +40,8 @@ func newDecider(cfg Config, s stream) *decider {
 		d.kinds = []Kind{Refuse, BlackHole}
 		d.rates = []float64{cfg.Refuse, cfg.BlackHole}
 	} else {
-		d.kinds = []Kind{ReadTimeout, Reset, ResponseLost}
-		d.rates = []float64{cfg.ReadTimeout, cfg.Reset, cfg.ResponseLost}
+		d.kinds = []Kind{ReadTimeout, Reset, ResponseLost, ResponseReset}
+		d.rates = []float64{cfg.ReadTimeout, cfg.Reset, cfg.ResponseLost, cfg.ResponseReset}
 		d.lat, d.jitter = cfg.Latency, cfg.Jitter
 	}
 	return d

@@ -1,5 +1,5 @@
 // Package faultproxy is a fault-injecting TCP proxy for HTTP/1.1: it sits between
-// clients and a server and makes the network fail in the four ways of seed 002 —
+// clients and a server and makes the network fail in the four ways a call can fail —
 // connect failure, read timeout, reset, and succeeded-but-response-lost — plus added
 // latency, at configured rates, with seeded (reproducible) randomness.
 //
@@ -28,6 +28,15 @@
 //	ResponseLost  the request is forwarded and the whole response read, then the client
 //	              connection is closed (FIN) without any of it. The server executed the
 //	              request and the client got only an error: the dangerous case.
+//	ResponseReset the request is forwarded and the whole response read, then the client
+//	              connection is reset (RST) without a byte of it: the same danger, seen
+//	              as ECONNRESET instead of EOF.
+//
+// On a reused keep-alive connection, ResponseLost and ResponseReset are exactly the
+// failures after which Go's http.Transport sends a replayable request again by itself
+// (any request with an Idempotency-Key header counts as replayable): the server then
+// sees the request twice, and the layers above the transport never know. Reset sends at
+// least one byte, so the transport does not resend after it.
 //
 // Latency (Config.Latency plus a uniform Config.Jitter) is added to every request before
 // it is forwarded, whatever else is decided for it.
@@ -57,8 +66,10 @@
 // after the other the whole run repeats exactly; with concurrent clients the sequence of
 // decisions repeats but which request gets which depends on scheduling.
 //
-// Stats reports how many faults of each kind were injected. Close stops the proxy,
-// closes every connection and waits for all of its goroutines.
+// Stats reports how many faults of each kind were injected; Config.OnFault and the
+// Logger's Debug records describe each one (kind, connection, the request's number on
+// it, method, path, Idempotency-Key, the withheld response's status and header). Close
+// stops the proxy, closes every connection and waits for all of its goroutines.
 package faultproxy
 
 import (
@@ -85,18 +96,21 @@ type Kind int
 // The fault kinds. Refuse and BlackHole are decided per connection, the others per
 // request.
 const (
-	Refuse       Kind = iota + 1 // connection reset before any byte is read
-	BlackHole                    // connection never answered
-	ReadTimeout                  // request executed, response withheld, connection held open
-	Reset                        // request executed, part of the response sent, then RST
-	ResponseLost                 // request executed, response read, connection closed without it
+	Refuse        Kind = iota + 1 // connection reset before any byte is read
+	BlackHole                     // connection never answered
+	ReadTimeout                   // request executed, response withheld, connection held open
+	Reset                         // request executed, part of the response sent, then RST
+	ResponseLost                  // request executed, response read, connection closed without it
+	ResponseReset                 // request executed, response read, connection reset without it
 )
 
 // Kinds returns every fault kind, in order.
-func Kinds() []Kind { return []Kind{Refuse, BlackHole, ReadTimeout, Reset, ResponseLost} }
+func Kinds() []Kind {
+	return []Kind{Refuse, BlackHole, ReadTimeout, Reset, ResponseLost, ResponseReset}
+}
 
-// String returns the kind's name: "refuse", "black-hole", "read-timeout", "reset" or
-// "response-lost".
+// String returns the kind's name: "refuse", "black-hole", "read-timeout", "reset",
+// "response-lost" or "response-reset".
 func (k Kind) String() string {
 	switch k {
 	case Refuse:
@@ -109,6 +123,8 @@ func (k Kind) String() string {
 		return "reset"
 	case ResponseLost:
 		return "response-lost"
+	case ResponseReset:
+		return "response-reset"
 	}
 	return "Kind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -131,11 +147,12 @@ type Config struct {
 	Refuse    float64
 	BlackHole float64
 
-	// ReadTimeout, Reset and ResponseLost are probabilities per request, each in
-	// [0, 1], their sum at most 1.
-	ReadTimeout  float64
-	Reset        float64
-	ResponseLost float64
+	// ReadTimeout, Reset, ResponseLost and ResponseReset are probabilities per request,
+	// each in [0, 1], their sum at most 1.
+	ReadTimeout   float64
+	Reset         float64
+	ResponseLost  float64
+	ResponseReset float64
 
 	// Latency is added to every request before it is forwarded, plus a uniform random
 	// part in [0, Jitter). Default 0: none.
@@ -149,6 +166,31 @@ type Config struct {
 	// Logger receives one Debug record per injected fault and a Warn record per failed
 	// dial to Target. Default nil: no logs.
 	Logger *slog.Logger
+
+	// OnFault, when set, is called once per injected fault, from the connection's
+	// goroutine, before the fault takes effect on the client connection. It must not
+	// block for long. Default nil.
+	OnFault func(Fault)
+}
+
+// Fault describes one injected fault.
+type Fault struct {
+	Kind Kind
+	At   time.Time // when it was injected
+	// Conn numbers the client connection, from 1 in the order connections were
+	// accepted; Client is its remote address.
+	Conn   uint64
+	Client string
+	// Request numbers the request on its connection, from 1; 0 for a connection fault.
+	// Above 1 the request came on a reused keep-alive connection.
+	Request int
+	// Method, Path and Key (the Idempotency-Key header) are the request's; empty for a
+	// connection fault.
+	Method, Path, Key string
+	// Status and ResponseHeader are those of the response the fault withheld or cut off
+	// (the server answered it); 0 and nil for a connection fault.
+	Status         int
+	ResponseHeader http.Header
 }
 
 func (c Config) validate() error {
@@ -158,7 +200,8 @@ func (c Config) validate() error {
 	rates := []struct {
 		name string
 		v    float64
-	}{{"Refuse", c.Refuse}, {"BlackHole", c.BlackHole}, {"ReadTimeout", c.ReadTimeout}, {"Reset", c.Reset}, {"ResponseLost", c.ResponseLost}}
+	}{{"Refuse", c.Refuse}, {"BlackHole", c.BlackHole}, {"ReadTimeout", c.ReadTimeout}, {"Reset", c.Reset},
+		{"ResponseLost", c.ResponseLost}, {"ResponseReset", c.ResponseReset}}
 	for _, r := range rates {
 		if math.IsNaN(r.v) || r.v < 0 || r.v > 1 {
 			return fmt.Errorf("faultproxy: Config.%s = %v: want a probability in [0, 1]", r.name, r.v)
@@ -168,8 +211,8 @@ func (c Config) validate() error {
 	if c.Refuse+c.BlackHole > 1+slack {
 		return fmt.Errorf("faultproxy: Config.Refuse + Config.BlackHole = %v: want at most 1", c.Refuse+c.BlackHole)
 	}
-	if s := c.ReadTimeout + c.Reset + c.ResponseLost; s > 1+slack {
-		return fmt.Errorf("faultproxy: Config.ReadTimeout + Config.Reset + Config.ResponseLost = %v: want at most 1", s)
+	if s := c.ReadTimeout + c.Reset + c.ResponseLost + c.ResponseReset; s > 1+slack {
+		return fmt.Errorf("faultproxy: Config.ReadTimeout + Config.Reset + Config.ResponseLost + Config.ResponseReset = %v: want at most 1", s)
 	}
 	if c.Latency < 0 || c.Jitter < 0 || c.DialTimeout < 0 {
 		return errors.New("faultproxy: Config.Latency, Config.Jitter and Config.DialTimeout must not be negative")
@@ -177,19 +220,23 @@ func (c Config) validate() error {
 	return nil
 }
 
-// Stats counts what a Proxy did. Faults is the sum of the five fault counts.
+// Stats counts what a Proxy did. Faults is the sum of the six fault counts.
 type Stats struct {
 	Connections int64 // client connections accepted
 	Requests    int64 // HTTP requests read from clients
 	Forwarded   int64 // requests written to Target
 	Delayed     int64 // requests given added latency
 
-	Refused       int64
-	BlackHoled    int64
-	ReadTimeouts  int64
-	Resets        int64
-	ResponsesLost int64
-	Faults        int64
+	Refused        int64
+	BlackHoled     int64
+	ReadTimeouts   int64
+	Resets         int64
+	ResponsesLost  int64
+	ResponseResets int64
+	Faults         int64
+	// OnReused counts the request faults injected on a reused keep-alive connection
+	// (not the connection's first request).
+	OnReused int64
 
 	// UpstreamErrors counts failed dials to Target and broken exchanges with it; the
 	// client connection was closed.
@@ -209,13 +256,15 @@ func (s Stats) Count(k Kind) int64 {
 		return s.Resets
 	case ResponseLost:
 		return s.ResponsesLost
+	case ResponseReset:
+		return s.ResponseResets
 	}
 	return 0
 }
 
 type counters struct {
-	conns, requests, forwarded, delayed, upstreamErrors atomic.Int64
-	faults                                              [ResponseLost + 1]atomic.Int64
+	conns, requests, forwarded, delayed, upstreamErrors, onReused atomic.Int64
+	faults                                                        [ResponseReset + 1]atomic.Int64
 }
 
 // Proxy is a running fault-injecting proxy. Make one with Start.
@@ -283,9 +332,11 @@ func (p *Proxy) Stats() Stats {
 		ReadTimeouts:   p.stats.faults[ReadTimeout].Load(),
 		Resets:         p.stats.faults[Reset].Load(),
 		ResponsesLost:  p.stats.faults[ResponseLost].Load(),
+		ResponseResets: p.stats.faults[ResponseReset].Load(),
+		OnReused:       p.stats.onReused.Load(),
 		UpstreamErrors: p.stats.upstreamErrors.Load(),
 	}
-	s.Faults = s.Refused + s.BlackHoled + s.ReadTimeouts + s.Resets + s.ResponsesLost
+	s.Faults = s.Refused + s.BlackHoled + s.ReadTimeouts + s.Resets + s.ResponsesLost + s.ResponseResets
 	return s
 }
 
@@ -369,26 +420,58 @@ func (p *Proxy) logWarn(msg string, args ...any) {
 	}
 }
 
-func (p *Proxy) injected(k Kind, c net.Conn) {
+// clientConn is one accepted client connection.
+type clientConn struct {
+	net.Conn
+	n        uint64 // from 1, in accept order
+	requests int    // requests read from it
+}
+
+// injected counts a fault and reports it to OnFault and the Logger. req and resp are
+// nil for a connection fault.
+func (p *Proxy) injected(k Kind, c *clientConn, req *http.Request, resp *http.Response) {
 	p.stats.faults[k].Add(1)
+	f := Fault{Kind: k, At: time.Now(), Conn: c.n, Client: c.RemoteAddr().String()}
+	if req != nil {
+		f.Request, f.Method, f.Path, f.Key = c.requests, req.Method, req.URL.Path, req.Header.Get("Idempotency-Key")
+		if f.Request > 1 {
+			p.stats.onReused.Add(1)
+		}
+	}
+	if resp != nil {
+		f.Status, f.ResponseHeader = resp.StatusCode, resp.Header.Clone()
+	}
+	if p.cfg.OnFault != nil {
+		p.cfg.OnFault(f)
+	}
 	if l := p.cfg.Logger; l != nil && l.Enabled(p.ctx, slog.LevelDebug) {
-		l.Debug("faultproxy: fault injected", "kind", k.String(), "client", c.RemoteAddr().String())
+		attrs := []slog.Attr{slog.String("kind", k.String()), slog.String("client", f.Client), slog.Uint64("conn", f.Conn)}
+		if req != nil {
+			attrs = append(attrs, slog.Int("request", f.Request), slog.String("method", f.Method), slog.String("path", f.Path))
+			if f.Key != "" {
+				attrs = append(attrs, slog.String("key", f.Key))
+			}
+		}
+		if resp != nil {
+			attrs = append(attrs, slog.Int("status", f.Status))
+		}
+		l.LogAttrs(p.ctx, slog.LevelDebug, "faultproxy: fault injected", attrs...)
 	}
 }
 
 // serve runs one client connection.
-func (p *Proxy) serve(c net.Conn) {
+func (p *Proxy) serve(nc net.Conn) {
 	defer p.wg.Done()
-	defer p.untrack(c)
-	p.stats.conns.Add(1)
+	defer p.untrack(nc)
+	c := &clientConn{Conn: nc, n: uint64(p.stats.conns.Add(1))}
 	switch d := p.connDec.next(); d.kind {
 	case Refuse:
-		p.injected(Refuse, c)
-		reset(c)
+		p.injected(Refuse, c, nil, nil)
+		reset(nc)
 		return
 	case BlackHole:
-		p.injected(BlackHole, c)
-		hold(c)
+		p.injected(BlackHole, c, nil, nil)
+		hold(nc)
 		return
 	}
 
@@ -406,6 +489,7 @@ func (p *Proxy) serve(c net.Conn) {
 			return // the client closed, or sent something that is not HTTP/1.x
 		}
 		p.stats.requests.Add(1)
+		c.requests++
 		d := p.reqDec.next()
 		if d.delay > 0 {
 			p.stats.delayed.Add(1)
@@ -416,7 +500,7 @@ func (p *Proxy) serve(c net.Conn) {
 		if up == nil {
 			if up = p.dial(); up == nil {
 				p.stats.upstreamErrors.Add(1)
-				reset(c) // not forwarded: as if the server had refused
+				reset(nc) // not forwarded: as if the server had refused
 				return
 			}
 		}
@@ -452,7 +536,7 @@ func (p *Proxy) dial() *upstream {
 
 // exchange forwards req and its response, or injects d's fault. It reports whether the
 // client connection can serve another request.
-func (p *Proxy) exchange(c net.Conn, cr *bufio.Reader, cw *bufio.Writer, up *upstream, req *http.Request, d decision) bool {
+func (p *Proxy) exchange(c *clientConn, cr *bufio.Reader, cw *bufio.Writer, up *upstream, req *http.Request, d decision) bool {
 	if err := req.Write(up.w); err != nil || up.w.Flush() != nil {
 		p.stats.upstreamErrors.Add(1) // or the client's body broke: either way, give up
 		return false
@@ -471,16 +555,19 @@ func (p *Proxy) exchange(c net.Conn, cr *bufio.Reader, cw *bufio.Writer, up *ups
 			p.stats.upstreamErrors.Add(1)
 			return false
 		}
-		p.injected(ReadTimeout, c)
-		hold(c)
+		p.injected(ReadTimeout, c, req, resp)
+		hold(c.Conn)
 		return false
-	case ResponseLost:
+	case ResponseLost, ResponseReset:
 		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
 			p.stats.upstreamErrors.Add(1)
 			return false
 		}
-		p.injected(ResponseLost, c)
-		return false // serve closes c: FIN, no response
+		p.injected(d.kind, c, req, resp)
+		if d.kind == ResponseReset {
+			reset(c.Conn)
+		}
+		return false // serve closes c: FIN (ResponseLost), no response
 	case Reset:
 		var buf bytes.Buffer
 		if err := resp.Write(&buf); err != nil {
@@ -493,9 +580,9 @@ func (p *Proxy) exchange(c net.Conn, cr *bufio.Reader, cw *bufio.Writer, up *ups
 			cut = 1 + int(d.cut*float64(len(b)-1)) // in [1, len-1]
 			cut = min(cut, len(b)-1)
 		}
+		p.injected(Reset, c, req, resp)
 		_, _ = c.Write(b[:cut])
-		p.injected(Reset, c)
-		reset(c)
+		reset(c.Conn)
 		return false
 	}
 
@@ -503,7 +590,7 @@ func (p *Proxy) exchange(c net.Conn, cr *bufio.Reader, cw *bufio.Writer, up *ups
 		if resp.Write(cw) != nil || cw.Flush() != nil {
 			return false
 		}
-		p.tunnel(c, cr, up)
+		p.tunnel(c.Conn, cr, up)
 		return false
 	}
 	if err := resp.Write(cw); err != nil {

@@ -10,7 +10,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -276,6 +278,124 @@ func TestResponseLost(t *testing.T) {
 	}
 	if st := p.Stats(); st.ResponsesLost != 1 || st.Faults != 1 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestResponseReset(t *testing.T) {
+	t.Parallel()
+	s := newServer(t)
+	p := start(t, s, Config{ResponseReset: 1})
+	c := client(t, 5*time.Second, false)
+	resp, err := c.Post(p.URL()+"/echo", "text/plain", strings.NewReader("x"))
+	if err == nil {
+		resp.Body.Close()
+		t.Fatal("reset response arrived")
+	}
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("error %v, want ECONNRESET", err)
+	}
+	if n := s.executed.Load(); n != 1 {
+		t.Errorf("server executed %d requests, want 1: the response was reset after execution", n)
+	}
+	if st := p.Stats(); st.ResponseResets != 1 || st.Faults != 1 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// seedFor returns a seed whose first request decisions are none, then kind, then none
+// (for the rate given to kind alone), so a test can aim a fault at the second request.
+func seedFor(t *testing.T, cfg Config) uint64 {
+	t.Helper()
+	for seed := uint64(1); seed < 10000; seed++ {
+		cfg.Seed = seed
+		d := newDecider(cfg, streamRequest)
+		a, b, c := d.next(), d.next(), d.next()
+		if a.kind == 0 && b.kind != 0 && c.kind == 0 {
+			return seed
+		}
+	}
+	t.Fatal("no seed found")
+	return 0
+}
+
+// TestTransportResendsKeyedRequest shows what the proxy's faults on a reused keep-alive
+// connection provoke in Go's http.Transport: a keyed POST whose response was lost or
+// reset without a byte is sent again on a new connection by the transport itself, and
+// the server executes it twice while the caller sees one success. A fault that sends
+// part of the response (Reset), or a request without a key, is not resent.
+func TestTransportResendsKeyedRequest(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name      string
+		cfg       Config
+		key       bool
+		resent    bool
+		wantFault Kind
+	}{
+		{"response lost, keyed", Config{ResponseLost: 0.5}, true, true, ResponseLost},
+		{"response reset, keyed", Config{ResponseReset: 0.5}, true, true, ResponseReset},
+		{"response lost, no key", Config{ResponseLost: 0.5}, false, false, ResponseLost},
+		{"reset mid-answer, keyed", Config{Reset: 0.5}, true, false, Reset},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newServer(t)
+			cfg := tc.cfg
+			cfg.Seed = seedFor(t, cfg)
+			var faults []Fault
+			var mu sync.Mutex
+			cfg.OnFault = func(f Fault) {
+				mu.Lock()
+				faults = append(faults, f)
+				mu.Unlock()
+			}
+			p := start(t, s, cfg)
+			c := client(t, 5*time.Second, true)
+			post := func(key string) error {
+				req, _ := http.NewRequest(http.MethodPost, p.URL()+"/big", strings.NewReader("x"))
+				req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader("x")), nil }
+				if tc.key {
+					req.Header.Set("Idempotency-Key", key)
+				}
+				resp, err := c.Transport.RoundTrip(req)
+				if err != nil {
+					return err
+				}
+				defer resp.Body.Close()
+				_, err = io.Copy(io.Discard, resp.Body)
+				return err
+			}
+			if err := post("k1"); err != nil {
+				t.Fatal(err)
+			}
+			err := post("k2") // on the reused connection: the fault
+			executed := s.executed.Load()
+			if tc.resent {
+				if err != nil || executed != 3 {
+					t.Errorf("error %v, server executed %d; want the transport's silent resend: nil and 3", err, executed)
+				}
+			} else if err == nil || executed != 2 {
+				t.Errorf("error %v, server executed %d; want an error and 2 (no resend)", err, executed)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(faults) != 1 {
+				t.Fatalf("OnFault saw %d faults, want 1", len(faults))
+			}
+			f := faults[0]
+			wantKey := ""
+			if tc.key {
+				wantKey = "k2"
+			}
+			if f.Kind != tc.wantFault || f.Conn != 1 || f.Request != 2 || f.Method != http.MethodPost || f.Path != "/big" ||
+				f.Key != wantKey || f.Status != http.StatusOK || f.ResponseHeader.Get("Content-Length") != fmt.Sprint(bigSize) || f.At.IsZero() {
+				t.Errorf("fault %+v", f)
+			}
+			if st := p.Stats(); st.OnReused != 1 {
+				t.Errorf("stats %+v: want 1 fault on a reused connection", st)
+			}
+		})
 	}
 }
 
@@ -545,6 +665,7 @@ func TestConfigErrors(t *testing.T) {
 		{Target: "x:1", Refuse: -0.1},
 		{Target: "x:1", Reset: 1.5},
 		{Target: "x:1", ReadTimeout: 0.5, Reset: 0.3, ResponseLost: 0.3},
+		{Target: "x:1", ReadTimeout: 0.5, ResponseReset: 0.6},
 		{Target: "x:1", Refuse: 0.6, BlackHole: 0.6},
 		{Target: "x:1", Reset: nan()},
 		{Target: "x:1", Latency: -time.Second},
@@ -564,7 +685,7 @@ func nan() float64 {
 
 func TestKindString(t *testing.T) {
 	t.Parallel()
-	want := []string{"refuse", "black-hole", "read-timeout", "reset", "response-lost"}
+	want := []string{"refuse", "black-hole", "read-timeout", "reset", "response-lost", "response-reset"}
 	for i, k := range Kinds() {
 		if k.String() != want[i] {
 			t.Errorf("%d: %q", i, k.String())
@@ -573,7 +694,7 @@ func TestKindString(t *testing.T) {
 	if Kind(0).String() != "Kind(0)" {
 		t.Error(Kind(0).String())
 	}
-	st := Stats{Refused: 1, BlackHoled: 2, ReadTimeouts: 3, Resets: 4, ResponsesLost: 5}
+	st := Stats{Refused: 1, BlackHoled: 2, ReadTimeouts: 3, Resets: 4, ResponsesLost: 5, ResponseResets: 6}
 	for i, k := range Kinds() {
 		if st.Count(k) != int64(i+1) {
 			t.Errorf("Count(%v) = %d", k, st.Count(k))
