@@ -28,54 +28,61 @@ func TestCheck(t *testing.T) {
 		change func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord)
 		want   func(c Checks) int // the count that must be 1
 		words  string             // in the evidence
+		judged bool               // OK does not judge it (duplicates: Attribute does)
 	}{
 		{"duplicate under the same key", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
 			d := r1
 			d.ID = 9
 			return ps, append(rs, d), ss
-		}, func(c Checks) int { return c.Duplicates }, "duplicate: payment alice/a-1"},
+		}, func(c Checks) int { return c.Duplicates }, "duplicate: payment alice/a-1", true},
+		{"duplicate answered with its second row", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
+			d := r1
+			d.ID = 9
+			ps[0].Answer, ss[0].AnswerID = d, 9
+			return ps, append(rs, d), ss
+		}, func(c Checks) int { return c.Duplicates + c.Mismatched }, "duplicate: payment alice/a-1", true},
 		{"duplicate under another key", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
 			d := r2
 			d.ID, d.Key = 9, "k-changed"
 			return ps, append(rs, d), ss
-		}, func(c Checks) int { return c.Duplicates }, "duplicate: payment alice/a-2"},
+		}, func(c Checks) int { return c.Duplicates }, "duplicate: payment alice/a-2", false},
 		{"lost", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
 			return ps, rs[1:], ss
-		}, func(c Checks) int { return c.Lost }, "lost: payment alice/a-1"},
+		}, func(c Checks) int { return c.Lost }, "lost: payment alice/a-1", false},
 		{"phantom", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
 			return ps, append(rs, Row{ID: 9, User: "carol", Key: "k9", Ref: "c-1", Amount: 5}), ss
-		}, func(c Checks) int { return c.Phantoms }, "phantom: ledger row 9"},
+		}, func(c Checks) int { return c.Phantoms }, "phantom: ledger row 9", false},
 		{"phantom in another scope", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
 			return ps, append(rs, Row{ID: 9, User: "bob", Key: "k1", Ref: "a-1", Amount: 101}), ss
-		}, func(c Checks) int { return c.Phantoms }, "phantom: ledger row 9"},
+		}, func(c Checks) int { return c.Phantoms }, "phantom: ledger row 9", false},
 		{"answer names another payment", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
 			ps[0].Answer.ID = 2
 			return ps, rs, ss
-		}, func(c Checks) int { return c.Mismatched }, "mismatched: payment alice/a-1"},
+		}, func(c Checks) int { return c.Mismatched }, "mismatched: payment alice/a-1", false},
 		{"row with another amount", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
 			rs[2].Amount++
 			ps[2].Answer.Amount++
 			return ps, rs, ss
-		}, func(c Checks) int { return c.Mismatched }, "mismatched: ledger row 3"},
+		}, func(c Checks) int { return c.Mismatched }, "mismatched: ledger row 3", false},
 		{"stuck", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
 			return ps, rs, append(ss, StoreRecord{Key: "k-abandoned", InProgress: true, LeaseUntil: now.Add(-time.Second)})
-		}, func(c Checks) int { return c.Stuck }, `stuck: key "k-abandoned" in progress (lease expired 1s ago)`},
+		}, func(c Checks) int { return c.Stuck }, `stuck: key "k-abandoned" in progress (lease expired 1s ago)`, false},
 		{"store never completed", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
 			ss[1] = StoreRecord{Key: "k2", InProgress: true, LeaseUntil: now.Add(-time.Second)}
 			return ps, rs, ss
-		}, func(c Checks) int { return c.StoreDisagrees }, "store: payment alice/a-2"},
+		}, func(c Checks) int { return c.StoreDisagrees }, "store: payment alice/a-2", false},
 		{"store replays another answer", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
 			ss[0].AnswerID = 7
 			return ps, rs, ss
-		}, func(c Checks) int { return c.StoreDisagrees }, "store: payment alice/a-1"},
+		}, func(c Checks) int { return c.StoreDisagrees }, "store: payment alice/a-1", false},
 		{"unfinished", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
 			ps = append(ps, Payment{User: "bob", Ref: "b-2", Amount: 7, Key: "k8"})
 			// It may have been executed: its row is no phantom.
 			return ps, append(rs, Row{ID: 8, User: "bob", Key: "k8", Ref: "b-2", Amount: 7}), ss
-		}, func(c Checks) int { return c.Unfinished }, ""},
+		}, func(c Checks) int { return c.Unfinished }, "", false},
 		{"failed", func(ps []Payment, rs []Row, ss []StoreRecord) ([]Payment, []Row, []StoreRecord) {
 			return append(ps, Payment{User: "bob", Ref: "b-2", Amount: 7, Key: "k8", Status: 422}), rs, ss
-		}, func(c Checks) int { return c.Failed }, "failed: payment bob/b-2"},
+		}, func(c Checks) int { return c.Failed }, "failed: payment bob/b-2", false},
 	}
 	ps, rs, ss := base()
 	if c := Check(ps, rs, ss, now); !c.OK() || c.Succeeded != 3 || c.Rows != 3 || c.Records != 3 || len(c.Evidence) != 0 {
@@ -87,8 +94,8 @@ func TestCheck(t *testing.T) {
 			ps, rs, ss := base()
 			ps, rs, ss = tc.change(ps, rs, ss)
 			c := Check(ps, rs, ss, now)
-			if c.OK() || tc.want(c) != 1 {
-				t.Fatalf("not caught once: %+v", c)
+			if tc.want(c) != 1 || c.OK() == !tc.judged {
+				t.Fatalf("not caught once (OK %v): %+v", c.OK(), c)
 			}
 			if !strings.Contains(strings.Join(c.Evidence, "\n"), tc.words) {
 				t.Errorf("evidence lacks %q:\n%s", tc.words, strings.Join(c.Evidence, "\n"))

@@ -1,78 +1,150 @@
-// Package chaos is the exactly-once chaos suite (issue 5): a test that runs the real
-// system — gateway processes, a PostgreSQL ledger, a failing network — under load while
-// processes die, and checks that every logical payment took effect at most once and that
-// every payment a client saw succeed is recorded.
+// Package chaos is the exactly-once chaos suite: a test that runs the real system —
+// gateway processes, a payments upstream on a PostgreSQL ledger, the stores, a failing
+// network on every link — under load while processes die, and checks that every
+// execution of a payment beyond its first happened in a window the gateway documents,
+// that every payment a client saw succeed is recorded, and that nothing is invented or
+// left stuck.
 //
 // For each store (TestChaos/postgres, /sqlite, /redis) it wires, on 127.0.0.1:
 //
-//	32 clients ───────── fault proxy ─── retrysafe gateway ───────── payments upstream
-//	retry.Transport      one per         processes of the binary,   POST /payments: a row in
-//	with AutoKey, each   replica:        --lease 2s, on one store:  a PostgreSQL ledger; no
-//	attempt to the next  refuse, black   PostgreSQL (2 replicas),   idempotency layer, but the
-//	proxy in turn        hole, read      SQLite (1), Redis (2)      forwarded Idempotency-Key
-//	                     timeout, reset,                            is UNIQUE per user
-//	                     response lost
+//	32 clients ──── fault proxy ──── retrysafe gateway ──── fault proxy ──── payments upstream
+//	retry.Transport  one per         processes of the        one per         POST /payments:
+//	with AutoKey,    replica:        binary, --lease 2s,     replica:        a ledger row per
+//	each attempt to  refuse, black   --upstream-timeout      read timeout,   request (no
+//	the next         hole, read      2.5s: PostgreSQL (2     reset, response deduplication);
+//	replica in turn  timeout, reset, replicas), SQLite (1),  lost, response  some answers
+//	                 response lost   Redis (2)               reset, latency  late, some large
+//	                                      │
+//	                                 store proxy (tcpproxy), shared by the replicas:
+//	                                 partitions (cut, stall) of 3–6s, latency spikes
+//	                                      │
+//	                                 the store
 //
 // The PostgreSQL is a disposable cluster the test creates (initdb and pg_ctl from
 // /usr/lib/postgresql/*/bin, run as the postgres user, in a temporary directory, on a
 // free port, fsync on) and removes; it holds the ledger of every run and the PostgreSQL
 // store. Redis is the machine's shared server (RETRYSAFE_REDIS_URL), under a unique key
-// prefix, and is not restarted.
+// prefix, and is not restarted: the store proxy takes it away instead. SQLite is a local
+// file: its run has no store link to fault.
+//
+// # The links and their faults
+//
+// Client ↔ gateway: a faultproxy in front of each replica refuses or black-holes
+// connections and, per request, withholds the answer (read timeout), resets it midway,
+// or loses it after the gateway answered. Three of the 32 clients are slow readers
+// instead: they connect to the replicas directly over narrow connections (16 KiB receive
+// buffer, 1 KiB segments, so that the kernel cannot buffer the answer for them), ask for
+// answers of 1–3 MB ("pad": N in the payment's body makes the upstream answer with N
+// bytes of JSON padding, below the gateway's 4 MiB stored-response limit), and read the
+// first answer of each payment at 8 KiB/s for 5s, so that writing it to them outlasts
+// the gateway's upstream timeout; they read a payment's later answers at full speed, so
+// that a payment ends although replicas die every few seconds. The other clients ask
+// for such an answer now and then.
+//
+// Gateway ↔ upstream: a faultproxy per replica, in front of the upstream's listener for
+// that replica, lets the upstream read and execute the request and then withholds the
+// answer (read timeout), cuts it midway (reset), or closes or resets the connection
+// without a byte of it (response lost, response reset) — on reused keep-alive
+// connections too, where Go's http.Transport sends a keyed request again by itself. It
+// adds 1–5ms of latency, and the upstream itself answers some requests later than the
+// gateway's upstream timeout.
+//
+// Gateway ↔ store: one tcpproxy in front of the store, shared by all replicas, cuts the
+// link (every connection reset, new ones refused) or stalls it (nothing forwarded,
+// connections reset when it heals) for 3–6s, longer than the lease, every 4–8s, with
+// latency spikes of 50–250ms in between.
+//
+// Meanwhile a seeded schedule SIGKILLs a random gateway replica every 1.5–5s and
+// restarts it with the same flags on the same address, and, for the PostgreSQL store,
+// stops PostgreSQL as a crash would (pg_ctl stop -m immediate) and starts it again,
+// once.
 //
 // Each client makes logical payments one after the other, each with its own ref in the
 // body, until it gets a final answer (a 2xx, or a 4xx other than 408, 409, 425, 429):
 // retry.Transport retries the attempts under one key, and when a failure comes after it
 // returned (a body cut off) or it gives up, the client sends the payment again with the
-// same key. Meanwhile a seeded schedule SIGKILLs a random gateway replica every 1.5–5s
-// and restarts it with the same flags on the same address, and, for the PostgreSQL
-// store, stops PostgreSQL as a crash would (pg_ctl stop -m immediate) and starts it
-// again, once. After the load, the payments in flight finish (the drain), the gateways
-// get SIGTERM (they must exit 0), the lease is left to run out, and Check compares the
-// clients' payments, the ledger and the store:
+// same key. After the load, the payments in flight finish (the drain), the gateways get
+// SIGTERM (they must exit 0), the lease is left to run out, and the suite judges.
 //
-//	duplicates       logical payments with more than one ledger row
+// # Extra executions and their causes
+//
+// The upstream does not deduplicate: every request it receives executes and makes a
+// ledger row, so every forward beyond the first of a payment is visible. It logs each
+// execution: when it arrived, the replica whose connection brought it, that connection
+// and the request's number on it (above 1: a reused connection), when it began its
+// answer (and any delay it added), and whether the answer left it whole; its answer
+// carries X-Exec-Id, so the upstream link's fault reports name the execution they hit.
+// A write to the ledger that fails is resolved (did the row commit?) before the upstream
+// answers, so its 503 always means "not done".
+//
+// Every execution beyond the first of a payment (user, Idempotency-Key) is attributed
+// to a cause from the execution log, the gateways' request logs, the replicas' process
+// lifetimes and kill times, the upstream link's fault reports, the store link's
+// partitions, and the clients' broken bodies (see Attribute). Two causes are the
+// documented windows of a gateway in front of a service that does not deduplicate, and
+// are allowed:
+//
+//	replica killed   the replica that forwarded the request was SIGKILLed before it
+//	                 stored the answer; after the lease a retry took the key over and
+//	                 forwarded again
+//	answer lost      the answer never (fully) reached the gateway — the upstream link
+//	                 withheld, reset or cut it, or the upstream began it after the
+//	                 upstream timeout — and the gateway answered 504 or 502 (or broke the
+//	                 body off) and left the key to its lease; after it a retry forwarded
+//	                 again
+//
+// Every other extra execution fails the suite, and the failure shows the key, both
+// executions and the key's gateway request lines:
+//
+//	transport resend   one gateway request reached the upstream twice: the answer was
+//	                   lost on a reused connection and the HTTP transport resent it
+//	store unreachable  the owner could not store the answer or lost its lease while the
+//	                   store was partitioned or restarting, and a retry took the key over
+//	slow reader        the answer reached the gateway whole and in time, but the client
+//	                   read it slowly; the upstream timeout cut it off and the key was
+//	                   left to its lease
+//	unexplained        anything else (a second owner, a stored answer executed again…)
+//
+// The gateways' request lines are read defensively: one JSON line per request with msg
+// "request" and the attributes outcome, status, key, upstream_error, err, client_gone;
+// an outcome the suite does not know counts as that of a request that owned the key.
+//
+// The other checks compare the clients' payments, the ledger and the store:
+//
 //	lost             payments a client saw succeed without a ledger row
 //	phantoms         ledger rows under a key no client used
-//	mismatched       answers or rows that disagree (id, key, ref, amount)
+//	mismatched       answers naming no ledger row of their key, rows with another ref
+//	                 or amount than their payment's
 //	stuck            keys still in progress in the store after the lease
 //	store disagrees  succeeded payments whose record would not replay what the client saw
 //	unfinished       payments without a final answer after the drain
 //	failed           payments answered with a final 4xx
+//	ledger disagrees payments whose ledger rows and the upstream's execution log differ
 //
-// All must be 0, and no gateway may exit unasked. The report also counts operations,
-// HTTP attempts, replays, 409s, the faults injected by kind, the kills, restarts and
-// PostgreSQL restarts, and the gateways' outcomes (from their request logs).
+// All must be 0, and no gateway may exit unasked. The report prints the setup, the
+// operations, HTTP attempts and replays, the faults injected on each link by kind (and
+// how many hit reused connections), the store link's partitions, the kills, restarts and
+// PostgreSQL restarts, the gateways' outcomes, the upstream's deliveries and executions,
+// and the extra executions by cause.
 //
-// # What the gateway alone cannot prevent
-//
-// A replica killed after the upstream executed a request and before the completion was
-// stored leaves the key in progress; after the lease the next retry takes it over and
-// forwards the request again. An upstream that is not idempotency-aware records a second
-// payment in that window: the limit of any gateway in front of a non-idempotent service.
-// The gateway forwards the Idempotency-Key so the upstream can close it, and this
-// upstream does (UNIQUE (user_id, idempotency_key): a second delivery finds the payment
-// and answers it again), so the suite proves the gateway and the upstream together
-// exactly-once. The report counts those second deliveries as "gateway re-forwards" —
-// what the gateway alone could not prevent — and says why each happened: from the
-// gateways' request logs and the kill times, the gateway that got the first 201 was
-// killed before it stored the completion, or its completion failed (store down), or its
-// lease ran out while renewals failed; re-forwards that follow the upstream's own 503
-// (a commit whose outcome it could not know, during the PostgreSQL restart) are counted
-// apart. RETRYSAFE_CHAOS_NAIVE_UPSTREAM=1 drops the constraint to show it: the
-// re-forwards then become duplicates and the suite fails (in that mode the re-forward
-// count misses a delivery after a 503 whose commit did happen; the duplicates count is
-// exact).
+// RETRYSAFE_CHAOS_DEDUP_UPSTREAM=1 makes the ledger deduplicate on (user, key), as an
+// idempotency-aware service would: extra deliveries then find the recorded payment and
+// are only reported, by cause, and any duplicate row fails the suite. It shows what the
+// gateway and such an upstream achieve together.
 //
 // # Running it
 //
-//	go test ./internal/chaos -run TestChaos -v                      # ~3 minutes
+//	go test ./internal/chaos -run TestChaos -v                      # about 2.5 minutes
 //	RETRYSAFE_CHAOS_DURATION=10m go test ./internal/chaos -run 'TestChaos/postgres' -v -timeout 30m
 //
 // RETRYSAFE_CHAOS_DURATION sets each store's load (default 40s PostgreSQL, 25s SQLite,
-// 25s Redis); RETRYSAFE_CHAOS_SEED repeats a schedule (the kill times and fault
-// decisions; which request meets which fault still depends on scheduling). -short skips
-// the suite. Without initdb and pg_ctl (RETRYSAFE_PG_BIN names their directory when it
-// is not /usr/lib/postgresql/*/bin or on $PATH) it skips, naming them; with
-// RETRYSAFE_REQUIRE_SERVICES=1 it fails instead. Without Redis (RETRYSAFE_REDIS_URL) the
-// redis run skips the same way. The suite runs on Linux.
+// 25s Redis); RETRYSAFE_CHAOS_SEED repeats a schedule (the kill times, partitions, fault
+// decisions and slow answers; which request meets which fault still depends on
+// scheduling); RETRYSAFE_CHAOS_EVIDENCE names a directory where each store's run writes
+// every extra execution with its cause, and every unfinished payment, with the key's
+// gateway lines (<store>-evidence.txt). -short skips the suite. Without initdb and pg_ctl
+// (RETRYSAFE_PG_BIN names their directory when it is not /usr/lib/postgresql/*/bin or on
+// $PATH) it skips, naming them; with RETRYSAFE_REQUIRE_SERVICES=1 it fails instead.
+// Without Redis (RETRYSAFE_REDIS_URL) the redis run skips the same way. The suite runs
+// on Linux.
 package chaos

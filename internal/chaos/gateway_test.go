@@ -5,13 +5,11 @@ package chaos
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -60,11 +58,12 @@ type replica struct {
 	mu         sync.Mutex
 	addr       string // host:port, fixed by the first start
 	cur        *proc
-	outcomes   map[string]int64    // per-request outcomes from the logs of every process
-	keyLog     map[string][]string // per key, "outcome/status" of its requests but replays and 409s
-	warnings   int64               // WARN and ERROR lines
-	tail       []string            // the last lines of the logs, for failure reports
-	unexpected []string            // exits nobody asked for
+	outcomes   map[string]int64         // per-request outcomes from the logs of every process
+	keyLines   map[string][]GatewayLine // per key, the request lines of every process
+	procs      []*proc                  // every process started, in order
+	warnings   int64                    // WARN and ERROR lines
+	tail       []string                 // the last lines of the logs, for failure reports
+	unexpected []string                 // exits nobody asked for
 	starts     int
 	failed     int // starts that exited before listening
 }
@@ -73,7 +72,10 @@ type replica struct {
 type proc struct {
 	cmd      *exec.Cmd
 	pid      int
+	started  time.Time
 	expected atomic.Bool   // set before a kill or a SIGTERM: the exit is the test's doing
+	killedAt atomic.Int64  // UnixNano of the suite's SIGKILL; 0: not killed
+	ended    time.Time     // when it was seen to exit; valid after exited
 	serving  atomic.Bool   // it logged that it listens
 	exited   chan struct{} // closed once the process has been waited for
 	code     int           // exit status; -1 when killed by a signal; valid after exited
@@ -81,7 +83,7 @@ type proc struct {
 }
 
 func newReplica(name, bin string, args ...string) *replica {
-	return &replica{name: name, bin: bin, args: args, outcomes: map[string]int64{}, keyLog: map[string][]string{}}
+	return &replica{name: name, bin: bin, args: args, outcomes: map[string]int64{}, keyLines: map[string][]GatewayLine{}}
 }
 
 // start runs the gateway and waits for its "listening" line. The first start listens on
@@ -120,12 +122,14 @@ func (r *replica) startOnce(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("stderr pipe: %w", err)
 	}
+	started := time.Now()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
-	p := &proc{cmd: cmd, pid: cmd.Process.Pid, exited: make(chan struct{})}
+	p := &proc{cmd: cmd, pid: cmd.Process.Pid, started: started, exited: make(chan struct{})}
 	r.mu.Lock()
 	r.cur = p
+	r.procs = append(r.procs, p)
 	r.starts++
 	r.mu.Unlock()
 
@@ -137,6 +141,7 @@ func (r *replica) startOnce(ctx context.Context) error {
 			r.line(sc.Text(), p, ready)
 		}
 		_ = cmd.Wait()
+		p.ended = time.Now()
 		p.code = cmd.ProcessState.ExitCode()
 		p.state = cmd.ProcessState.String()
 		if p.serving.Load() && !p.expected.Load() {
@@ -168,39 +173,30 @@ func (r *replica) startOnce(ctx context.Context) error {
 	}
 }
 
-// logLine is the part of a gateway's JSON log line the suite reads.
-type logLine struct {
-	Time    string `json:"time"`
-	Level   string `json:"level"`
-	Msg     string `json:"msg"`
-	Outcome string `json:"outcome"`
-	Key     string `json:"key"`
-	Status  int    `json:"status"`
-	Addr    string `json:"addr"`
-}
-
 func (r *replica) line(s string, p *proc, ready chan<- string) {
-	var l logLine
-	_ = json.Unmarshal([]byte(s), &l) // a line that is not JSON is kept in the tail as it is
+	level, msg, key, gl, attrs := parseLine(s, r.name, p.pid)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch {
-	case l.Msg == "request" && l.Outcome != "":
-		r.outcomes[l.Outcome]++
-		if l.Key != "" && l.Outcome != "replayed" && l.Outcome != "conflict" {
-			r.keyLog[l.Key] = append(r.keyLog[l.Key], l.Outcome+"/"+strconv.Itoa(l.Status)+"@"+r.name+"#"+strconv.Itoa(p.pid)+" "+l.Time)
+	case msg == "request":
+		if gl.Outcome != "" {
+			r.outcomes[gl.Outcome]++
 		}
-		if l.Level == "INFO" || l.Level == "DEBUG" {
-			return // too many to keep
+		if key != "" {
+			r.keyLines[key] = append(r.keyLines[key], gl)
 		}
-	case l.Msg == "retrysafe gateway listening":
+		if level == "INFO" || level == "DEBUG" {
+			return // too many to keep in the tail
+		}
+	case msg == "retrysafe gateway listening":
 		p.serving.Store(true)
+		addr, _ := attrs["addr"].(string)
 		select {
-		case ready <- l.Addr:
+		case ready <- addr:
 		default:
 		}
 	}
-	if l.Level == "WARN" || l.Level == "ERROR" {
+	if level == "WARN" || level == "ERROR" {
 		r.warnings++
 	}
 	r.tail = append(r.tail, s)
@@ -251,6 +247,7 @@ func (r *replica) kill() bool {
 
 func (r *replica) killProc(p *proc) {
 	p.expected.Store(true)
+	p.killedAt.CompareAndSwap(0, time.Now().UnixNano())
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.exited
 }
@@ -285,12 +282,36 @@ func (r *replica) Outcomes() (map[string]int64, int64) {
 	return out, r.warnings
 }
 
-// KeyOutcomes returns the outcomes the replica's processes logged for key, but replays
-// and 409s.
-func (r *replica) KeyOutcomes(key string) []string {
+// Lines returns the request lines the replica's processes logged, by key.
+func (r *replica) Lines() map[string][]GatewayLine {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]string(nil), r.keyLog[key]...)
+	out := make(map[string][]GatewayLine, len(r.keyLines))
+	for k, ls := range r.keyLines {
+		out[k] = append([]GatewayLine(nil), ls...)
+	}
+	return out
+}
+
+// Processes returns the lifetimes of the replica's processes. A process killed by the
+// suite ends at its SIGKILL; one still running has a zero End.
+func (r *replica) Processes() []Process {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Process
+	for _, p := range r.procs {
+		pr := Process{Replica: r.name, PID: p.pid, Start: p.started}
+		select {
+		case <-p.exited:
+			pr.End = p.ended
+		default:
+		}
+		if k := p.killedAt.Load(); k != 0 {
+			pr.Killed, pr.End = true, time.Unix(0, k)
+		}
+		out = append(out, pr)
+	}
+	return out
 }
 
 // Unexpected returns the exits nobody asked for.

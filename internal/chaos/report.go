@@ -8,44 +8,48 @@ import (
 	"time"
 
 	"github.com/retrysafe/retrysafe/internal/faultproxy"
+	"github.com/retrysafe/retrysafe/internal/tcpproxy"
 )
 
 // UpstreamStats counts what the payments upstream received.
 type UpstreamStats struct {
 	Deliveries int64 // requests received
-	Recorded   int64 // ... that inserted a ledger row
-	DBErrors   int64 // ... answered 503: the ledger could not be written, or the commit's outcome is unknown
-
-	// Reforwards are deliveries of a key whose payment the upstream had already
-	// recorded: what the gateway alone could not prevent. The ledger's UNIQUE (user, key)
-	// found the payment and answered it again; an upstream that is not idempotency-aware
-	// would have recorded each as a second payment. By what the upstream had seen of the
-	// key when the delivery arrived:
-	Reforwards  int64
-	AfterAnswer int64 // its previous delivery had been answered 201: the gateway never stored (or lost) that answer
-	AfterError  int64 // its previous delivery had been answered 503 after a commit whose outcome was unknown
-	Concurrent  int64 // another delivery of the key was being served at the same time
-
-	KeysRedelivered int64 // keys delivered more than once for any reason (a 503 that released the key included)
-	KeyReused       int64 // deliveries whose key had recorded another ref or amount (answered 422): must be 0
+	Executions int64 // ... that committed a ledger row
+	Absorbed   int64 // ... that found the payment already recorded (dedup mode)
+	NotDone    int64 // ... answered 503: the ledger could not be written, and the row is known not to exist
+	// Resolved counts ledger writes that failed and whose outcome the upstream learned
+	// (by its execution number) before it answered.
+	Resolved     int64
+	SlowAnswers  int64 // answers delayed on purpose past the gateways' upstream timeout
+	LargeAnswers int64 // answers with padding asked for
+	KeyReused    int64 // deliveries whose key had recorded another ref or amount (dedup mode, answered 422): must be 0
 }
 
 // Report is one chaos run: what was done to the system, what the clients and the
 // upstream saw, and the verdict.
 type Report struct {
-	Store    string // sqlite, postgres or redis
-	Replicas int
-	Seed     uint64
-	Lease    time.Duration
-	Load     time.Duration // clients started payments for this long
-	Drain    time.Duration // then the payments in flight took this long to end
-	Elapsed  time.Duration // the whole run, setup and checks included
-	Setup    []string      // lines describing the wiring
+	Store           string // sqlite, postgres or redis
+	Replicas        int
+	Seed            uint64
+	Lease           time.Duration
+	UpstreamTimeout time.Duration
+	Load            time.Duration // clients started payments for this long
+	Drain           time.Duration // then the payments in flight took this long to end
+	Elapsed         time.Duration // the whole run, setup and checks included
+	Setup           []string      // lines describing the wiring
 
-	Clients                                   int
-	Attempts, Resends, Replays, Conflicts     int64 // counted below retry.Transport
-	ServerErrors, TransportErrors             int64
-	Faults                                    faultproxy.Stats // summed over the proxies
+	Clients, SlowClients                  int
+	Attempts, Resends, Replays, Conflicts int64 // counted below retry.Transport
+	ServerErrors, TransportErrors         int64
+	// LargePayments asked for a large answer; SlowLarge large answers were read slowly;
+	// BodyCuts answers broke off while a client read them (SlowBodyCuts of slow readers).
+	LargePayments, SlowLarge, BodyCuts, SlowBodyCuts int64
+
+	ClientFaults   faultproxy.Stats // client ↔ gateway, summed over the proxies
+	UpstreamFaults faultproxy.Stats // gateway ↔ upstream, summed over the proxies
+	StoreLink      *tcpproxy.Stats  // gateway ↔ store; nil: no store proxy (SQLite)
+	Partitions     []Partition      // of the store link, latency spikes included
+
 	Kills, Restarts, FailedStarts, PGRestarts int
 	PGDowntime                                time.Duration
 
@@ -54,22 +58,84 @@ type Report struct {
 	UnexpectedExits []string // gateway exits the suite did not cause
 	BadStops        []string // gateways that did not exit 0 on SIGTERM at the end
 
-	Upstream      UpstreamStats
-	NaiveUpstream bool // the upstream did not dedupe (a demonstration)
-	// The re-forwards of Upstream.AfterAnswer by why the gateway that got that 201 never
-	// stored it, from the gateways' request logs and the kill times: its process was
-	// killed first (no request line for it, a kill in between), its completion failed
-	// (store-error), its lease was lost (lease-lost), or none of these (with evidence).
-	ReforwardKilled, ReforwardStoreError, ReforwardLeaseLost, ReforwardOther int64
-	ReforwardEvidence                                                        []string
+	Upstream UpstreamStats
+	Dedup    bool // the upstream deduplicated on the key (a demonstration)
+
+	// Attribution explains every execution beyond the first of a payment; Unallowed
+	// holds, for the failure report, the description of up to a few of each cause that
+	// is not allowed.
+	Attribution Attribution
+	Unallowed   []string
+	// KeyEvidence holds, for the failure report, what the upstream and the gateways
+	// logged of up to a few keys of each other failure (unfinished, stuck, store
+	// disagrees, lost).
+	KeyEvidence []string
+	// LedgerDisagrees counts payments whose ledger rows and the upstream's execution
+	// log disagree (a row the log does not know, or the reverse): must be 0.
+	LedgerDisagrees int
+	LedgerEvidence  []string
 
 	Checks Checks
 }
 
-// OK reports whether the run passed: every check zero, no gateway exited on its own, the
-// final graceful stops exited 0, and no key was reused.
+// OK reports whether the run passed: every check zero, every extra execution allowed
+// (with a deduplicating upstream: no duplicate at all), the ledger and the execution log
+// agree, no gateway exited on its own, the final graceful stops exited 0, and no key was
+// reused.
 func (r Report) OK() bool {
-	return r.Checks.OK() && len(r.UnexpectedExits) == 0 && len(r.BadStops) == 0 && r.Upstream.KeyReused == 0
+	dups := r.Attribution.Unallowed() == 0
+	if r.Dedup {
+		dups = r.Checks.Duplicates == 0
+	}
+	return r.Checks.OK() && dups && r.LedgerDisagrees == 0 && len(r.UnexpectedExits) == 0 && len(r.BadStops) == 0 &&
+		r.Upstream.KeyReused == 0
+}
+
+// Verdict is the one-line summary of what failed ("" when OK).
+func (r Report) Verdict() string {
+	if r.OK() {
+		return ""
+	}
+	c := r.Checks
+	var parts []string
+	add := func(name string, n int) {
+		if n != 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", name, n))
+		}
+	}
+	if r.Dedup {
+		add("duplicates", c.Duplicates)
+	} else {
+		for _, cause := range Causes() {
+			if !cause.Allowed() {
+				add("extra executions by "+cause.String(), r.Attribution.ByCause[cause])
+			}
+		}
+	}
+	add("lost", c.Lost)
+	add("phantoms", c.Phantoms)
+	add("mismatched", c.Mismatched)
+	add("stuck", c.Stuck)
+	add("store disagrees", c.StoreDisagrees)
+	add("unfinished", c.Unfinished)
+	add("failed", c.Failed)
+	add("ledger disagrees", r.LedgerDisagrees)
+	add("unexpected exits", len(r.UnexpectedExits)+len(r.BadStops))
+	add("key reused", int(r.Upstream.KeyReused))
+	return strings.Join(parts, ", ")
+}
+
+func faultKinds(s faultproxy.Stats) string {
+	var kinds []string
+	for _, k := range faultproxy.Kinds() {
+		if n := s.Count(k); n > 0 {
+			kinds = append(kinds, fmt.Sprintf("%s %d", k, n))
+		}
+	}
+	if len(kinds) == 0 {
+		return "none"
+	}
+	return strings.Join(kinds, ", ") + fmt.Sprintf("; %d on reused connections", s.OnReused)
 }
 
 // WriteTable prints the report.
@@ -79,44 +145,95 @@ func (r Report) WriteTable(w io.Writer) {
 	for _, s := range r.Setup {
 		fmt.Fprintf(w, "  %s\n", s)
 	}
-	var kinds []string
-	for _, k := range faultproxy.Kinds() {
-		kinds = append(kinds, fmt.Sprintf("%s %d", k, r.Faults.Count(k)))
-	}
 	var outcomes []string
 	var requests int64
 	names := make([]string, 0, len(r.Outcomes))
 	for k := range r.Outcomes {
 		names = append(names, k)
 	}
-	sort.Slice(names, func(i, j int) bool { return r.Outcomes[names[i]] > r.Outcomes[names[j]] })
+	sort.Slice(names, func(i, j int) bool {
+		if r.Outcomes[names[i]] != r.Outcomes[names[j]] {
+			return r.Outcomes[names[i]] > r.Outcomes[names[j]]
+		}
+		return names[i] < names[j]
+	})
 	for _, k := range names {
 		outcomes = append(outcomes, fmt.Sprintf("%s %d", k, r.Outcomes[k]))
 		requests += r.Outcomes[k]
 	}
 	c := r.Checks
 	u := r.Upstream
+	a := r.Attribution
 
 	row := func(name string, v int64, note string) {
-		fmt.Fprintf(w, "  %-20s %9d  %s\n", name, v, note)
+		fmt.Fprintf(w, "  %-22s %9d  %s\n", name, v, note)
 	}
 	fmt.Fprintln(w)
-	row("logical payments", int64(c.Payments), fmt.Sprintf("by %d clients: succeeded %d, failed %d, unfinished %d", r.Clients, c.Succeeded, c.Failed, c.Unfinished))
+	row("logical payments", int64(c.Payments), fmt.Sprintf("by %d clients (%d read slowly): succeeded %d, failed %d, unfinished %d", r.Clients, r.SlowClients, c.Succeeded, c.Failed, c.Unfinished))
 	row("HTTP attempts", r.Attempts, fmt.Sprintf("409s %d, 5xx %d, transport errors %d; payments re-sent by a client with the same key %d",
 		r.Conflicts, r.ServerErrors, r.TransportErrors, r.Resends))
 	row("replays", r.Replays, "answers with Idempotent-Replayed: true")
-	row("faults injected", r.Faults.Faults, strings.Join(kinds, ", "))
+	row("large answers", r.LargePayments, fmt.Sprintf("payments asking for 1–3 MB of padding; read slowly %d; answers broken off while read %d (of slow readers %d)",
+		r.SlowLarge, r.BodyCuts, r.SlowBodyCuts))
+	fmt.Fprintln(w)
+	row("client↔gateway faults", r.ClientFaults.Faults, faultKinds(r.ClientFaults))
+	row("gateway↔upstream", r.UpstreamFaults.Faults, faultKinds(r.UpstreamFaults)+fmt.Sprintf("; slow answers %d (past --upstream-timeout %s)", u.SlowAnswers, r.UpstreamTimeout))
+	if r.StoreLink == nil {
+		row("gateway↔store", 0, "no store proxy: the store is a local file")
+	} else {
+		kinds := map[string]int{}
+		var down time.Duration
+		for _, p := range r.Partitions {
+			kinds[p.Kind]++
+			if p.Kind != "latency" {
+				down += p.End.Sub(p.Start)
+			}
+		}
+		s := r.StoreLink
+		row("gateway↔store", int64(len(r.Partitions)), fmt.Sprintf("cut %d, stall %d (%s partitioned in all), latency spikes %d; connections reset %d, refused %d, held by a stall %d",
+			kinds["cut"], kinds["stall"], down.Round(100*time.Millisecond), kinds["latency"], s.Reset, s.Refused, s.Stalled))
+		for _, p := range r.Partitions {
+			fmt.Fprintf(w, "  %-22s %9s  %s\n", "", "", p)
+		}
+	}
 	row("gateway kills", int64(r.Kills), fmt.Sprintf("SIGKILL at seeded random moments; restarts %d (failed starts, retried: %d)", r.Restarts, r.FailedStarts))
 	pg := "none"
 	if r.PGRestarts > 0 {
 		pg = fmt.Sprintf("immediate stop (as a crash) and start, unreachable for %s", r.PGDowntime.Round(time.Millisecond))
 	}
 	row("PostgreSQL restarts", int64(r.PGRestarts), pg)
+	fmt.Fprintln(w)
 	row("gateway requests", requests, strings.Join(outcomes, ", "))
-	row("upstream deliveries", u.Deliveries, fmt.Sprintf("inserts confirmed %d, 503s (ledger unavailable or commit unknown) %d, keys delivered more than once %d", u.Recorded, u.DBErrors, u.KeysRedelivered))
+	row("upstream deliveries", u.Deliveries, fmt.Sprintf("executions %d, found recorded %d, 503 not done %d, ledger outcomes learned after an error %d",
+		u.Executions, u.Absorbed, u.NotDone, u.Resolved))
 	row("ledger rows", int64(c.Rows), fmt.Sprintf("idempotency records left in the store: %d", c.Records))
 	fmt.Fprintln(w)
-	row("duplicates", int64(c.Duplicates), "logical payments with more than one ledger row")
+	extra := "executions beyond the first of a payment"
+	if r.Dedup {
+		extra = "deliveries beyond the first of a payment, absorbed by the ledger's UNIQUE (user, key)"
+	}
+	row("extra executions", int64(len(a.Extras)), fmt.Sprintf("%s, over %d payments; by cause:", extra, a.Keys))
+	for _, cause := range Causes() {
+		note := causeNote(cause)
+		if cause == CauseAnswerLost && len(a.ByReason) > 0 {
+			var rs []string
+			for k, v := range a.ByReason {
+				rs = append(rs, fmt.Sprintf("%s %d", k, v))
+			}
+			sort.Strings(rs)
+			note += " (" + strings.Join(rs, ", ") + ")"
+		}
+		mark := "allowed"
+		switch {
+		case !cause.Allowed() && r.Dedup:
+			mark = "not allowed, absorbed by the ledger here"
+		case !cause.Allowed():
+			mark = "NOT ALLOWED"
+		}
+		row("  "+cause.String(), int64(a.ByCause[cause]), mark+": "+note)
+	}
+	fmt.Fprintln(w)
+	row("duplicates", int64(c.Duplicates), "logical payments with more than one ledger row (judged by cause above)")
 	row("lost", int64(c.Lost), "payments a client saw succeed without a ledger row")
 	row("phantoms", int64(c.Phantoms), "ledger rows under a key no client used")
 	row("mismatched", int64(c.Mismatched), "answers or rows that disagree (id, key, ref, amount)")
@@ -124,40 +241,52 @@ func (r Report) WriteTable(w io.Writer) {
 	row("store disagrees", int64(c.StoreDisagrees), "succeeded payments their key would not replay as answered")
 	row("unfinished", int64(c.Unfinished), "payments without a final answer after the drain")
 	row("failed", int64(c.Failed), "payments answered with a final 4xx")
+	row("ledger disagrees", int64(r.LedgerDisagrees), "payments whose ledger rows and the upstream's execution log disagree")
 	row("unexpected exits", int64(len(r.UnexpectedExits)+len(r.BadStops)), "gateways that died unasked, or did not exit 0 on SIGTERM")
-	fmt.Fprintln(w)
-	absorbed := "absorbed by the ledger's UNIQUE (user, key): answered with the recorded payment"
-	if r.NaiveUpstream {
-		absorbed = "the upstream is NOT idempotency-aware here: each one recorded a second payment"
-	}
-	row("gateway re-forwards", u.Reforwards, "deliveries of a key the upstream had already recorded: what the gateway alone could not prevent")
-	row("", u.AfterAnswer, "... after a 201 the gateway never stored: the key stayed in progress, a retry took it over after the lease")
-	row("", r.ReforwardKilled, "    ... its replica was SIGKILLed before it stored the completion")
-	row("", r.ReforwardStoreError, "    ... its completion failed: the store was unavailable (outcome store-error)")
-	row("", r.ReforwardLeaseLost, "    ... its lease ran out while renewals failed, and a retry took the key over (outcome lease-lost)")
-	row("", r.ReforwardOther, "    ... none of these")
-	for _, e := range r.ReforwardEvidence {
-		fmt.Fprintf(w, "  %-20s %9s        %s\n", "", "", e)
-	}
-	row("", u.AfterError, "... after the upstream's own 503 (its commit's outcome unknown; it had committed)")
-	row("", u.Concurrent, "... while another delivery of the key was being served")
-	row("", u.Reforwards, "... "+absorbed)
 	fmt.Fprintln(w)
 
 	if r.OK() {
-		fmt.Fprintf(w, "OK — exactly once: %d payments, each succeeded one recorded once, nothing stuck (%s store, seed %d)\n", c.Payments, r.Store, r.Seed)
-	} else {
-		fmt.Fprintf(w, "FAILED — duplicates %d, lost %d, phantoms %d, mismatched %d, stuck %d, store disagrees %d, unfinished %d, failed %d, unexpected exits %d, key reused %d (%s store, seed %d)\n",
-			c.Duplicates, c.Lost, c.Phantoms, c.Mismatched, c.Stuck, c.StoreDisagrees, c.Unfinished, c.Failed,
-			len(r.UnexpectedExits)+len(r.BadStops), u.KeyReused, r.Store, r.Seed)
-		for _, e := range c.Evidence {
-			fmt.Fprintf(w, "  %s\n", e)
-		}
-		for _, e := range r.UnexpectedExits {
-			fmt.Fprintf(w, "  unexpected exit: %s\n", e)
-		}
-		for _, e := range r.BadStops {
-			fmt.Fprintf(w, "  stop: %s\n", e)
-		}
+		fmt.Fprintf(w, "OK — %d payments; every extra execution in a documented window; nothing lost, invented or stuck (%s store, seed %d)\n", c.Payments, r.Store, r.Seed)
+		return
 	}
+	fmt.Fprintf(w, "FAILED — %s (%s store, seed %d)\n", r.Verdict(), r.Store, r.Seed)
+	for _, e := range r.Unallowed {
+		fmt.Fprintf(w, "%s\n", e)
+	}
+	for _, e := range r.LedgerEvidence {
+		fmt.Fprintf(w, "  ledger: %s\n", e)
+	}
+	for _, e := range c.Evidence {
+		if !r.Dedup && strings.HasPrefix(e, "duplicate: ") {
+			continue // judged by cause above
+		}
+		fmt.Fprintf(w, "  %s\n", e)
+	}
+	for _, e := range r.KeyEvidence {
+		fmt.Fprintf(w, "%s\n", e)
+	}
+	for _, e := range r.UnexpectedExits {
+		fmt.Fprintf(w, "  unexpected exit: %s\n", e)
+	}
+	for _, e := range r.BadStops {
+		fmt.Fprintf(w, "  stop: %s\n", e)
+	}
+}
+
+func causeNote(c Cause) string {
+	switch c {
+	case CauseKilled:
+		return "the forwarding replica was SIGKILLed before it stored the answer; a retry took the key over after the lease"
+	case CauseAnswerLost:
+		return "the answer never fully reached the gateway (504/502/body broken off, key left to its lease), a retry forwarded again"
+	case CauseResend:
+		return "the gateway's HTTP transport sent one request twice (answer lost on a reused connection)"
+	case CauseStore:
+		return "the owner could not store its answer or lost its lease while the store was unreachable"
+	case CauseSlowReader:
+		return "the answer arrived whole, the client read it slowly, the gateway's upstream timeout cut it off"
+	case CauseUnexplained:
+		return "none of the above"
+	}
+	return ""
 }
