@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -17,7 +18,7 @@ type Execution struct {
 	RowID     int64
 	// Replica is the gateway replica whose connection brought the request ("" when not
 	// known); Conn numbers that connection at the upstream, and Request the request on
-	// it, from 1 (above 1: a reused keep-alive connection).
+	// it, from 1 (above 1: the gateway reused the connection).
 	Replica string
 	Conn    uint64
 	Request int
@@ -43,7 +44,7 @@ func (e Execution) Delivered() bool { return e.WriteErr == "" && e.Fault == "" }
 
 func (e Execution) String() string {
 	s := fmt.Sprintf("exec %d %s via %s conn %d req %d, answered +%s", e.ID, e.Arrived.Format(timeFormat),
-		cmpOrString(e.Replica, "?"), e.Conn, e.Request, e.Answered.Sub(e.Arrived).Round(time.Millisecond))
+		cmp.Or(e.Replica, "?"), e.Conn, e.Request, e.Answered.Sub(e.Arrived).Round(time.Millisecond))
 	if e.Slow > 0 {
 		s += fmt.Sprintf(" (slowed %s)", e.Slow.Round(time.Millisecond))
 	}
@@ -62,13 +63,6 @@ func (e Execution) String() string {
 }
 
 const timeFormat = "15:04:05.000"
-
-func cmpOrString(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
 
 // GatewayLine is one "request" line of a gateway's log, as far as the suite reads it.
 type GatewayLine struct {
@@ -382,7 +376,7 @@ func Attribute(ev Evidence) Attribution {
 			a.Extras = append(a.Extras, x)
 			a.ByCause[x.Cause]++
 			if x.Cause == CauseAnswerLost {
-				a.ByReason[answerLostReason(es[i-1], ev.UpstreamTimeout)]++
+				a.ByReason[answerLostReason(es[i-1])]++
 			}
 		}
 	}
@@ -390,7 +384,7 @@ func Attribute(ev Evidence) Attribution {
 }
 
 // answerLostReason names what kept prev's answer from the gateway.
-func answerLostReason(prev Execution, timeout time.Duration) string {
+func answerLostReason(prev Execution) string {
 	switch {
 	case prev.Fault != "":
 		return prev.Fault
@@ -547,7 +541,7 @@ func (ev Evidence) explain(prev, cur Execution) Extra {
 	x.Cause = CauseUnexplained
 	switch {
 	case len(procs) == 0:
-		x.Detail = "no gateway process of replica " + cmpOrString(prev.Replica, "?") + " was running when the first execution arrived"
+		x.Detail = "no gateway process of replica " + cmp.Or(prev.Replica, "?") + " was running when the first execution arrived"
 	case found:
 		x.Detail = "the owner's request line: " + own.String()
 		if sameProc != "" {

@@ -134,7 +134,7 @@
 //
 // # Running it
 //
-//	go test ./internal/chaos -run TestChaos -v                      # about 2.5 minutes
+//	go test ./internal/chaos -run TestChaos -v                      # about 2 minutes
 //	RETRYSAFE_CHAOS_DURATION=10m go test ./internal/chaos -run 'TestChaos/postgres' -v -timeout 30m
 //
 // RETRYSAFE_CHAOS_DURATION sets each store's load (default 40s PostgreSQL, 25s SQLite,
