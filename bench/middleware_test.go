@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -77,3 +79,79 @@ func BenchmarkMiddleware(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMiddlewareBodies measures the bytes a keyed request allocates against the
+// size of its body, request and response: how many copies of a body the middleware
+// makes. The handler discards the request body and answers with a body of the response
+// size (Content-Length set, as an upstream's is); bare is the same handler without the
+// middleware, so (B/op - bare B/op) / size is the middleware's copies of the body. The
+// store keeps no copy of the body (a network store sends it, rather than keep it), so
+// that its copies are not counted as the middleware's.
+func BenchmarkMiddlewareBodies(b *testing.B) {
+	for _, size := range []int{1 << 10, 64 << 10, 1 << 20} {
+		payload := strings.Repeat("x", size)
+		for _, c := range []struct {
+			name      string
+			protected bool
+			req, resp int // body sizes
+		}{
+			{"bare/request", false, size, 16},
+			{"keyed/request", true, size, 16},
+			{"bare/response", false, 16, size},
+			{"keyed/response", true, 16, size},
+		} {
+			b.Run(fmt.Sprintf("%s=%dKiB", c.name, size>>10), func(b *testing.B) {
+				respBody := []byte(payload[:c.resp])
+				var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					_, _ = io.Copy(io.Discard, r.Body)
+					w.Header().Set("Content-Type", "application/octet-stream")
+					w.Header().Set("Content-Length", strconv.Itoa(len(respBody)))
+					w.WriteHeader(http.StatusCreated)
+					_, _ = w.Write(respBody)
+				})
+				if c.protected {
+					mw, err := idempotency.New(idempotency.Config{Store: bodilessStore{memstore.New()}, MaxResponse: 4 << 20,
+						Logger: slog.New(slog.DiscardHandler)})
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.Cleanup(func() { _ = mw.Shutdown(context.Background()) })
+					h = mw.Handler(h)
+				}
+				reqBody := payload[:c.req]
+				b.ReportAllocs()
+				b.SetBytes(int64(size))
+				i := 0
+				for b.Loop() {
+					i++
+					r := httptest.NewRequest(http.MethodPost, "/upload", strings.NewReader(reqBody))
+					r.Header.Set("Idempotency-Key", "k-"+strconv.Itoa(i))
+					w := discardWriter{h: http.Header{}}
+					h.ServeHTTP(&w, r)
+					if w.status != http.StatusCreated {
+						b.Fatalf("status %d", w.status)
+					}
+				}
+			})
+		}
+	}
+}
+
+// bodilessStore stores responses without their bodies.
+type bodilessStore struct{ *memstore.Store }
+
+func (s bodilessStore) Complete(ctx context.Context, c idempotency.Completion) error {
+	c.Response.Body = nil
+	return s.Store.Complete(ctx, c)
+}
+
+// discardWriter is a ResponseWriter that keeps nothing of the body, so that the
+// benchmark counts only the bytes the middleware allocates.
+type discardWriter struct {
+	h      http.Header
+	status int
+}
+
+func (w *discardWriter) Header() http.Header         { return w.h }
+func (w *discardWriter) WriteHeader(code int)        { w.status = code }
+func (w *discardWriter) Write(p []byte) (int, error) { return len(p), nil }

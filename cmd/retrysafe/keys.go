@@ -187,6 +187,9 @@ func listKeys(ctx context.Context, s idempotency.Store, f keysFlags, scopeSet bo
 				} else {
 					lease = "expired"
 				}
+				if r.Abandoned {
+					lease += ", abandoned"
+				}
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", showScope(r.Scope), r.Key, r.State, status,
 				stamp(r.CreatedAt), stamp(r.ExpiresAt), lease)
@@ -220,6 +223,9 @@ func showKey(ctx context.Context, s idempotency.Store, f keysFlags, out io.Write
 	fmt.Fprintf(tw, "created:\t%s\n", stamp(r.CreatedAt))
 	if r.State == idempotency.StateInProgress {
 		fmt.Fprintf(tw, "lease until:\t%s\n", stamp(r.LeaseUntil))
+		if r.Abandoned {
+			fmt.Fprintf(tw, "owner:\tgave up, outcome unknown (the key is taken over when its lease ends)\n")
+		}
 	}
 	fmt.Fprintf(tw, "expires:\t%s\n", stamp(r.ExpiresAt))
 	if resp := r.Response; resp != nil {
@@ -231,7 +237,12 @@ func showKey(ctx context.Context, s idempotency.Store, f keysFlags, out io.Write
 		slices.Sort(names)
 		for _, name := range names {
 			for _, v := range resp.Header[name] {
-				fmt.Fprintf(tw, "header:\t%s: %s\n", name, v)
+				fmt.Fprintf(tw, "header:\t%s: %q\n", name, v)
+			}
+		}
+		for name, vs := range resp.Trailer {
+			for _, v := range vs {
+				fmt.Fprintf(tw, "trailer:\t%s: %q\n", name, v)
 			}
 		}
 		if resp.BodyOmitted {
