@@ -358,13 +358,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.answerHeld(w, r, p, fp)
 		return
 	}
-	wait := m.health.takeoverWait()
-	var res ClaimResult
-	err = m.storeCall(r.Context(), func(ctx context.Context) (err error) {
-		res, err = m.cfg.Store.Claim(ctx, ClaimRequest{Scope: scope, Key: key, Fingerprint: fp,
-			Lease: m.cfg.Lease, TTL: m.cfg.TTL, NoTakeover: wait > 0})
-		return err
-	})
+	req := ClaimRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: m.cfg.Lease, TTL: m.cfg.TTL, NoTakeover: true}
+	res, wait, err := m.claim(r.Context(), req)
 	if err != nil {
 		if r.Context().Err() != nil { // the client left, or the deadline passed: not the store's fault
 			m.refuse(w, r, r.Context().Err())
@@ -388,6 +383,36 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	setBody(r, body)
 	m.execute(w, r, next, NewClaim(scope, key, fp, res.Token, m.cfg.TTL))
+}
+
+// claim claims req's key. A key whose owner's lease ran out is taken over only by a
+// second claim, bound to the store's clock as the first one read it: the first never
+// takes over (NoTakeover), and the second may only within a third of a lease of the
+// instant the first was decided at (TakeoverBy), so that a claim the network or a client
+// library delivers late takes nothing over on old knowledge, and only when this process
+// has seen the store answer for a whole lease since it last failed (health), so that an
+// owner cut off by an outage has had the time to renew. wait is how long takeovers are
+// still held back.
+func (m *Middleware) claim(ctx context.Context, req ClaimRequest) (res ClaimResult, wait time.Duration, err error) {
+	call := func() error {
+		return m.storeCall(ctx, func(sctx context.Context) (err error) {
+			res, err = m.cfg.Store.Claim(sctx, req)
+			return err
+		})
+	}
+	start := time.Now()
+	if err := call(); err != nil || res.Claimed {
+		return res, 0, err
+	}
+	wait = m.health.takeoverWait()
+	rec := res.Existing
+	if wait > 0 || time.Since(start) >= m.cfg.Lease/3 || rec.State != StateInProgress || rec.LeaseUntil.After(res.Now) ||
+		rec.Fingerprint != req.Fingerprint && rec.ExpiresAt.After(res.Now) {
+		return res, wait, nil
+	}
+	req.NoTakeover, req.TakeoverBy = false, res.Now.Add(m.cfg.Lease/3)
+	err = call()
+	return res, 0, err
 }
 
 // refuse answers a request that could not be claimed for a reason of its own: its

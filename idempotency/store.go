@@ -88,6 +88,31 @@ type ClaimRequest struct {
 	// store fail: an owner cut off by the same outage could not renew its lease, and is
 	// presumed alive.
 	NoTakeover bool
+	// TakeoverBy, when set, is the last instant of the store's clock at which the claim
+	// may take an in-progress record over: a claim that reaches the store later (held by
+	// a partition, sent again by a client library) was decided on what its sender knew
+	// before, and an outage since may have kept the owner from renewing. Zero: no bound.
+	TakeoverBy time.Time
+}
+
+// MayTakeOver reports whether the claim may take over (or replace) an in-progress record
+// whose lease has run out, at the store's instant now.
+func (r ClaimRequest) MayTakeOver(now time.Time) bool {
+	return !r.NoTakeover && (r.TakeoverBy.IsZero() || !now.After(r.TakeoverBy))
+}
+
+// TakeoverLimit is MayTakeOver as one instant, for stores that decide in a query or a
+// script: the claim may take a record over at the store's instant now when now is not
+// after the limit. It is the epoch for NoTakeover, and far in the future when there is
+// no bound.
+func (r ClaimRequest) TakeoverLimit() time.Time {
+	switch {
+	case r.NoTakeover:
+		return time.Unix(0, 0).UTC()
+	case r.TakeoverBy.IsZero():
+		return time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+	}
+	return r.TakeoverBy
 }
 
 // ClaimResult is the outcome of Store.Claim.
@@ -129,10 +154,10 @@ type Store interface {
 	// true with the new fencing token, when:
 	//   - no record exists, or the existing one is done and ExpiresAt <= now (it is
 	//     replaced); or
-	//   - the existing record is in progress with LeaseUntil <= now, NoTakeover is
-	//     false, and it has the same Fingerprint (a takeover: TookOver true, Token
-	//     greater than the old token) or ExpiresAt <= now (replaced as by a fresh
-	//     claim).
+	//   - the existing record is in progress with LeaseUntil <= now, the request
+	//     MayTakeOver at now, and it has the same Fingerprint (a takeover: TookOver
+	//     true, Token greater than the old token) or ExpiresAt <= now (replaced as by a
+	//     fresh claim).
 	// An in-progress record whose lease runs is never replaced, whatever its ExpiresAt.
 	// Otherwise Claim changes nothing and returns Claimed false with the existing
 	// record. Of any number of concurrent claims on one key, exactly one is Claimed.

@@ -88,6 +88,7 @@ func Run(t *testing.T, h Harness) {
 		{"Expiry", testExpiry},
 		{"LeaseExpiryTakeover", testTakeover},
 		{"NoTakeover", testNoTakeover},
+		{"TakeoverBy", testTakeoverBy},
 		{"StaleOwnerRejected", testStaleOwner},
 		{"Extend", testExtend},
 		{"ExtendOutlivesTTL", testExtendOutlivesTTL},
@@ -561,6 +562,34 @@ func testNoTakeover(t *testing.T, s idempotency.Store, c *Clock) {
 	if res, err := s.Claim(context.Background(), r); err != nil || !res.Claimed || res.TookOver {
 		t.Errorf("claim of an expired done record with NoTakeover = %+v, %v; want a fresh claim", res, err)
 	}
+}
+
+// testTakeoverBy: a claim that reaches the store after its TakeoverBy takes nothing
+// over (its sender decided on old knowledge); before it, it does.
+func testTakeoverBy(t *testing.T, s idempotency.Store, c *Clock) {
+	tok := mustClaim(t, s, req("u", "k", "fp"))
+	c.Advance(lease + time.Second)
+	late := req("u", "k", "fp")
+	late.TakeoverBy = c.Now().Add(-time.Millisecond)
+	if rec := mustNotClaim(t, s, late); rec.Token != tok || rec.State != idempotency.StateInProgress {
+		t.Errorf("a late claim: existing %+v, want the record with token %d", rec, tok)
+	}
+	// Past retention too: the late claim replaces nothing.
+	mustClaim(t, s, req("u", "k2", "fp"))
+	c.Advance(ttl)
+	late.Key, late.TakeoverBy = "k2", c.Now().Add(-time.Millisecond)
+	mustNotClaim(t, s, late)
+	// In time, it takes over.
+	inTime := req("u", "k", "fp")
+	inTime.TakeoverBy = c.Now()
+	res, err := s.Claim(context.Background(), inTime)
+	if err != nil || !res.Claimed || res.Token <= tok {
+		t.Errorf("a claim in time = %+v, %v; want a takeover", res, err)
+	}
+	// A bound does not stop a fresh claim.
+	fresh := req("u", "fresh", "fp")
+	fresh.TakeoverBy = c.Now().Add(-time.Hour)
+	mustClaim(t, s, fresh)
 }
 
 func testStaleOwner(t *testing.T, s idempotency.Store, c *Clock) {

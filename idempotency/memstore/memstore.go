@@ -86,7 +86,7 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 		switch {
 		case old.State == idempotency.StateDone && expired:
 			// replaced by a fresh claim
-		case old.State == idempotency.StateInProgress && !old.LeaseUntil.After(now) && !req.NoTakeover &&
+		case old.State == idempotency.StateInProgress && !old.LeaseUntil.After(now) && req.MayTakeOver(now) &&
 			(expired || old.Fingerprint == req.Fingerprint):
 			takeover = !expired // an expired one is replaced by a fresh claim
 		default:

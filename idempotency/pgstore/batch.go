@@ -58,7 +58,7 @@ func (c *claimCall) ID() string { return batch.RowID(c.req.Scope, c.req.Key) }
 // the takeover).
 func (c *claimCall) args() []any {
 	r := c.req
-	return []any{[]byte(r.Scope), []byte(r.Key), []byte(r.Fingerprint), c.now, r.Lease, r.TTL, r.NoTakeover}
+	return []any{[]byte(r.Scope), []byte(r.Key), []byte(r.Fingerprint), c.now, r.Lease, r.TTL, r.TakeoverLimit()}
 }
 
 // runClaims runs the batched claim statement for calls, sorted by row.
@@ -71,14 +71,14 @@ func (s *Store) runClaims(calls []*claimCall) {
 	}
 	n := len(calls)
 	scopes, keys, fps := make([][]byte, n), make([][]byte, n), make([][]byte, n)
-	nows, leases, ttls, noTakeovers := make([]*time.Time, n), make([]time.Duration, n), make([]time.Duration, n), make([]bool, n)
+	nows, leases, ttls, limits := make([]*time.Time, n), make([]time.Duration, n), make([]time.Duration, n), make([]time.Time, n)
 	for i, c := range calls {
 		c.found, c.claimed, c.claimable, c.rec, c.err = false, false, false, nil, nil
 		scopes[i], keys[i], fps[i] = []byte(c.req.Scope), []byte(c.req.Key), []byte(c.req.Fingerprint)
-		nows[i], leases[i], ttls[i], noTakeovers[i] = c.now, c.req.Lease, c.req.TTL, c.req.NoTakeover
+		nows[i], leases[i], ttls[i], limits[i] = c.now, c.req.Lease, c.req.TTL, c.req.TakeoverLimit()
 	}
 	err := func() error {
-		rows, err := s.pool.Query(ctx, s.sql.claimBatch, scopes, keys, fps, nows, leases, ttls, noTakeovers)
+		rows, err := s.pool.Query(ctx, s.sql.claimBatch, scopes, keys, fps, nows, leases, ttls, limits)
 		if err != nil {
 			return err
 		}

@@ -68,7 +68,9 @@
 // times).
 //
 // A record is claimable when it is done and expired, or in progress with its lease run
-// out, unless the request says NoTakeover, and with the same fingerprint or expired
+// out, when the request may take it over at the statement's instant (its NoTakeover and
+// TakeoverBy, as one limit: idempotency.ClaimRequest.TakeoverLimit), and with the same
+// fingerprint or expired
 // (then it is replaced as by a fresh claim). An in-progress record whose lease runs is
 // never claimable, whatever its expiry. Only for a claimable record does a second
 // statement replace it: an UPDATE conditioned on the token that was read and on the
@@ -214,10 +216,10 @@ func clockParam(n int) string {
 }
 
 // claimable is the rule by which a claim replaces the record r (see Store.Claim), at
-// instant now, for a request with fingerprint fp and flag noTakeover.
-func claimable(now, fp, noTakeover string) string {
+// instant now, for a request with fingerprint fp whose takeover limit is limit.
+func claimable(now, fp, limit string) string {
 	return `((r.state = 'done' AND r.expires_at <= ` + now + `) OR
-	(r.state = 'in_progress' AND r.lease_until <= ` + now + ` AND NOT ` + noTakeover + `
+	(r.state = 'in_progress' AND r.lease_until <= ` + now + ` AND ` + now + ` <= ` + limit + `
 		AND (r.expires_at <= ` + now + ` OR r.fingerprint = ` + fp + `)))`
 }
 
@@ -266,13 +268,13 @@ func New(cfg Config) (*Store, error) {
 	now4 := clockParam(4)
 	s.sql = statements{
 		schema: r.Replace(schemaSQL),
-		// $1 scope, $2 key, $3 fingerprint, $4 clock, $5 lease, $6 TTL, $7 NoTakeover.
+		// $1 scope, $2 key, $3 fingerprint, $4 clock, $5 lease, $6 TTL, $7 takeover limit.
 		// A replay, a 409 or a 422 is answered by this one statement without locking or
 		// writing anything: the INSERT runs only when the snapshot has no row.
 		claim: r.Replace(`WITH clock AS (
 	SELECT ` + now4 + ` AS now
 ), existing AS (
-	SELECT ` + claimable("c.now", "$3", "$7::bool") + ` AS claimable,
+	SELECT ` + claimable("c.now", "$3", "$7::timestamptz") + ` AS claimable,
 	` + leanColumns("c.now", "$3") + `
 	FROM {table} AS r, clock AS c WHERE r.scope = $1 AND r.key = $2
 ), claimed AS (
@@ -297,7 +299,7 @@ SELECT false, e.claimable, c.now, ` + qualify("e", recordColumns) + ` FROM exist
 	created_at = CASE WHEN r.expires_at <= ` + now4 + ` THEN ` + now4 + ` ELSE r.created_at END,
 	lease_until = ` + now4 + ` + $5::interval, expires_at = ` + now4 + ` + $6::interval, completed_at = NULL,
 	status = NULL, header = NULL, headers = NULL, body = NULL, body_omitted = false
-WHERE r.scope = $1 AND r.key = $2 AND r.token = $8 AND ` + claimable(now4, "$3", "$7::bool") + `
+WHERE r.scope = $1 AND r.key = $2 AND r.token = $8 AND ` + claimable(now4, "$3", "$7::timestamptz") + `
 RETURNING r.token, r.attempts > 1, ` + now4),
 		// $4 status, $5 headers, $6 body, $7 body omitted, $8 clock, $9 TTL.
 		complete: r.Replace(`UPDATE {table} SET state = 'done', abandoned = false, status = $4,
@@ -327,11 +329,11 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'`),
 		// Each call has its own clock reading (NULL: the server's clock).
 		claimBatch: r.Replace(`WITH input AS (
 	SELECT i.ord, i.scope, i.key, i.fingerprint, coalesce(i.now, statement_timestamp()) AS now,
-		i.lease, i.ttl, i.no_takeover
-	FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::timestamptz[], $5::interval[], $6::interval[], $7::bool[])
-		WITH ORDINALITY AS i(scope, key, fingerprint, now, lease, ttl, no_takeover, ord)
+		i.lease, i.ttl, i.takeover_limit
+	FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::timestamptz[], $5::interval[], $6::interval[], $7::timestamptz[])
+		WITH ORDINALITY AS i(scope, key, fingerprint, now, lease, ttl, takeover_limit, ord)
 ), existing AS (
-	SELECT i.ord, i.now, ` + claimable("i.now", "i.fingerprint", "i.no_takeover") + ` AS claimable,
+	SELECT i.ord, i.now, ` + claimable("i.now", "i.fingerprint", "i.takeover_limit") + ` AS claimable,
 	` + leanColumns("i.now", "i.fingerprint") + `
 	FROM input AS i JOIN {table} AS r ON r.scope = i.scope AND r.key = i.key
 ), claimed AS (

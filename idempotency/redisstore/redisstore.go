@@ -207,7 +207,8 @@ local function ms(us) return int(math.max(1, math.ceil(us / 1000))) end
 `
 
 // claimScript: KEYS[1] record; ARGV scope, key, fingerprint, now (µs, or empty for
-// TIME), lease (µs), ttl (µs), "1" for NoTakeover. Returns {1, now, token, tookOver} or,
+// TIME), lease (µs), ttl (µs), the takeover limit (µs: a record is taken over only at a
+// now not after it). Returns {1, now, token, tookOver} or,
 // when the claim is lost, {0, now, {state, fp, token, lease, expires}, {scope, key,
 // created, abandoned}, response}, where response is {status, hdr, body, omitted,
 // header-when-hdr-is-absent} for a replay (done, same fingerprint) and nil otherwise:
@@ -225,7 +226,7 @@ if cur[1] then
   local free = false
   if cur[1] == 'done' then
     free = expired
-  elseif cur[1] == 'in_progress' and ARGV[7] ~= '1' and tonumber(cur[4]) <= now then
+  elseif cur[1] == 'in_progress' and now <= tonumber(ARGV[7]) and tonumber(cur[4]) <= now then
     free = expired or cur[2] == ARGV[3]
   end
   if not free then
@@ -316,13 +317,9 @@ func (s *Store) now() string {
 // Claim implements idempotency.Store in one round trip: a lost claim returns the
 // existing record, with its response only for a replay.
 func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
-	noTakeover := "0"
-	if req.NoTakeover {
-		noTakeover = "1"
-	}
 	res, err := s.claim.Run(ctx, s.client, []string{s.recordKey(req.Scope, req.Key)},
 		req.Scope, req.Key, req.Fingerprint, s.now(), req.Lease.Microseconds(),
-		req.TTL.Microseconds(), noTakeover).Slice()
+		req.TTL.Microseconds(), micros(req.TakeoverLimit())).Slice()
 	if err != nil {
 		return idempotency.ClaimResult{}, wrap("claim", err)
 	}

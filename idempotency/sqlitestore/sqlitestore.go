@@ -553,7 +553,7 @@ func blocks(rec *idempotency.Record, req idempotency.ClaimRequest, now time.Time
 	if rec.State != idempotency.StateInProgress {
 		return !expired
 	}
-	if rec.LeaseUntil.After(now) || req.NoTakeover {
+	if rec.LeaseUntil.After(now) || !req.MayTakeOver(now) {
 		return true
 	}
 	return !expired && rec.Fingerprint != req.Fingerprint

@@ -187,6 +187,23 @@ func (l GatewayLine) storeTrouble() bool {
 	return l.Outcome == "store-error" || l.Outcome == "lease-lost"
 }
 
+// HeldAndLost reports whether a gateway process held the key's answer because the store
+// could not take it (a "stored-later" line) and was then killed: the client got the
+// answer, the store never did.
+func (ev Evidence) HeldAndLost(key string) bool {
+	for _, l := range ev.Lines[key] {
+		if l.Outcome != "stored-later" {
+			continue
+		}
+		for _, p := range ev.Processes {
+			if p.Replica == l.Replica && p.PID == l.PID && p.Killed {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Process is one process of a gateway replica.
 type Process struct {
 	Replica string

@@ -595,7 +595,6 @@ progress:
 			rep.LargePayments++
 		}
 	}
-	rep.Checks = Check(all, rows, records, listed)
 	rep.Attempts, rep.Resends, rep.Replays = st.Attempts.Load(), st.Resends.Load(), st.Replays.Load()
 	rep.Conflicts, rep.ServerErrors, rep.TransportErrors = st.Conflicts.Load(), st.ServerErrors.Load(), st.TransportErrors.Load()
 	rep.Outcomes = map[string]int64{}
@@ -629,6 +628,7 @@ progress:
 			ev.Executions[i].Fault, ev.Executions[i].FaultRequest = f.Kind.String(), f.Request
 		}
 	}
+	rep.Checks = Check(all, rows, records, listed, ev.HeldAndLost)
 	rep.Attribution = Attribute(ev)
 	shown := map[Cause]int{}
 	for _, x := range rep.Attribution.Extras {
@@ -650,7 +650,7 @@ progress:
 	recs := map[string]StoreRecord{}
 	for _, r := range records {
 		recs[r.Key] = r
-		if r.InProgress && shownKind["stuck"] < 3 {
+		if r.InProgress && !ev.HeldAndLost(r.Key) && shownKind["stuck"] < 3 {
 			addKey("stuck", r.Key, "in progress in the store after the lease")
 		}
 	}

@@ -72,6 +72,12 @@ type Checks struct {
 	Mismatched int
 	// Stuck: keys still in progress in the store after the lease (nothing in flight).
 	Stuck int
+	// HeldLost: keys in progress in the store whose answer a gateway held, because the
+	// store could not take it, when that gateway was killed: the client got the answer
+	// and the store never did. Allowed: the documented window of a process that dies
+	// between forwarding and storing. Such a key is counted here, not as stuck or as a
+	// store disagreement.
+	HeldLost int
 	// StoreDisagrees: succeeded payments whose key is not done in the store with the
 	// response the client saw (status and payment id), so a retry would not replay it.
 	StoreDisagrees int
@@ -93,8 +99,12 @@ const maxEvidence = 5
 
 // Check compares what the clients saw (payments) with the ledger (rows) and the
 // idempotency store (records, listed once the gateways have stopped and the lease has
-// run out). now is the time the records were listed.
-func Check(payments []Payment, rows []Row, records []StoreRecord, now time.Time) Checks {
+// run out). now is the time the records were listed. heldLost reports the keys whose
+// answer a killed gateway held (see Checks.HeldLost); nil: none.
+func Check(payments []Payment, rows []Row, records []StoreRecord, now time.Time, heldLost func(key string) bool) Checks {
+	if heldLost == nil {
+		heldLost = func(string) bool { return false }
+	}
 	c := Checks{Payments: len(payments), Rows: len(rows), Records: len(records)}
 	shown := map[string]int{}
 	evidence := func(kind, format string, args ...any) {
@@ -163,7 +173,10 @@ func Check(payments []Payment, rows []Row, records []StoreRecord, now time.Time)
 	var stuck []StoreRecord
 	for _, r := range records {
 		recs[r.Key] = r
-		if r.InProgress {
+		switch {
+		case r.InProgress && heldLost(r.Key):
+			c.HeldLost++
+		case r.InProgress:
 			stuck = append(stuck, r)
 		}
 	}
@@ -198,6 +211,7 @@ func Check(payments []Payment, rows []Row, records []StoreRecord, now time.Time)
 		}
 		rec, ok := recs[p.Key]
 		switch {
+		case ok && rec.InProgress && heldLost(p.Key): // counted as HeldLost
 		case !ok:
 			c.StoreDisagrees++
 			evidence("store", "payment %s/%s succeeded; key %q has no record", p.User, p.Ref, p.Key)

@@ -85,7 +85,7 @@ func TestCheck(t *testing.T) {
 		}, func(c Checks) int { return c.Failed }, "failed: payment bob/b-2", false},
 	}
 	ps, rs, ss := base()
-	if c := Check(ps, rs, ss, now); !c.OK() || c.Succeeded != 3 || c.Rows != 3 || c.Records != 3 || len(c.Evidence) != 0 {
+	if c := Check(ps, rs, ss, now, nil); !c.OK() || c.Succeeded != 3 || c.Rows != 3 || c.Records != 3 || len(c.Evidence) != 0 {
 		t.Fatalf("a clean run: %+v", c)
 	}
 	for _, tc := range cases {
@@ -93,7 +93,7 @@ func TestCheck(t *testing.T) {
 			t.Parallel()
 			ps, rs, ss := base()
 			ps, rs, ss = tc.change(ps, rs, ss)
-			c := Check(ps, rs, ss, now)
+			c := Check(ps, rs, ss, now, nil)
 			if tc.want(c) != 1 || c.OK() == !tc.judged {
 				t.Fatalf("not caught once (OK %v): %+v", c.OK(), c)
 			}
@@ -101,5 +101,40 @@ func TestCheck(t *testing.T) {
 				t.Errorf("evidence lacks %q:\n%s", tc.words, strings.Join(c.Evidence, "\n"))
 			}
 		})
+	}
+}
+
+// TestCheckHeldLost: a key in progress whose answer a killed gateway held is counted as
+// that allowed window, neither stuck nor a store disagreement; any other is stuck.
+func TestCheckHeldLost(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	r := Row{ID: 1, User: "alice", Key: "k1", Ref: "a-1", Amount: 101}
+	ps := []Payment{{User: "alice", Ref: "a-1", Amount: 101, Key: "k1", Status: 201, Answer: r}}
+	ss := []StoreRecord{{Key: "k1", InProgress: true, LeaseUntil: now.Add(-time.Minute)}}
+	held := func(key string) bool { return key == "k1" }
+	if c := Check(ps, []Row{r}, ss, now, held); !c.OK() || c.HeldLost != 1 || c.Stuck != 0 || c.StoreDisagrees != 0 {
+		t.Errorf("held and lost: %+v", c)
+	}
+	if c := Check(ps, []Row{r}, ss, now, nil); c.OK() || c.Stuck != 1 || c.StoreDisagrees != 1 || c.HeldLost != 0 {
+		t.Errorf("not held: %+v", c)
+	}
+}
+
+// TestHeldAndLost: only a process that logged a held answer for the key and was killed.
+func TestHeldAndLost(t *testing.T) {
+	t.Parallel()
+	ev := Evidence{
+		Lines: map[string][]GatewayLine{
+			"held":  {{Replica: "r1", PID: 10, Outcome: "stored-later", Status: 201}},
+			"alive": {{Replica: "r1", PID: 11, Outcome: "stored-later", Status: 201}},
+			"done":  {{Replica: "r1", PID: 10, Outcome: "executed", Status: 201}},
+		},
+		Processes: []Process{{Replica: "r1", PID: 10, Killed: true}, {Replica: "r1", PID: 11}},
+	}
+	for key, want := range map[string]bool{"held": true, "alive": false, "done": false, "none": false} {
+		if got := ev.HeldAndLost(key); got != want {
+			t.Errorf("HeldAndLost(%q) = %v, want %v", key, got, want)
+		}
 	}
 }

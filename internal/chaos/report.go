@@ -238,6 +238,7 @@ func (r Report) WriteTable(w io.Writer) {
 	row("phantoms", int64(c.Phantoms), "ledger rows under a key no client used")
 	row("mismatched", int64(c.Mismatched), "answers or rows that disagree (id, key, ref, amount)")
 	row("stuck", int64(c.Stuck), fmt.Sprintf("keys in progress in the store after the lease (%s), nothing in flight", r.Lease))
+	row("held, replica killed", int64(c.HeldLost), "allowed: answers a gateway held for a store it could not reach, lost with it when it was killed (the client got them)")
 	row("store disagrees", int64(c.StoreDisagrees), "succeeded payments their key would not replay as answered")
 	row("unfinished", int64(c.Unfinished), "payments without a final answer after the drain")
 	row("failed", int64(c.Failed), "payments answered with a final 4xx")
