@@ -505,3 +505,55 @@ func TestTrailersReplayed(t *testing.T) {
 		}
 	}
 }
+
+// lateTakeover delays every claim that may take a key over: a partition that holds the
+// claim, or a client library that sends it again once the link is back.
+type lateTakeover struct {
+	*memstore.Store // a Pinger: the probe keeps the middleware in touch
+	delay           time.Duration
+}
+
+func (s lateTakeover) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	if !r.NoTakeover {
+		time.Sleep(s.delay)
+	}
+	return s.Store.Claim(ctx, r)
+}
+
+// TestLateTakeoverTakesNothing: a takeover claim that reaches the store late takes
+// nothing over: it was decided on what its sender knew when it sent it.
+func TestLateTakeoverTakesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const lease = 3 * time.Second
+		store := memstore.New()
+		late := &lateTakeover{Store: store, delay: lease}
+		mw, err := idempotency.New(idempotency.Config{Store: late, Lease: lease, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs := 0
+		h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs++
+			w.WriteHeader(http.StatusCreated)
+		}))
+		post(h, "warm-up", "{}") // starts the store probe, which keeps the middleware in touch
+		// An owner claimed the key and went silent; its lease has run out.
+		if _, err := store.Claim(context.Background(), idempotency.ClaimRequest{Key: "k", Fingerprint: fingerprintOf("{}"), Lease: lease, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(lease + time.Second)
+		runs = 0
+		if w := post(h, "k", "{}"); w.Code != http.StatusConflict || runs != 0 {
+			t.Errorf("a takeover delivered a lease late: %d, %d runs; want 409 and none", w.Code, runs)
+		}
+		// Delivered in time, once the store has answered promptly for a lease, it takes over.
+		late.delay = 0
+		time.Sleep(2 * lease)
+		if w := post(h, "k", "{}"); w.Code != http.StatusCreated || runs != 1 {
+			t.Errorf("a takeover in time: %d, %d runs; want 201 and 1", w.Code, runs)
+		}
+		if err := mw.Shutdown(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+}
