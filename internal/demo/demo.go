@@ -67,7 +67,7 @@ type Config struct {
 	// from the clock. The seed in use is printed and returned in Result.Seed.
 	Seed uint64
 	// FaultRate is the probability that a request meets a fault, spread evenly over read
-	// timeout, reset and response lost; it is also the probability that a new connection
+	// timeout, reset, response lost and response reset; it is also the probability that a new connection
 	// is refused or black-holed (half each). At most 1. Default 0.2; negative: no faults.
 	FaultRate float64
 	// Latency is added by the fault proxy to every request, plus a random part of up to
@@ -239,7 +239,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 	proxy, err := faultproxy.Start(ctx, faultproxy.Config{
 		Target: gateway.addr, Seed: cfg.Seed,
 		Refuse: f / 2, BlackHole: f / 2,
-		ReadTimeout: f / 3, Reset: f / 3, ResponseLost: f / 3,
+		ReadTimeout: f / 4, Reset: f / 4, ResponseLost: f / 4, ResponseReset: f / 4,
 		Latency: cfg.Latency, Jitter: 2 * cfg.Latency,
 		Logger: cfg.Logger,
 	})
@@ -250,7 +250,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 
 	fmt.Fprintf(out, "retrysafe demo · seed %d · %d clients · %s · fault rate %.2f\n", cfg.Seed, cfg.Clients, cfg.Duration, cfg.FaultRate)
 	fmt.Fprintf(out, "  clients   %d × retry.Transport with AutoKey, attempt timeout %s\n", cfg.Clients, cfg.AttemptTimeout)
-	faults := "refuse, black hole, read timeout, reset, response lost"
+	faults := "refuse, black hole, read timeout, reset, response lost, response reset"
 	if cfg.FaultRate == 0 {
 		faults = "no faults"
 	}
