@@ -107,38 +107,46 @@ func (u *dropSecond) serve(c net.Conn) {
 // client on its own: its outcome is unknown, so the key is kept to its lease.
 func TestE2ENoResendByTheGateway(t *testing.T) {
 	t.Parallel()
-	for _, reset := range []bool{false, true} {
-		for _, body := range []string{`{"amount":100}`, ""} {
-			name := fmt.Sprintf("reset=%v/body=%d", reset, len(body))
-			t.Run(name, func(t *testing.T) {
-				t.Parallel()
-				up := newDropSecond(t, reset)
-				gw := startGateway(t, nil, "--store", "memory:", "--upstream", up.URL())
-				ctx := context.Background()
-				warm, k := testenv.Name("warm"), testenv.Name("once")
-				if r := post(ctx, gw.addr, "/pay", warm, body); r.status != 201 {
-					t.Fatalf("first request on the connection: %v", r)
+	for _, s := range storeDSNs {
+		for _, reset := range []bool{false, true} {
+			for _, body := range []string{`{"amount":100}`, ""} {
+				if s.name != "sqlite" && (reset || body == "") {
+					continue // the whole matrix on the default store, one case on the others
 				}
-				r := post(ctx, gw.addr, "/pay", k, body) // the second on the same connection
-				if n := up.execs.get(k); n != 1 {
-					t.Fatalf("the upstream executed the request %d times (the gateway resent it); the client got %v", n, r)
-				}
-				if r.status != 502 || r.problem() != "urn:retrysafe:problem:upstream-failed" {
-					t.Errorf("client got %v, want 502 upstream-failed (outcome unknown)", r)
-				}
-				if again := post(ctx, gw.addr, "/pay", k, body); again.status != 409 || up.execs.get(k) != 1 {
-					t.Errorf("retry within the lease: %v, %d executions; want 409 and 1", again, up.execs.get(k))
-				}
-			})
+				name := fmt.Sprintf("%s/reset=%v/body=%d", s.name, reset, len(body))
+				t.Run(name, func(t *testing.T) {
+					t.Parallel()
+					up := newDropSecond(t, reset)
+					gw := startGateway(t, nil, "--store", s.dsn(t), "--upstream", up.URL())
+					ctx := context.Background()
+					warm, k := testenv.Name("warm"), testenv.Name("once")
+					if r := post(ctx, gw.addr, "/pay", warm, body); r.status != 201 {
+						t.Fatalf("first request on the connection: %v", r)
+					}
+					r := post(ctx, gw.addr, "/pay", k, body) // the second on the same connection
+					if n := up.execs.get(k); n != 1 {
+						t.Fatalf("the upstream executed the request %d times (the gateway resent it); the client got %v", n, r)
+					}
+					if r.status != 502 || r.problem() != "urn:retrysafe:problem:upstream-failed" {
+						t.Errorf("client got %v, want 502 upstream-failed (outcome unknown)", r)
+					}
+					if again := post(ctx, gw.addr, "/pay", k, body); again.status != 409 || up.execs.get(k) != 1 {
+						t.Errorf("retry within the lease: %v, %d executions; want 409 and 1", again, up.execs.get(k))
+					}
+				})
+			}
 		}
 	}
 }
+
+// sqliteDSN is the default kind of store, in a file of the test's own.
+func sqliteDSN(t *testing.T) string { return storeDSNs[0].dsn(t) }
 
 // TestE2ENonCanonicalMethod: "post" is no way around the key rules.
 func TestE2ENonCanonicalMethod(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
-	gw := startGateway(t, nil, "--store", "memory:", "--upstream", up.URL)
+	gw := startGateway(t, nil, "--store", sqliteDSN(t), "--upstream", up.URL)
 	for _, key := range []string{"", testenv.Name("lower")} {
 		for range 2 {
 			req, err := http.NewRequest("post", gw.addr+"/pay", strings.NewReader(`{}`))
@@ -344,9 +352,18 @@ func TestE2ESIGTERMStoresHeldAnswers(t *testing.T) {
 // read it: the upstream timeout does not cut the client off, and no retry executes again.
 func TestE2ESlowReader(t *testing.T) {
 	t.Parallel()
+	for _, s := range storeDSNs {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			slowReader(t, s.dsn(t))
+		})
+	}
+}
+
+func slowReader(t *testing.T, dsn string) {
 	const size = 10 << 20
 	up := newUpstream(t)
-	gw := startGateway(t, nil, "--store", "memory:", "--upstream", up.URL, "--upstream-timeout", "2s",
+	gw := startGateway(t, nil, "--store", dsn, "--upstream", up.URL, "--upstream-timeout", "2s",
 		"--lease", "2s", "--max-response", "16MiB")
 	k := testenv.Name("slow")
 	host := strings.TrimPrefix(gw.addr, "http://")
@@ -404,7 +421,7 @@ func (p *pacedReader) Read(b []byte) (int, error) {
 func TestE2EConnectionHeaderCannotStripTheKey(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
-	gw := startGateway(t, nil, "--store", "memory:", "--upstream", up.URL)
+	gw := startGateway(t, nil, "--store", sqliteDSN(t), "--upstream", up.URL)
 	for _, hop := range []string{"Idempotency-Key", "idempotency-key", "Authorization", "keep-alive, Authorization"} {
 		k := testenv.Name("hop")
 		req, err := http.NewRequest(http.MethodPost, gw.addr+"/pay", strings.NewReader(`{}`))
@@ -447,7 +464,7 @@ func TestE2ERecordCannotExpireWhileRunning(t *testing.T) {
 func TestE2EEscapedPath(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
-	gw := startGateway(t, nil, "--store", "memory:", "--upstream", up.URL)
+	gw := startGateway(t, nil, "--store", sqliteDSN(t), "--upstream", up.URL)
 	ctx := context.Background()
 	k := testenv.Name("path")
 	if r := post(ctx, gw.addr, "/pay/x%2Fy", k, `{}`); r.status != 201 {
@@ -492,7 +509,7 @@ func rawRequest(addr, head, body string, gap time.Duration) (*http.Response, str
 func TestE2EBodyMemoryAndTime(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
-	gw := startGateway(t, nil, "--store", "memory:", "--upstream", up.URL, "--max-body", "1MiB",
+	gw := startGateway(t, nil, "--store", sqliteDSN(t), "--upstream", up.URL, "--max-body", "1MiB",
 		"--max-body-memory", "3MiB", "--body-timeout", "1s")
 	ctx := context.Background()
 	t.Run("ceiling", func(t *testing.T) {
@@ -558,7 +575,7 @@ func TestE2EBodyMemoryAndTime(t *testing.T) {
 func TestE2ETruthfulErrors(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
-	gw := startGateway(t, nil, "--store", "memory:", "--upstream", up.URL, "--lease", "6s", "--upstream-timeout", "1s")
+	gw := startGateway(t, nil, "--store", sqliteDSN(t), "--upstream", up.URL, "--lease", "6s", "--upstream-timeout", "1s")
 	t.Run("budget spent on the upload", func(t *testing.T) {
 		k := testenv.Name("budget")
 		head := fmt.Sprintf("POST /pay HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nRequest-Budget-Ms: 500\r\nContent-Length: 10\r\n\r\n", k)
@@ -628,7 +645,7 @@ func TestE2EFidelity(t *testing.T) {
 	t.Run("key grammar", func(t *testing.T) {
 		t.Parallel()
 		up := newUpstream(t)
-		gw := startGateway(t, nil, "--store", "memory:", "--upstream", up.URL)
+		gw := startGateway(t, nil, "--store", sqliteDSN(t), "--upstream", up.URL)
 		for _, bad := range []string{`"`, `a,b`, `"a", "b"`, `"a";p=1`, `"a\q"`, `a"b`} {
 			if r := post(context.Background(), gw.addr, "/pay", bad, `{}`); r.status != 400 || r.problem() != idempotency.ProblemInvalidKey {
 				t.Errorf("key %s: %v, want 400 invalid-key", bad, r)
