@@ -437,16 +437,20 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// scanCount is the COUNT of every SCAN. It is constant because List re-issues a SCAN
-// from a cursor and expects the same batch of keys.
+// scanCount is the COUNT of every SCAN.
 const scanCount = 100
 
 // cursor is List's opaque position: a node (its address; empty for a single node), the
-// SCAN cursor of the batch being read, and the last key returned from that batch.
+// SCAN cursor that continues after the batch being read, whether that batch was the
+// node's last, and the keys of the batch not returned yet. A page never re-issues a
+// SCAN cursor: SCAN returns every key present for a whole iteration only to a caller
+// that follows the cursors it returns, and the same cursor asked again after Redis has
+// rehashed its keyspace may return other keys.
 type cursor struct {
-	Node string `json:"n,omitempty"`
-	Scan uint64 `json:"c,omitempty"`
-	Last string `json:"l,omitempty"`
+	Node    string   `json:"n,omitempty"`
+	Scan    uint64   `json:"c,omitempty"`
+	End     bool     `json:"e,omitempty"`
+	Pending []string `json:"p,omitempty"`
 }
 
 // node is one server to SCAN.
@@ -456,7 +460,8 @@ type node struct {
 }
 
 // List implements idempotency.Lister. Records come in SCAN order, node by node, and in
-// key order within one SCAN batch. Next is set only when another record follows.
+// key order within one SCAN batch. Next is set only when another record follows; it
+// holds the rest of the SCAN batch the page ended in (up to about a hundred keys).
 func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency.ListPage, error) {
 	limit := f.Limit
 	if limit <= 0 {
@@ -489,12 +494,20 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 			at = cursor{Node: n.addr}
 		}
 		for {
-			keys, next, err := n.cmd.Scan(ctx, at.Scan, match, scanCount).Result()
-			if err != nil {
-				return idempotency.ListPage{}, wrap("list", err)
+			keys := at.Pending
+			at.Pending = nil
+			if keys == nil {
+				if at.End {
+					break
+				}
+				var next uint64
+				keys, next, err = n.cmd.Scan(ctx, at.Scan, match, scanCount).Result()
+				if err != nil {
+					return idempotency.ListPage{}, wrap("list", err)
+				}
+				slices.Sort(keys)
+				at.Scan, at.End = next, next == 0
 			}
-			slices.Sort(keys)
-			keys = slices.DeleteFunc(keys, func(k string) bool { return k <= at.Last })
 			recs, err := s.fetch(ctx, keys)
 			if err != nil {
 				return idempotency.ListPage{}, err
@@ -504,16 +517,15 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 					continue
 				}
 				if len(page.Records) == limit {
+					at.Pending = keys[i:]
 					page.Next = encodeCursor(at)
 					return page, nil
 				}
 				page.Records = append(page.Records, *rec)
-				at.Last = keys[i]
 			}
-			if next == 0 {
+			if at.End {
 				break
 			}
-			at = cursor{Node: n.addr, Scan: next}
 		}
 	}
 	return page, nil
