@@ -11,8 +11,8 @@ import (
 )
 
 // TestListReturnsEveryRecord: a listing in pages returns every record that exists for
-// the whole listing, also right after many were written, while Redis grows and rehashes
-// its keyspace between the pages.
+// the whole listing while other records are written and deleted between the pages, so
+// that Redis grows, shrinks and rehashes its keyspace meanwhile.
 func TestListReturnsEveryRecord(t *testing.T) {
 	t.Parallel()
 	s := newStore(t, nil)
@@ -31,11 +31,27 @@ func TestListReturnsEveryRecord(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	// Other records, deleted between the pages below: the keyspace shrinks.
+	for i := range n {
+		if _, err := s.Claim(ctx, idempotency.ClaimRequest{Scope: "gone", Key: fmt.Sprint(i), Fingerprint: "fp",
+			Lease: time.Minute, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deleted := 0
 	extra := 0 // other records written between the pages: the keyspace grows and rehashes
 	for _, limit := range []int{1000, 37} {
 		seen := map[string]bool{}
 		f := idempotency.ListFilter{Scope: "u", Limit: limit}
 		for pages := 0; ; pages++ {
+			for range 200 {
+				if deleted < n {
+					if err := s.Delete(ctx, "gone", fmt.Sprint(deleted)); err != nil {
+						t.Fatal(err)
+					}
+					deleted++
+				}
+			}
 			for range 20 {
 				extra++
 				if _, err := s.Claim(ctx, idempotency.ClaimRequest{Scope: "other", Key: fmt.Sprint(extra), Fingerprint: "fp",
