@@ -1,10 +1,10 @@
 // Package deadline budgets time per call and per stack, and carries the budget across
 // hops.
 //
-// Seed 002's lesson: a request with a 15 s total budget cannot contain a 15 s LLM call
-// plus a 2 s database call. Traverse's AI ladder gave each provider 15 s and tried
-// several in sequence, so in practice the request had no budget at all, and its p95 was
-// the sum of the worst cases. Timeout budgets must be explicit: every request gets one,
+// The rule: a request with a 15 s total budget cannot contain a 15 s LLM call plus a 2 s
+// database call. A ladder of AI providers that gives each provider 15 s and tries
+// several in sequence gives the request no budget at all, and its p95 is the sum of the
+// worst cases. Timeout budgets must be explicit: every request gets one,
 // every call inside it gets a share, and the shares add up to no more than the whole.
 // Work that cannot fit in any request budget (a long generation, a batch, a slow
 // third party) does not belong on the request path: move it behind the async boundary

@@ -46,8 +46,8 @@ type LadderConfig struct {
 }
 
 // Ladder tries steps in order, each with its own slice of ctx's budget (see
-// LadderConfig), and returns the first success: seed 002's AI-provider ladder, made to
-// fit inside one budget. A step that succeeds ends the ladder; later steps are not called.
+// LadderConfig), and returns the first success: a ladder of providers (say, AI models
+// in order of preference), made to fit inside one budget. A step that succeeds ends the ladder; later steps are not called.
 //
 // When every step fails, Ladder returns the zero T and the steps' errors joined
 // (errors.Join), each wrapped in a *StepError carrying its index, so errors.Is and

@@ -3,7 +3,7 @@
 // without advancing any counter) but delivered again after a backoff, with its attempt
 // count in a header, up to Policy.MaxAttempts deliveries; then it is dead-lettered with
 // the reason, the last error, the attempts, the first and last failure times and the
-// source queue, where a person can inspect and replay it (seed 002).
+// source queue, where a person can inspect and replay it.
 //
 // The package is broker-neutral. Backends implement Source and Delivery:
 // redeliver/rabbitmq (delay queues, publisher confirms) and redeliver/jetstream
@@ -89,8 +89,8 @@
 // failed attempts so far, so a fresh message has none and its first retry carries 1.
 // RabbitMQ reserves the "x-" prefix for its own headers and arguments (x-death,
 // x-delivery-count …), and a future version may claim a name it does not use today; the
-// default keeps "x-retry-count" anyway because it is the name seed 002's consumers, and
-// many others written against RabbitMQ, already read and write, so a redeliver consumer
+// default keeps "x-retry-count" anyway because it is the name many consumers written
+// against RabbitMQ already read and write, so a redeliver consumer
 // can join a queue they share. RabbitMQ itself does not interpret it (see
 // redeliver/rabbitmq for the details per version). To use
 // another name (say "retry-count"), set Policy.Header on every consumer of the queue

@@ -154,7 +154,7 @@ type Policy struct {
 	// Classify maps a handler's error to a Class. Default DefaultClassify. A panic is
 	// always ClassPanic and a timeout of the handler's context always ClassTimeout.
 	Classify func(error) Class
-	// Timeout bounds each handler call. Default 5m (seed 002's handler timeout);
+	// Timeout bounds each handler call. Default 5m (a long job's handler timeout);
 	// negative means none.
 	Timeout time.Duration
 	// Header is the name of the header that carries the attempt count: the number of

@@ -14,7 +14,7 @@ const (
 	// JitterFull waits rand(0, min(cap, base·2ⁿ)): the AWS study's best spread, the default.
 	JitterFull Jitter = iota
 	// JitterEqual waits v/2 + rand(0, v/2) with v = min(cap, base·2ⁿ): never less than half
-	// the exponential step (seed 002's retry.Do).
+	// the exponential step.
 	JitterEqual
 	// JitterDecorrelated waits min(cap, rand(base, 3·previous wait)).
 	JitterDecorrelated
@@ -86,13 +86,13 @@ func (realClock) After(d time.Duration) (<-chan time.Time, func() bool) {
 	return t.C, t.Stop
 }
 
-// DefaultPolicy is seed 001's client policy: 5 attempts, full jitter from 300ms, waits
-// capped at 10s.
+// DefaultPolicy is a client's policy: 5 attempts, full jitter from 300ms, waits capped
+// at 10s.
 func DefaultPolicy() Policy {
 	return Policy{MaxAttempts: 5, Base: 300 * time.Millisecond, Cap: 10 * time.Second, Jitter: JitterFull}
 }
 
-// ServicePolicy is seed 002's service-to-service policy (zlink's retry.Do): 3 retries
+// ServicePolicy is a service-to-service policy: 3 retries
 // (4 attempts), equal jitter from 500ms, waits capped at 30s.
 func ServicePolicy() Policy {
 	return Policy{MaxAttempts: 4, Base: 500 * time.Millisecond, Cap: 30 * time.Second, Jitter: JitterEqual}

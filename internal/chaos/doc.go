@@ -117,14 +117,14 @@
 //	                 or amount than their payment's
 //	stuck            keys still in progress in the store after the lease
 //	store disagrees  succeeded payments whose record would not replay what the client saw
-//
-// except, counted apart as allowed ("held, replica killed"), a key whose answer a
-// gateway held because the store could not take it, when that gateway was killed: the
-// client got the answer and the store never did, the window of a process that dies
-// between forwarding and storing.
 //	unfinished       payments without a final answer after the drain
 //	failed           payments answered with a final 4xx
 //	ledger disagrees payments whose ledger rows and the upstream's execution log differ
+//
+// A key whose answer a gateway held because the store could not take it, when that
+// gateway was killed, is counted apart as allowed ("held, replica killed"), neither
+// stuck nor a store disagreement: the client got the answer and the store never did,
+// the window of a process that dies between forwarding and storing.
 //
 // All must be 0, and no gateway may exit unasked. The report prints the setup, the
 // operations, HTTP attempts and replays, the faults injected on each link by kind (and

@@ -22,8 +22,8 @@
 //
 // # Outbox
 //
-// "State committed but message never sent" (seed 002: grants are side effects of state
-// already in Postgres) cannot happen when the message is a row written in the same
+// "State committed but message never sent" (a message that announces state already in
+// PostgreSQL, such as a grant) cannot happen when the message is a row written in the same
 // transaction as the state. Outbox.Add writes it; Outbox.Relay (or RelayOnce) publishes
 // due rows through a redeliver.Publisher (rabbitmq.Publisher waits for each confirm),
 // locking them with SELECT … FOR UPDATE SKIP LOCKED so several relays share the work

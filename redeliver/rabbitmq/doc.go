@@ -58,7 +58,7 @@
 //
 // The header is named x-retry-count by default although RabbitMQ reserves the "x-"
 // prefix for itself (x-death, x-delivery-count, x-first-death-*): the name is the
-// convention seed 002's consumers and many existing RabbitMQ consumers already use, so
+// convention many existing RabbitMQ consumers already use, so
 // a redeliver consumer interoperates with them on a shared queue. RabbitMQ does not
 // interpret it (checked on 3.10; RabbitMQ 4 keeps x- headers of AMQP 0-9-1 messages as
 // AMQP 1.0 message annotations internally and returns them to AMQP 0-9-1 consumers as
