@@ -13,9 +13,8 @@ import (
 	"time"
 )
 
-// The classes of failure (auth, rate limit, not found, invalid, platform, plus conflict
-// and canceled). Every
-// error Classify returns matches exactly one of them with errors.Is.
+// The classes of failure: auth, rate limit, not found, invalid, platform, conflict and
+// canceled. Every error Classify returns matches exactly one of them with errors.Is.
 var (
 	// ErrAuth: 401 or 403. Never retried: the credentials are wrong and a person must act.
 	ErrAuth = errors.New("retry: not authorized")
