@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -144,6 +145,7 @@ type Middleware struct {
 	flushCtx   context.Context // ends when Shutdown gives up on held responses
 	flushStop  context.CancelFunc
 	bg         sync.WaitGroup // the probe and the flushes of held responses
+	unstored   atomic.Int64   // held responses given up on at shutdown
 	shutdownMu sync.Mutex
 
 	mu      sync.Mutex
@@ -231,18 +233,14 @@ func (m *Middleware) Shutdown(ctx context.Context) error {
 	}()
 	select {
 	case <-done:
-		return nil
 	case <-ctx.Done():
+		m.flushStop()
+		<-done
 	}
-	m.mu.Lock()
-	n := len(m.pending)
-	m.mu.Unlock()
-	m.flushStop()
-	<-done
-	if n == 0 {
-		return nil
+	if n := m.unstored.Load(); n > 0 {
+		return fmt.Errorf("idempotency: %d responses not stored before shutdown: %w", n, ctx.Err())
 	}
-	return fmt.Errorf("idempotency: %d responses not stored before shutdown: %w", n, ctx.Err())
+	return nil
 }
 
 // AuthorizationScope is the default scope: the SHA-256 of the Authorization header, or

@@ -50,6 +50,7 @@ func (m *Middleware) flush(p *pending) {
 		select {
 		case <-m.flushCtx.Done():
 			m.dropPending(p)
+			m.unstored.Add(1)
 			m.cfg.Logger.Error("idempotency: response not stored before shutdown; the key stays in progress until its lease ends, then a retry runs the request again",
 				"key", c.Key, "status", p.resp.Status)
 			return
