@@ -142,7 +142,6 @@ type exchange struct {
 	upstreamDur time.Duration
 	upstreamSt  int
 	body        *watchedBody
-	abort       bool // abort the client's connection: the answer is incomplete
 }
 
 func (ex *exchange) setOutcome(o string) {
@@ -174,14 +173,6 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.handler.ServeHTTP(cw, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, ex)))
-	ex.mu.Lock()
-	abort := ex.abort
-	ex.mu.Unlock()
-	if abort && r.Context().Value(http.ServerContextKey) != nil {
-		// Under an http.Server (which recovers this panic quietly), cut the client's
-		// connection so it cannot take a truncated answer for a whole one.
-		panic(http.ErrAbortHandler)
-	}
 }
 
 // forward runs as the owner of the key (or for an unkeyed request) and sends the
@@ -215,14 +206,20 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 		ex.upstreamDur = time.Since(start)
 		if ex.body != nil && ex.failure == failNone {
 			if err := ex.body.failed(); err != nil {
-				ex.failure, ex.upstreamErr, ex.abort = failBody, err, true
+				ex.failure, ex.upstreamErr = failBody, err
 				if keyed {
 					claim.Abandon()
 				}
-				// ReverseProxy panics with ErrAbortHandler on a broken copy under a
-				// server; ServeHTTP re-panics once the middleware has left the key be.
+				// The answer is incomplete: under an http.Server (which recovers this
+				// panic quietly) the client's connection is cut, so that it cannot take
+				// a truncated answer for a whole one — and the middleware, seeing the
+				// handler panic, sends nothing of what it held and keeps the key to its
+				// lease. ReverseProxy has panicked so already, under a server.
 				if v := recover(); v != nil && v != http.ErrAbortHandler {
 					panic(v)
+				}
+				if r.Context().Value(http.ServerContextKey) != nil {
+					panic(http.ErrAbortHandler)
 				}
 			}
 		}
@@ -309,10 +306,13 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, out *http.Request, err er
 func (g *Gateway) finish(r *http.Request, ex *exchange, cw *clientWriter, start time.Time) {
 	d := time.Since(start)
 	ex.mu.Lock()
-	outcome, f, uerr, udur := ex.outcome, ex.failure, ex.upstreamErr, ex.upstreamDur
+	outcome, f, uerr, udur, upstreamSt := ex.outcome, ex.failure, ex.upstreamErr, ex.upstreamDur, ex.upstreamSt
 	ex.mu.Unlock()
 	status := cw.status
-	if status == 0 {
+	switch {
+	case status == 0 && f == failBody:
+		status = upstreamSt // the answer that broke off; the client got none of it
+	case status == 0:
 		status = http.StatusOK // what net/http sends for a handler that wrote nothing
 	}
 	if outcome == "" {

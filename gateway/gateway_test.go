@@ -720,36 +720,56 @@ func TestStoreDownFailsClosed(t *testing.T) {
 // connection is aborted and the key kept in progress (the upstream acted).
 func TestBodyBreaksOff(t *testing.T) {
 	t.Parallel()
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Length", "100")
-		w.WriteHeader(http.StatusCreated)
-		_, _ = w.Write([]byte("partial"))
-		w.(http.Flusher).Flush() // the status and some of the body reach the gateway
-		panic(http.ErrAbortHandler)
-	}))
-	t.Cleanup(up.Close)
-	u, _ := url.Parse(up.URL)
-	store := memstore.New()
-	gw, err := gateway.New(gateway.Config{Upstream: u, Store: store, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = gw.Shutdown(context.Background()) })
-	front := httptest.NewServer(gw)
-	t.Cleanup(front.Close)
-	req, _ := http.NewRequest("POST", front.URL+"/x", strings.NewReader("{}"))
-	req.Header.Set("Idempotency-Key", "broken")
-	res, err := http.DefaultClient.Do(req)
-	if err == nil {
-		_, err = io.ReadAll(res.Body)
-		res.Body.Close()
-	}
-	if err == nil {
-		t.Fatal("the client got a whole answer")
-	}
-	rec, err := store.Get(context.Background(), "", "broken")
-	if err != nil || rec.State != idempotency.StateInProgress {
-		t.Fatalf("record: %+v %v", rec, err)
+	// A small part (held in the gateway's buffers) and a large one (the gateway has sent
+	// much of it to the client's socket by the time it breaks), of answers within the
+	// stored-response limit and past it.
+	for _, c := range []struct {
+		name          string
+		sent, claimed int
+	}{
+		{"small", 7, 100},
+		{"large", 1 << 20, 2 << 20},
+		{"past the limit", 5 << 20, 6 << 20},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Length", strconv.Itoa(c.claimed))
+				w.WriteHeader(http.StatusCreated)
+				_, _ = w.Write(bytes.Repeat([]byte("p"), c.sent))
+				w.(http.Flusher).Flush() // the status and some of the body reach the gateway
+				panic(http.ErrAbortHandler)
+			}))
+			t.Cleanup(up.Close)
+			u, _ := url.Parse(up.URL)
+			store := memstore.New()
+			gw, err := gateway.New(gateway.Config{Upstream: u, Store: store, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = gw.Shutdown(context.Background()) })
+			front := httptest.NewServer(gw)
+			t.Cleanup(front.Close)
+			req, _ := http.NewRequest("POST", front.URL+"/x", strings.NewReader("{}"))
+			req.Header.Set("Idempotency-Key", "broken")
+			res, err := http.DefaultClient.Do(req)
+			var got []byte
+			if err == nil {
+				got, err = io.ReadAll(res.Body)
+				res.Body.Close()
+			}
+			if err == nil {
+				t.Fatalf("the client got a whole answer: %d, %d of the upstream's %d bytes", res.StatusCode, len(got), c.sent)
+			}
+			rec, err := store.Get(context.Background(), "", "broken")
+			wantState := idempotency.StateInProgress // outcome unknown: kept to its lease
+			if c.sent > idempotency.DefaultMaxResponse {
+				wantState = idempotency.StateDone // stored, without its body, once past the limit
+			}
+			if err != nil || rec.State != wantState {
+				t.Fatalf("record: %+v %v; want %s", rec, err, wantState)
+			}
+		})
 	}
 }
 
