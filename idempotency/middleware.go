@@ -537,7 +537,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		o = OutcomeExecuted
 	case errors.Is(context.Cause(hctx), ErrLeaseLost):
 		o = OutcomeLeaseLost
-	case c.abandoned():
+	case c.abandoned(), rec.incomplete():
 		m.abandon(r, c)
 		o = OutcomeAbandoned
 	case release, rec.wrote() && m.cfg.Release(rec.status):

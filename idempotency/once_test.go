@@ -557,3 +557,37 @@ func TestLateTakeoverTakesNothing(t *testing.T) {
 		}
 	})
 }
+
+// TestShortBodyNeitherStoredNorWhole: a handler whose body falls short of its declared
+// Content-Length gave an answer cut short: it is not stored (the key is left to its
+// lease), and the client does not get it as a whole one.
+func TestShortBodyNeitherStoredNorWhole(t *testing.T) {
+	t.Parallel()
+	store := memstore.New()
+	mw, err := idempotency.New(idempotency.Config{Store: store, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { shutdown(t, mw) })
+	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "100")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte("only part"))
+	})))
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/pay", strings.NewReader("{}"))
+	req.Header.Set("Idempotency-Key", "short")
+	res, err := http.DefaultClient.Do(req)
+	if err == nil {
+		var b []byte
+		b, err = io.ReadAll(res.Body)
+		res.Body.Close()
+		if err == nil {
+			t.Errorf("the client got %d %q as a whole answer", res.StatusCode, b)
+		}
+	}
+	rec, err := store.Get(context.Background(), "", "short")
+	if err != nil || rec.State != idempotency.StateInProgress || !rec.Abandoned {
+		t.Errorf("record %+v, %v; want in progress, abandoned", rec, err)
+	}
+}

@@ -112,6 +112,17 @@ func (r *recorder) Unwrap() http.ResponseWriter { return r.w }
 // wrote reports whether the handler produced a response at all.
 func (r *recorder) wrote() bool { return r.status != 0 }
 
+// incomplete reports whether the handler declared a Content-Length its body did not
+// reach (or passed): an answer cut short, which must be neither stored nor sent as
+// whole.
+func (r *recorder) incomplete() bool {
+	if r.omitted || r.status == 0 || !bodyAllowed(r.status) {
+		return false
+	}
+	n, err := strconv.ParseInt(r.header.Get("Content-Length"), 10, 64)
+	return err == nil && n != int64(len(r.body))
+}
+
 // sendHead sends the status and the headers (without trailer values) to the client.
 // whole says the body is complete in r.body, so its length is known.
 func (r *recorder) sendHead(whole bool) {
@@ -129,12 +140,14 @@ func (r *recorder) sendHead(whole bool) {
 			h[k] = v
 		}
 	}
-	if whole {
-		if len(r.trailers()) == 0 {
-			h.Set("Content-Length", strconv.Itoa(len(r.body)))
-		} else {
-			h.Del("Content-Length") // trailers need a chunked body
-		}
+	switch {
+	case !whole, r.incomplete():
+		// Streamed, or cut short: the handler's Content-Length stands, and net/http
+		// cuts the connection of a body that does not reach it.
+	case len(r.trailers()) == 0:
+		h.Set("Content-Length", strconv.Itoa(len(r.body)))
+	default:
+		h.Del("Content-Length") // trailers need a chunked body
 	}
 	r.w.WriteHeader(status)
 }
