@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -23,6 +24,9 @@ type Claim struct {
 	release   bool
 	abandon   bool
 	stored    chan struct{} // closed once the response is stored or held to be stored
+
+	lease    context.Context // ends when the lease is lost, or the request is over
+	endLease context.CancelCauseFunc
 }
 
 type claimKey struct{}
@@ -43,8 +47,33 @@ func NewContext(ctx context.Context, c *Claim) context.Context {
 // NewClaim returns a claim for a key won with token. ttl is the retention of the
 // completed record.
 func NewClaim(scope, key, fingerprint string, token int64, ttl time.Duration) *Claim {
-	return &Claim{Scope: scope, Key: key, Fingerprint: fingerprint, Token: token, ttl: ttl,
+	c := &Claim{Scope: scope, Key: key, Fingerprint: fingerprint, Token: token, ttl: ttl,
 		stored: make(chan struct{})}
+	c.lease, c.endLease = context.WithCancelCause(context.Background())
+	return c
+}
+
+// errRequestOver ends a claim's lease context when its request is over.
+var errRequestOver = errors.New("idempotency: the request is over")
+
+// Detach returns a context for work whose answer a retry will want (the handler's
+// business write, in transaction mode): it carries ctx's values but not its
+// cancellation nor its deadline, so a client that leaves, or whose budget runs out,
+// does not cancel the work — the middleware stores its answer for the client's retry —
+// and it ends when the claim in ctx loses its lease (another request took the key
+// over: context.Cause is ErrLeaseLost), or when its request is over. Without a claim in
+// ctx, Detach returns ctx itself. Call cancel when the work is done.
+func Detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	c, ok := ClaimFromContext(ctx)
+	if !ok {
+		return ctx, func() {}
+	}
+	dctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(c.lease, func() { cancel(context.Cause(c.lease)) })
+	return dctx, func() {
+		stop()
+		cancel(nil)
+	}
 }
 
 // Completion returns the Completion that stores resp under this claim, with the

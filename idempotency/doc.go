@@ -26,6 +26,12 @@
 // process last saw the store fail (a store call failing or slow, or its probe, which
 // pings every third of a lease), claims leave expired leases alone.
 //
+// Work whose answer a retry will want must not end with its client: Detach gives a
+// handler a context that keeps the request's values but not its cancellation, and ends
+// only if the key is taken over. The stores' transaction modes (pgstore.Store.WithTx,
+// sqlitestore.Store.WithTx) run on it. A keyed request's ResponseWriter refuses to be
+// hijacked (ErrHijackKeyed): its response is stored and replayed.
+//
 // Leases and expiry are decided on the store's clock (the server's, for PostgreSQL and
 // Redis), so processes whose clocks disagree agree on them.
 //

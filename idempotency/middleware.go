@@ -22,6 +22,7 @@ const (
 	OutcomePassThrough   Outcome = "pass-through"      // unkeyed method, or optional key absent
 	OutcomeExecuted      Outcome = "executed"          // claimed, ran the handler, stored the response
 	OutcomeStoredLater   Outcome = "stored-later"      // ran; the store was unreachable, the response is held and stored when it answers
+	OutcomeDoneAborted   Outcome = "done-aborted"      // stored, then the handler panicked: the client's connection was cut, a retry gets the replay
 	OutcomeReplayed      Outcome = "replayed"          // answered from the stored response
 	OutcomeConflict      Outcome = "conflict"          // 409: in flight elsewhere
 	OutcomeMismatch      Outcome = "mismatch"          // 422: key reused with another request
@@ -491,7 +492,11 @@ func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, res ClaimR
 func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, c *Claim) {
 	hctx, cancel := context.WithCancelCause(NewContext(r.Context(), c))
 	defer cancel(nil)
-	stop := m.heartbeat(hctx, cancel, c)
+	defer c.endLease(errRequestOver)
+	stop := m.heartbeat(hctx, func(err error) {
+		c.endLease(err)
+		cancel(err)
+	}, c)
 
 	var early Outcome // set when the record was completed while the handler wrote
 	var rec *recorder
@@ -512,10 +517,8 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		stop()
 		completed, _ := c.flags()
 		switch {
-		case early != "":
-			m.outcome(r, early)
-		case completed:
-			m.outcome(r, OutcomeExecuted)
+		case early != "" || completed:
+			m.outcome(r, OutcomeDoneAborted)
 		case c.abandoned():
 			m.abandon(r, c)
 			m.outcome(r, OutcomeAbandoned)

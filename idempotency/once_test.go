@@ -591,3 +591,143 @@ func TestShortBodyNeitherStoredNorWhole(t *testing.T) {
 		t.Errorf("record %+v, %v; want in progress, abandoned", rec, err)
 	}
 }
+
+// lostLease is a store on which every renewal finds the key taken over.
+type lostLease struct{ *memstore.Store }
+
+func (lostLease) Extend(context.Context, string, string, int64, time.Duration) error {
+	return idempotency.ErrLeaseLost
+}
+
+// TestDetach: the work a handler detaches outlives its client, and ends when the key is
+// taken over.
+func TestDetach(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const lease = 3 * time.Second
+		for _, lost := range []bool{false, true} {
+			var store idempotency.Store = memstore.New()
+			if lost {
+				store = lostLease{memstore.New()}
+			}
+			mw, err := idempotency.New(idempotency.Config{Store: store, Lease: lease, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cause error
+			h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				ctx, cancel := idempotency.Detach(r.Context())
+				defer cancel()
+				if ctx.Done() == r.Context().Done() {
+					t.Error("Detach returned the request's own context")
+				}
+				select {
+				case <-ctx.Done():
+					cause = context.Cause(ctx)
+				case <-time.After(2 * lease): // the client left long ago
+				}
+				w.WriteHeader(http.StatusCreated)
+			}))
+			ctx, leave := context.WithCancel(context.Background())
+			r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/pay", strings.NewReader("{}"))
+			r.Header.Set("Idempotency-Key", "k")
+			go func() {
+				time.Sleep(lease / 10)
+				leave()
+			}()
+			h.ServeHTTP(httptest.NewRecorder(), r)
+			switch {
+			case !lost && cause != nil:
+				t.Errorf("the detached work ended with %v when its client left", cause)
+			case lost && !errors.Is(cause, idempotency.ErrLeaseLost):
+				t.Errorf("the detached work of a key taken over ended with %v, want ErrLeaseLost", cause)
+			}
+			if err := mw.Shutdown(context.Background()); err != nil {
+				t.Error(err)
+			}
+		}
+		// Without a claim, the context is the caller's own.
+		ctx := context.Background()
+		if d, cancel := idempotency.Detach(ctx); d != ctx {
+			t.Error("Detach without a claim changed the context")
+		} else {
+			cancel()
+		}
+	})
+}
+
+// TestDoneThenAborted: a handler that completes its key (in its transaction) and then
+// panics is reported as what happened: stored, then aborted; its retry replays.
+func TestDoneThenAborted(t *testing.T) {
+	t.Parallel()
+	var got idempotency.Outcome
+	var runs atomic.Int64
+	var e *env
+	e = newEnv(t, func(c *idempotency.Config) {
+		c.OnOutcome = func(_ *http.Request, o idempotency.Outcome) { got = o }
+	}, func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) > 1 {
+			t.Error("the handler ran again")
+		}
+		c, _ := idempotency.ClaimFromContext(r.Context())
+		resp := idempotency.Response{Status: http.StatusCreated, Header: http.Header{}, Body: []byte("paid")}
+		if err := e.store.Complete(r.Context(), c.Completion(resp)); err != nil { // as WithTx does
+			t.Fatal(err)
+		}
+		c.MarkCompleted()
+		panic(http.ErrAbortHandler)
+	})
+	func() {
+		defer func() { _ = recover() }()
+		e.do(http.MethodPost, "/x", "{}", withKey("k"))
+	}()
+	if got != idempotency.OutcomeDoneAborted {
+		t.Errorf("outcome %q, want %q", got, idempotency.OutcomeDoneAborted)
+	}
+	if w := e.do(http.MethodPost, "/x", "{}", withKey("k")); w.Header().Get("Idempotent-Replayed") != "true" || w.Body.String() != "paid" {
+		t.Errorf("retry: %d %v %q", w.Code, w.Header(), w.Body)
+	}
+}
+
+// TestHijack: a keyed request's writer is an http.Hijacker that refuses (its response is
+// stored), so an unchecked assertion gets an error, not a panic; an unkeyed request's
+// writer is the server's own, and hijacks.
+func TestHijack(t *testing.T) {
+	t.Parallel()
+	mw, err := idempotency.New(idempotency.Config{Store: memstore.New(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { shutdown(t, mw) })
+	errs := make(chan error, 2)
+	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, _, err := w.(http.Hijacker).Hijack()
+		errs <- err
+		if err == nil {
+			_, _ = io.WriteString(c, "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+			_ = c.Close()
+			return
+		}
+		w.WriteHeader(http.StatusConflict)
+	})))
+	defer srv.Close()
+	for _, keyed := range []bool{true, false} {
+		method := http.MethodGet
+		if keyed {
+			method = http.MethodPost
+		}
+		req, _ := http.NewRequest(method, srv.URL, strings.NewReader("{}"))
+		req.Header.Set("Idempotency-Key", "k")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		herr := <-errs
+		switch {
+		case keyed && !errors.Is(herr, idempotency.ErrHijackKeyed):
+			t.Errorf("keyed Hijack: %v, want ErrHijackKeyed", herr)
+		case !keyed && (herr != nil || res.StatusCode != http.StatusNoContent):
+			t.Errorf("unkeyed Hijack: %v, status %d", herr, res.StatusCode)
+		}
+	}
+}

@@ -1,6 +1,9 @@
 package idempotency
 
 import (
+	"bufio"
+	"errors"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -108,6 +111,17 @@ func (r *recorder) Flush() {
 
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (r *recorder) Unwrap() http.ResponseWriter { return r.w }
+
+// ErrHijackKeyed is returned by the Hijack of a keyed request's ResponseWriter: its
+// response is stored and replayed, which a hijacked connection's bytes cannot be.
+// Unkeyed requests are not wrapped and hijack as usual.
+var ErrHijackKeyed = errors.New("idempotency: a keyed request's response is stored and cannot be hijacked")
+
+// Hijack implements http.Hijacker by refusing: see ErrHijackKeyed. It lets a handler's
+// unchecked assertion w.(http.Hijacker) get an error instead of a panic.
+func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return nil, nil, ErrHijackKeyed
+}
 
 // wrote reports whether the handler produced a response at all.
 func (r *recorder) wrote() bool { return r.status != 0 }

@@ -294,6 +294,27 @@ func TestWithTx(t *testing.T) {
 		return rec
 	}
 
+	t.Run("the client leaves mid-work", func(t *testing.T) {
+		t.Parallel()
+		// A client that gives up (its context ends) while the handler's transaction runs:
+		// the work and its completion still commit, for the client's retry to replay.
+		claimed, _ := claim(t, st, "left")
+		c, _ := idempotency.ClaimFromContext(claimed)
+		ctx, leave := context.WithCancel(idempotency.NewContext(context.Background(), c))
+		resp, err := st.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
+			leave()
+			if _, err := tx.Exec(ctx, "SELECT pg_sleep(0.05)"); err != nil {
+				return idempotency.Response{}, err
+			}
+			return insert("left")(ctx, tx)
+		})
+		if err != nil || resp.Status != want.Status {
+			t.Fatalf("WithTx after the client left: %+v, %v", resp, err)
+		}
+		if !booked(t, "left") || record(t, "left").State != idempotency.StateDone {
+			t.Errorf("the work or its completion was rolled back: booked %v, record %+v", booked(t, "left"), record(t, "left"))
+		}
+	})
 	t.Run("completes in the transaction", func(t *testing.T) {
 		t.Parallel()
 		ctx, _ := claim(t, st, "done")

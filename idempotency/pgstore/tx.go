@@ -54,13 +54,22 @@ const resolveTimeout = 5 * time.Second
 // retry executes the work again, as it should. A takeover after the lease ends waits
 // for the row lock in the same way.
 //
-// Without a claim in ctx, WithTx runs fn in a transaction and commits it; an
+// With a claim in ctx, the transaction and fn run on idempotency.Detach(ctx): the
+// caller's cancellation and deadline do not reach them (a client that gives up does not
+// roll back the work whose answer the middleware stores for its retry), but the loss of
+// the claim's lease to another request does.
+//
+// Without a claim in ctx, WithTx runs fn in a transaction on ctx and commits it; an
 // interrupted commit then always yields ErrCommitUnknown.
 //
 // fn must neither commit nor roll back tx. The transaction has the database's default
 // isolation level.
 func (s *Store) WithTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error)) (idempotency.Response, error) {
 	claim, claimed := idempotency.ClaimFromContext(ctx)
+	// The client's retry will want this work's answer: a client that leaves must not
+	// roll it back. The work still ends if another request takes the key over.
+	ctx, cancel := idempotency.Detach(ctx)
+	defer cancel()
 	release := func() {
 		if claimed {
 			claim.Release()

@@ -741,10 +741,19 @@ func (s *Store) Ping(ctx context.Context) error {
 // commit fails, the transaction is rolled back, the claim is released (a retry runs
 // again), and WithTx returns the error with a zero Response.
 //
+// With a claim in ctx, the transaction and fn run on idempotency.Detach(ctx): the
+// caller's cancellation and deadline do not reach them (a client that gives up does not
+// roll back the work whose answer the middleware stores for its retry), but the loss of
+// the claim's lease to another request does.
+//
 // The transaction holds the database's write lock until fn returns: keep fn short, and
 // do every write in it through tx (the Store's own write methods would wait for it).
 func (s *Store) WithTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) (idempotency.Response, error)) (idempotency.Response, error) {
 	claim, _ := idempotency.ClaimFromContext(ctx)
+	// The client's retry will want this work's answer: a client that leaves must not
+	// roll it back. The work still ends if another request takes the key over.
+	ctx, cancel := idempotency.Detach(ctx)
+	defer cancel()
 	resp, err := s.withTx(ctx, claim, fn)
 	if err != nil {
 		if claim != nil {

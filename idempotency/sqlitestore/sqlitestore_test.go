@@ -362,6 +362,21 @@ func TestWithTx(t *testing.T) {
 		return idempotency.NewContext(ctx, c), c
 	}
 
+	t.Run("the client leaves mid-work", func(t *testing.T) {
+		// A client that gives up while the handler's transaction runs: the work and its
+		// completion still commit, for the client's retry to replay.
+		_, c := withClaim("left")
+		cctx, leave := context.WithCancel(idempotency.NewContext(ctx, c))
+		if _, err := s.WithTx(cctx, func(ctx context.Context, tx *sql.Tx) (idempotency.Response, error) {
+			leave()
+			return pay("left", nil)(ctx, tx)
+		}); err != nil {
+			t.Fatalf("WithTx after the client left: %v", err)
+		}
+		if rec, err := s.Get(ctx, "s", "left"); err != nil || rec.State != idempotency.StateDone || !paid("left") {
+			t.Errorf("the work or its completion was rolled back: record %+v, %v; paid %v", rec, err, paid("left"))
+		}
+	})
 	t.Run("commit", func(t *testing.T) {
 		cctx, _ := withClaim("ok")
 		if _, err := s.WithTx(cctx, pay("ok", nil)); err != nil {

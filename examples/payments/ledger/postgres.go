@@ -114,6 +114,8 @@ func (b *pgBackend) createTx(ctx context.Context, p Payment, respond func(want, 
 	if b.store == nil {
 		return idempotency.Response{}, errors.New("ledger: transaction mode without a store")
 	}
+	// ctx is the request's: WithTx detaches the transaction from it (idempotency.Detach),
+	// so a client that gives up does not roll back the payment its retry will replay.
 	return b.store.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
 		got, existed, err := b.createOn(ctx, tx, p)
 		if err != nil {
