@@ -183,6 +183,9 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 		m.Received = c.cfg.Now()
 	}
 	m.Attempt = AttemptOf(m.Header, c.policy.Header, m.DeliveryCount)
+	if m.FirstFailure.IsZero() {
+		m.FirstFailure = parseTime(m.Header[HeaderFirstFailure])
+	}
 	q := m.Queue
 	c.m.received(q)
 
@@ -227,17 +230,18 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 		return
 	}
 	delay := c.policy.Delay(m.Attempt, err)
-	first := m.Header[HeaderFirstFailure]
-	if first == "" || parseTime(first).IsZero() {
-		first = formatTime(now)
+	first := m.FirstFailure
+	if first.IsZero() {
+		first = now
 	}
 	r := RetryInfo{
-		Delay:       delay,
-		Attempt:     m.Attempt,
-		CountHeader: c.policy.Header,
+		Delay:        delay,
+		Attempt:      m.Attempt,
+		FirstFailure: first,
+		CountHeader:  c.policy.Header,
 		Header: map[string]string{
 			c.policy.Header:    strconv.Itoa(m.Attempt),
-			HeaderFirstFailure: first,
+			HeaderFirstFailure: formatTime(first),
 		},
 		Err:   err,
 		Class: class,
@@ -321,11 +325,13 @@ func (c *Consumer) heartbeat(ctx context.Context, d Delivery, m *Message) (stop 
 }
 
 func (c *Consumer) deadInfo(m *Message, reason Reason, class Class, errText string, attempts int, now time.Time) DeadInfo {
-	first := parseTime(m.Header[HeaderFirstFailure])
+	first := m.FirstFailure
 	if first.IsZero() {
 		first = now
 		if m.Attempt > 1 && !m.Published.IsZero() {
-			first = m.Published // the header could not travel (NakWithDelay): a lower bound
+			// Earlier attempts recorded no failure (they died with their process): the
+			// publish is the latest time known to precede them.
+			first = m.Published
 		}
 	}
 	return DeadInfo{

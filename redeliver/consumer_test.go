@@ -232,6 +232,50 @@ func TestFirstFailureTravels(t *testing.T) {
 	}
 }
 
+// The Consumer hands the handler the first failure: from the Source when it set one,
+// else from HeaderFirstFailure; a first failure is the retry's own time.
+func TestFirstFailureForHandler(t *testing.T) {
+	t.Parallel()
+	first := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+	fromSource := first.Add(time.Hour)
+	seen := make(chan time.Time, 3)
+	src := newFakeSource(3)
+	run(t, redeliver.Config{Source: src, Policy: redeliver.Policy{MaxAttempts: 5},
+		Handler: func(_ context.Context, m *redeliver.Message) error { seen <- m.FirstFailure; return errors.New("no") }})
+	for _, tt := range []struct {
+		name string
+		m    *redeliver.Message
+		want time.Time // zero: the retry's own time
+	}{
+		{"header", &redeliver.Message{ID: "h", Header: map[string]string{
+			"x-retry-count": "1", redeliver.HeaderFirstFailure: first.Format(time.RFC3339Nano)}}, first},
+		{"source", &redeliver.Message{ID: "s", DeliveryCount: 2, FirstFailure: fromSource, Header: map[string]string{
+			redeliver.HeaderFirstFailure: first.Format(time.RFC3339Nano)}}, fromSource},
+		{"first failure", &redeliver.Message{ID: "f"}, time.Time{}},
+	} {
+		before := time.Now()
+		d := src.push(tt.m)
+		if op := d.wait(t); op != "retry" {
+			t.Fatalf("%s: %s, want retry", tt.name, op)
+		}
+		got := <-seen
+		if !got.Equal(tt.want) {
+			t.Errorf("%s: the handler saw FirstFailure %v, want %v", tt.name, got, tt.want)
+		}
+		d.mu.Lock()
+		r := d.retry
+		d.mu.Unlock()
+		want := tt.want
+		if want.IsZero() && !r.FirstFailure.Before(before) {
+			want = r.FirstFailure
+		}
+		if !r.FirstFailure.Equal(want) || r.Header[redeliver.HeaderFirstFailure] != want.UTC().Format(time.RFC3339Nano) {
+			t.Errorf("%s: RetryInfo.FirstFailure %v, header %q; want %v", tt.name, r.FirstFailure,
+				r.Header[redeliver.HeaderFirstFailure], want)
+		}
+	}
+}
+
 func TestPanicAndTimeout(t *testing.T) {
 	t.Parallel()
 	src := newFakeSource(2)

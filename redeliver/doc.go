@@ -17,12 +17,14 @@
 // deliveries outstanding, and runs the Handler on each in its own goroutine under
 // Policy.Timeout. For each Delivery it computes Message.Attempt = AttemptOf(header,
 // Policy.Header, Message.DeliveryCount) — the larger of the count header + 1 and the
-// broker's own delivery count — and then settles it exactly once:
+// broker's own delivery count — fills Message.FirstFailure from HeaderFirstFailure
+// when the Source left it zero, and then settles it exactly once:
 //
 //   - the handler returned nil: Delivery.Ack;
 //   - it failed with a retryable Class (transient, timeout, panic, or a caller's own) and
 //     Attempt < MaxAttempts: Delivery.Retry with RetryInfo{Delay: Policy.Delay(…),
-//     Attempt, Header: {count header: Attempt, HeaderFirstFailure: …}};
+//     Attempt, FirstFailure (the message's, or now on a first failure), Header: {count
+//     header: Attempt, HeaderFirstFailure: FirstFailure}};
 //   - it failed with ClassPermanent or ClassDecode, or on the last attempt:
 //     Delivery.DeadLetter with a DeadInfo (ReasonPermanent, ReasonDecode,
 //     ReasonMaxAttempts);
@@ -30,6 +32,15 @@
 //     header never saw, e.g. the process crashed before it could republish): DeadLetter
 //     without running the handler;
 //   - the shutdown grace ended the handler: Delivery.Release.
+//
+// # Attempt and first failure
+//
+// A handler reads the attempt number in Message.Attempt and the time the message's
+// first attempt failed in Message.FirstFailure (zero on attempt 1). Both mean the same
+// on every backend, which the headers do not: RabbitMQ republishes each retry with the
+// count header advanced and HeaderFirstFailure set, while JetStream redelivers the
+// stored message unchanged (its count header stays what the producer set; its broker
+// counts the deliveries and the backend keeps the first failure in a key-value bucket).
 //
 // A settlement that fails (connection lost) is logged and counted; the broker then
 // redelivers the unacknowledged message, so processing is at-least-once. Make handlers
@@ -61,13 +72,17 @@
 //   - Delivery.Message fills ID (kept across retries and replays; Inbox keys on it),
 //     Queue, Body, ContentType, Header (strings; numbers in decimal; never nil),
 //     DeliveryCount (the broker's count, first delivery = 1, or 0 when it keeps none),
-//     Published and Received when known. It leaves Attempt to the Consumer.
+//     Published (the first publish, kept across retries) and Received when known, and
+//     FirstFailure where the backend keeps it apart from the headers. It leaves Attempt
+//     to the Consumer.
 //   - Delivery.Retry must never sleep while holding the delivery. Either publish a copy
 //     carrying RetryInfo.Header that becomes visible after RetryInfo.Delay, wait for the
 //     broker's confirm and only then ack the original (RabbitMQ), or ask the broker to
 //     redeliver the original after the delay (JetStream NakWithDelay) — then the header
-//     cannot change, and DeliveryCount must carry the attempt count instead. A
-//     backend may round the delay to a bounded set of values.
+//     cannot change: DeliveryCount must carry the attempt count instead, and the
+//     backend must keep RetryInfo.FirstFailure itself and return it as
+//     Message.FirstFailure on the next deliveries. A backend may round the delay to a
+//     bounded set of values.
 //   - Delivery.DeadLetter publishes the body and every header, plus DeadInfo.Header(),
 //     to the dead-letter queue (RabbitMQ: "<queue>.dlq"; JetStream: a DLQ stream,
 //     deduplicated by message id), waits for the confirm, then acks (JetStream: Term)
@@ -80,13 +95,25 @@
 //     the Source implements Heartbeater.
 //   - Source.Close stops new deliveries and returns the prefetched ones; deliveries
 //     already handed out must stay settleable until Close's context ends.
+//   - Publisher.Publish returns nil only for a message the broker stored, and an error
+//     matching ErrDuplicate when the broker dropped it as a duplicate of an id it
+//     stored within its deduplication window.
+//   - DeadLetters report each dead letter's first publish (Message.Published) and its
+//     move to the DLQ (DeadLetter.DeadLettered); Replay starts each message clean:
+//     none of the count, retry, dead-letter or broker dead-lettering headers of its
+//     first life, so its next delivery is attempt 1 with no first failure.
 //
-// Every operation takes a context first and returns errors wrapped with %w.
+// Every operation takes a context first and returns errors wrapped with %w. The
+// conformance suite redeliver/redelivertest checks these rules; every backend runs it
+// against its real broker.
 //
 // # Headers
 //
 // The attempt count travels in Policy.Header, by default "x-retry-count": the number of
 // failed attempts so far, so a fresh message has none and its first retry carries 1.
+// A backend whose retries republish the message advances it (RabbitMQ); one whose
+// broker redelivers the stored message reads it but never rewrites it (JetStream), so
+// handlers read Message.Attempt rather than the header.
 // RabbitMQ reserves the "x-" prefix for its own headers and arguments (x-death,
 // x-delivery-count …), and a future version may claim a name it does not use today; the
 // default keeps "x-retry-count" anyway because it is the name many consumers written

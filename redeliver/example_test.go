@@ -82,7 +82,9 @@ func (d *memDelivery) Retry(_ context.Context, r redeliver.RetryInfo) error {
 
 // A consumer whose handler fails twice and then succeeds, and one that rejects a
 // message for good: the first is retried with a growing delay, the second goes straight
-// to the dead-letter queue with its reason.
+// to the dead-letter queue with its reason. The handler reads the attempt and the first
+// failure from the message, which every backend fills the same way (the count header
+// does not advance on JetStream).
 func Example() {
 	q := newMemQueue("emitter.access")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -101,10 +103,15 @@ func Example() {
 				return retry.Permanent(errors.New("unknown account"))
 			}
 			if m.Attempt < 3 {
-				fmt.Printf("%s: attempt %d fails\n", m.ID, m.Attempt)
+				fmt.Printf("%s: attempt %d fails (failing before: %t)\n", m.ID, m.Attempt, !m.FirstFailure.IsZero())
 				return errors.New("github: 502")
 			}
-			fmt.Printf("%s: attempt %d succeeds (x-retry-count %s)\n", m.ID, m.Attempt, m.Header["x-retry-count"])
+			// A handler may give up on a message that has been failing for too long
+			// (FirstFailure is zero when no failure was recorded: a crash).
+			if !m.FirstFailure.IsZero() && time.Since(m.FirstFailure) > time.Hour {
+				return retry.Permanent(errors.New("stale grant"))
+			}
+			fmt.Printf("%s: attempt %d succeeds (failing before: %t)\n", m.ID, m.Attempt, !m.FirstFailure.IsZero())
 			// Only now hand over the bad message, so the output's order is fixed.
 			return q.Publish(ctx, q.name, &redeliver.Message{ID: "bad"})
 		},
@@ -120,9 +127,9 @@ func Example() {
 		fmt.Printf("dead letter %s: reason %s, attempts %d, error %q\n", d.ID, d.Info.Reason, d.Info.Attempts, d.Info.Err)
 	}
 	// Output:
-	// grant-1: attempt 1 fails
-	// grant-1: attempt 2 fails
-	// grant-1: attempt 3 succeeds (x-retry-count 2)
+	// grant-1: attempt 1 fails (failing before: false)
+	// grant-1: attempt 2 fails (failing before: true)
+	// grant-1: attempt 3 succeeds (failing before: true)
 	// dead letter bad: reason permanent, attempts 1, error "unknown account"
 }
 

@@ -43,6 +43,13 @@ var (
 	ErrNotFound = errors.New("redeliver: not found")
 	// ErrClosed: the Source or DeadLetters was closed.
 	ErrClosed = errors.New("redeliver: closed")
+	// ErrDuplicate: Publisher.Publish stored nothing, because the broker already holds
+	// a message with the same id, published within its deduplication window (JetStream;
+	// RabbitMQ never deduplicates, see each backend's Publisher). The message is not
+	// lost: the earlier copy is it. A caller resending after an unknown outcome (an
+	// outbox relay after a lost confirm) counts it as delivered; a caller that reused an
+	// id for another message learns that this one was dropped.
+	ErrDuplicate = errors.New("redeliver: duplicate message id")
 )
 
 // Decode marks err as a decode failure (it then matches ErrDecode and still unwraps to
@@ -79,13 +86,29 @@ type Message struct {
 	Header map[string]string
 	// Attempt is this delivery's number, 1 for the first: the larger of the count
 	// header + 1 and DeliveryCount. The Consumer sets it; a Source leaves it 0.
+	//
+	// Handlers read the attempt here, and the first failure in FirstFailure, not in the
+	// headers: they are the same on every backend, while the count header is only
+	// rewritten where a retry republishes the message (RabbitMQ). JetStream redelivers
+	// the stored message unchanged, so there the count header keeps what the producer
+	// set and the broker's delivery count does the counting.
 	Attempt int
+	// FirstFailure is when this message's first failed attempt failed: zero while no
+	// attempt has failed (attempt 1, and after a replay), then the same time on every
+	// later delivery. It is also zero when the failure was never recorded: an attempt
+	// that died with its process (a crash, a kill) counts as an attempt but records no
+	// failure. A Source sets it where the broker keeps it apart from the message
+	// (JetStream); the Consumer fills it from HeaderFirstFailure otherwise (the header
+	// travels on RabbitMQ's retry copies).
+	FirstFailure time.Time
 	// DeliveryCount is the broker's own count of deliveries of this message, the first
 	// included (RabbitMQ quorum queue x-delivery-count + 1, JetStream NumDelivered); 0
 	// when the broker keeps none. Set by the Source.
 	DeliveryCount int
-	// Published is when the message was published, when the broker or publisher says;
-	// else zero.
+	// Published is when the message was first published, when the broker or the
+	// publisher says; else zero. It is kept across retries and dead-lettering: RabbitMQ
+	// reads the timestamp property (second precision; this package's Publisher sets
+	// it, the copies keep it), JetStream the time the work stream stored the message.
 	Published time.Time
 	// Received is when this delivery was received.
 	Received time.Time
@@ -273,6 +296,11 @@ type Heartbeater interface {
 
 // RetryInfo is what Delivery.Retry needs.
 type RetryInfo struct {
+	// FirstFailure is the message's first failure (Message.FirstFailure, or this
+	// attempt's failure when it is the first one), also in Header as
+	// HeaderFirstFailure. A backend whose retries cannot carry headers keeps it
+	// elsewhere and sets Message.FirstFailure from there on the next delivery.
+	FirstFailure time.Time
 	// Delay is the wait before the next delivery. A backend may round it to one of a
 	// bounded set of delays (RabbitMQ's delay queues: the nearest on a log scale).
 	Delay time.Duration
@@ -281,7 +309,7 @@ type RetryInfo struct {
 	// CountHeader is the name of the attempt count header (Policy.Header).
 	CountHeader string
 	// Header holds the headers to set on the copy: CountHeader (Attempt in decimal) and
-	// HeaderFirstFailure. A backend writes CountHeader as an integer where headers are
+	// HeaderFirstFailure (FirstFailure). A backend writes CountHeader as an integer where headers are
 	// typed (AMQP) and the others as strings.
 	Header map[string]string
 	// Err is the error the attempt failed with, and Class its class.
@@ -368,15 +396,23 @@ func IsRedeliverHeader(name string) bool {
 // Outbox and by DeadLetters.Replay.
 type Publisher interface {
 	// Publish sends m (ID, Body, ContentType, Header; the rest is ignored) to queue
-	// (RabbitMQ: through the default exchange; JetStream: the subject) and returns once
-	// the broker confirmed it. An error means it may or may not have been stored.
+	// (RabbitMQ: through the default exchange; JetStream: the subject) and returns nil
+	// once the broker confirmed that it stored it. An error matching ErrDuplicate means
+	// the broker stored nothing because it already holds a message with m.ID from
+	// within its deduplication window; any other error means it may or may not have
+	// been stored.
 	Publish(ctx context.Context, queue string, m *Message) error
 }
 
-// DeadLetter is a message in a dead-letter queue.
+// DeadLetter is a message in a dead-letter queue. Its Published is when the message
+// was first published (not when it was dead-lettered), as on a delivery.
 type DeadLetter struct {
 	Message          // Header includes the dead-letter headers
 	Info    DeadInfo // parsed from Header
+	// DeadLettered is when the message was moved to the dead-letter queue (JetStream:
+	// the DLQ stream's store time; RabbitMQ: the dead-lettering consumer's clock, in a
+	// header); zero when unknown.
+	DeadLettered time.Time
 }
 
 // DeadLetters are the operations on one dead-letter queue, for the retrysafe dlq

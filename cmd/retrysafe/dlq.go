@@ -17,7 +17,40 @@ import (
 	"github.com/retrysafe/retrysafe/redeliver/rabbitmq"
 )
 
-const dlqHelp = `usage: retrysafe dlq list   --broker URL --queue NAME [--limit N]
+// dlqHelp is the help of retrysafe dlq. It is built once, from the rabbitmq package's
+// topology, so that the queues and buckets it names are the ones a consumer declares.
+var dlqHelp = dlqHelpText()
+
+func dlqHelpText() string {
+	topo, err := rabbitmq.Config{Queue: "NAME"}.Topology()
+	if err != nil {
+		panic("retrysafe: the default RabbitMQ topology is invalid: " + err.Error())
+	}
+	buckets := make([]string, len(topo.Delays))
+	for i, d := range topo.Delays {
+		buckets[i] = shortDuration(d.Delay)
+	}
+	example := func(d time.Duration) string {
+		return shortDuration(d) + " waits " + shortDuration(topo.Bucket(d).Delay)
+	}
+	return fmt.Sprintf(dlqHelpFormat, len(topo.Queues()), len(topo.Delays), strings.Join(buckets, " "),
+		example(3*time.Second), example(4*time.Second), example(24*time.Hour))
+}
+
+// shortDuration formats d as time.Duration does, without the zero minutes and seconds
+// of whole hours and minutes ("1m", not "1m0s").
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}
+
+const dlqHelpFormat = `usage: retrysafe dlq list   --broker URL --queue NAME [--limit N]
        retrysafe dlq show   --broker URL --queue NAME --id ID [--body]
        retrysafe dlq replay --broker URL --queue NAME (--id ID … | --yes)
        retrysafe dlq purge  --broker URL --queue NAME (--id ID … | --yes)
@@ -26,7 +59,18 @@ Inspect, replay and purge the dead letters of a redeliver work queue: the messag
 consumers gave up on. list and show leave them where they are (on RabbitMQ they are
 taken and requeued in one go, see the rabbitmq package); replay republishes them to the
 work queue, message id kept and attempt count reset, removing each from the DLQ once
-the broker confirmed its copy; purge deletes them.
+the broker confirmed its copy; purge deletes them. show gives a dead letter's times by
+name: first published (when its producer published it) and dead-lettered (when its
+consumer moved it to the DLQ).
+
+On RabbitMQ a consumer of work queue NAME declares, with the default delay buckets,
+%d queues: NAME, NAME.dlq and %d delay queues NAME.delay.<ms>ms, one per bucket:
+  %s
+A retry waits in the bucket nearest its backoff delay on a logarithmic scale (between
+buckets lo and hi: lo below √(lo·hi), else hi; the first bucket for shorter delays, the
+last for longer ones): %s, %s, %s.
+The consumer's rabbitmq.Config.Delays sets other buckets (ascending, whole
+milliseconds); the queues then number len(Delays)+2.
 
 flags:
   --broker URL   amqp://… or amqps://… (RabbitMQ: the DLQ is the queue NAME.dlq), or
@@ -232,9 +276,8 @@ func showDLQ(ctx context.Context, dl redeliver.DeadLetters, f dlqFlags, out io.W
 	fmt.Fprintf(tw, "first failure:\t%s\n", stamp(d.Info.FirstFailure))
 	fmt.Fprintf(tw, "last failure:\t%s\n", stamp(d.Info.LastFailure))
 	fmt.Fprintf(tw, "last error:\t%s\n", dash(oneLine(d.Info.Err)))
-	if !d.Published.IsZero() {
-		fmt.Fprintf(tw, "published:\t%s\n", stamp(d.Published))
-	}
+	fmt.Fprintf(tw, "first published:\t%s\n", stamp(d.Published))
+	fmt.Fprintf(tw, "dead-lettered:\t%s\n", stamp(d.DeadLettered))
 	if d.ContentType != "" {
 		fmt.Fprintf(tw, "content type:\t%s\n", d.ContentType)
 	}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -136,16 +137,10 @@ func natsDLQ(t *testing.T) *dlqBroker {
 	}
 	t.Cleanup(func() {
 		defer nc.Close()
-		j, err := js.New(nc)
-		if err != nil {
-			return
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		for _, s := range []string{stream, dlqStream} {
-			if err := j.DeleteStream(ctx, s); err != nil && !errors.Is(err, js.ErrStreamNotFound) {
-				t.Errorf("deleting stream %s: %v", s, err)
-			}
+		if err := jetstream.DeleteTopology(ctx, jetstream.Config{Conn: nc, Queue: b.queue}); err != nil {
+			t.Errorf("deleting the streams: %v", err)
 		}
 	})
 	j, err := js.New(nc)
@@ -229,6 +224,12 @@ func TestE2EDLQ(t *testing.T) {
 					t.Errorf("show lacks %q", want)
 				}
 			}
+			// Both times, by name, on both brokers: the first publish, then the move to
+			// the DLQ.
+			published, dead := showTime(t, out, "first published:"), showTime(t, out, "dead-lettered:")
+			if !published.IsZero() && !dead.IsZero() && dead.Before(published) {
+				t.Errorf("dead-lettered %v before first published %v", dead, published)
+			}
 			if code != exitOK || t.Failed() {
 				t.Fatalf("show: %d\n%s", code, out)
 			}
@@ -264,6 +265,52 @@ func TestE2EDLQ(t *testing.T) {
 				t.Errorf("list of a missing DLQ: %d %q", code, out)
 			}
 		})
+	}
+}
+
+// showTime returns the time on the line of retrysafe dlq show's output that starts
+// with label, failing the test when there is none.
+func showTime(t *testing.T, out, label string) time.Time {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(line, label); ok {
+			at, err := time.Parse(time.RFC3339, strings.TrimSpace(v))
+			if err != nil {
+				t.Errorf("show's %s %q is not a time: %v", label, v, err)
+			}
+			return at
+		}
+	}
+	t.Errorf("show has no %q line:\n%s", label, out)
+	return time.Time{}
+}
+
+// TestE2EDLQHelp: the help says what RabbitMQ declares for one work queue (the count
+// and the delay buckets, read from the rabbitmq package) and how a delay is rounded.
+func TestE2EDLQHelp(t *testing.T) {
+	t.Parallel()
+	out, code := runBinary(t, "dlq", "--help")
+	if code != exitOK {
+		t.Fatalf("dlq --help: %d\n%s", code, out)
+	}
+	topo, err := rabbitmq.Config{Queue: "NAME"}.Topology()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buckets []string
+	for _, d := range topo.Delays {
+		buckets = append(buckets, shortDuration(d.Delay))
+	}
+	flat := strings.Join(strings.Fields(out), " ")
+	for _, want := range []string{
+		strconv.Itoa(len(topo.Queues())) + " queues",
+		strings.Join(buckets, " "), "1s 2s 5s 10s 30s 1m 2m 5m 10m 30m 1h",
+		"nearest", "3s waits 2s", "4s waits 5s", "rabbitmq.Config.Delays",
+		"first published", "dead-lettered",
+	} {
+		if !strings.Contains(flat, want) {
+			t.Errorf("dlq --help lacks %q:\n%s", want, out)
+		}
 	}
 }
 

@@ -46,6 +46,19 @@ type Config struct {
 	// DLQStream is the dead-letter stream (limits retention: kept until replayed or
 	// purged). Default Stream + "_dlq".
 	DLQStream string
+	// FailureBucket is the key-value bucket in which the Sources record the first
+	// failure of each message they retry, keyed by its work stream sequence, for
+	// Message.FirstFailure: a retry (NakWithDelay) redelivers the stored message
+	// unchanged, so the time cannot travel in a header as it does on RabbitMQ. Default
+	// Stream + "_failures", with every character a bucket name cannot hold (anything
+	// but letters, digits, '_' and '-') replaced by '_'.
+	FailureBucket string
+	// FailureTTL is how long the bucket keeps a record. A Source deletes a message's
+	// record once it acknowledges or dead-letters the message, so the TTL only bounds
+	// the records whose deletion was lost (a crash in between). It must exceed the
+	// longest time from a message's first failure to its last attempt: a record that
+	// expires earlier leaves the later deliveries without a FirstFailure. Default 24h.
+	FailureTTL time.Duration
 
 	// Policy is the Consumer's redeliver.Policy. Only MaxAttempts (for the MaxDeliver
 	// default) and Header (the count header a replay resets) are read. Default: the zero
@@ -76,8 +89,10 @@ type Config struct {
 	// MemoryStorage keeps both streams in memory instead of on disk (tests, benchmarks).
 	// Default false: file storage.
 	MemoryStorage bool
-	// Duplicates is the work stream's deduplication window for Nats-Msg-Id. Default 2m
-	// (the server's default).
+	// Duplicates is the work stream's deduplication window: a publish whose Nats-Msg-Id
+	// (Message.ID, through Publisher) the stream stored within it is dropped, and
+	// Publisher.Publish returns redeliver.ErrDuplicate. Declare and NewSource set it on
+	// the stream, an existing one included. Default 2m (the server's default).
 	Duplicates time.Duration
 	// DLQDuplicates is the DLQ stream's deduplication window: a message dead-lettered
 	// again within it (the Term after a dead-lettering was lost and the message came back)
@@ -101,6 +116,7 @@ const (
 	DefaultPrefetch      = 16
 	DefaultDuplicates    = 2 * time.Minute
 	DefaultDLQDuplicates = time.Hour
+	DefaultFailureTTL    = 24 * time.Hour
 	DefaultSweepInterval = time.Minute
 	minAckWait           = 100 * time.Millisecond
 )
@@ -124,6 +140,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.DLQStream == "" {
 		c.DLQStream = c.Stream + "_dlq"
+	}
+	if c.FailureBucket == "" {
+		c.FailureBucket = bucketName(c.Stream + "_failures")
+	}
+	if err := checkBucket(c.FailureBucket); err != nil {
+		return c, fmt.Errorf("%w: FailureBucket: %w", ErrConfig, err)
 	}
 	for _, n := range []struct{ field, name string }{
 		{"Stream", c.Stream}, {"Consumer", c.Consumer}, {"DLQStream", c.DLQStream},
@@ -163,6 +185,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.DLQDuplicates <= 0 {
 		c.DLQDuplicates = DefaultDLQDuplicates
+	}
+	if c.FailureTTL <= 0 {
+		c.FailureTTL = DefaultFailureTTL
 	}
 	if c.SweepInterval == 0 {
 		c.SweepInterval = DefaultSweepInterval
@@ -215,6 +240,37 @@ func checkName(s string) error {
 
 func nameRune(r rune) bool {
 	return r > ' ' && r != 0x7f && !strings.ContainsRune(".*>/\\", r)
+}
+
+// bucketRune reports whether a key-value bucket name may hold r.
+func bucketRune(r rune) bool {
+	return r == '_' || r == '-' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9')
+}
+
+// checkBucket accepts a key-value bucket name.
+func checkBucket(s string) error {
+	if s == "" {
+		return errors.New("empty")
+	}
+	if len(s) > 250 {
+		return fmt.Errorf("%q is longer than 250 bytes", s)
+	}
+	for _, r := range s {
+		if !bucketRune(r) {
+			return fmt.Errorf("%q has a character a bucket name cannot hold (%q)", s, r)
+		}
+	}
+	return nil
+}
+
+// bucketName derives a bucket name from a stream name.
+func bucketName(s string) string {
+	return strings.Map(func(r rune) rune {
+		if bucketRune(r) {
+			return r
+		}
+		return '_'
+	}, s)
 }
 
 // streamName derives a stream name from a subject.
@@ -320,10 +376,11 @@ func (c Config) consumerConfig() js.ConsumerConfig {
 	}
 }
 
-// Declare creates or updates the work stream, the DLQ stream and the durable consumer
-// of cfg, idempotently: running it again, from any number of processes, changes
-// nothing. NewSource calls it; call it yourself to create the topology before the first
-// publish (a message published before the work stream exists is not stored).
+// Declare creates or updates the work stream, the DLQ stream, the failure bucket and
+// the durable consumer of cfg, idempotently: running it again, from any number of
+// processes, changes nothing. NewSource calls it; call it yourself to create the
+// topology before the first publish (a message published before the work stream exists
+// is not stored).
 func Declare(ctx context.Context, cfg Config) error {
 	c, err := cfg.withDefaults()
 	if err != nil {
@@ -340,23 +397,79 @@ func Declare(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	_, err = c.declare(ctx, j)
+	_, _, err = c.declare(ctx, j)
 	return err
 }
 
-// declare creates or updates the topology and returns the work consumer.
-func (c Config) declare(ctx context.Context, j js.JetStream) (js.Consumer, error) {
+// DeleteTopology deletes the work stream, the DLQ stream (their messages included) and
+// the failure bucket of cfg; those that do not exist are skipped. It is meant for tests
+// and for decommissioning a queue.
+func DeleteTopology(ctx context.Context, cfg Config) error {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return err
+	}
+	nc, own, err := c.conn(ctx)
+	if err != nil {
+		return err
+	}
+	if own {
+		defer nc.Close()
+	}
+	j, err := js.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	var errs []error
+	for _, s := range []string{c.Stream, c.DLQStream} {
+		if err := j.DeleteStream(ctx, s); err != nil && !errors.Is(err, js.ErrStreamNotFound) {
+			errs = append(errs, fmt.Errorf("jetstream: deleting stream %s: %w", s, err))
+		}
+	}
+	if err := j.DeleteKeyValue(ctx, c.FailureBucket); err != nil && !errors.Is(err, js.ErrBucketNotFound) {
+		errs = append(errs, fmt.Errorf("jetstream: deleting bucket %s: %w", c.FailureBucket, err))
+	}
+	return errors.Join(errs...)
+}
+
+// failureConfig returns the failure bucket's configuration.
+func (c Config) failureConfig() js.KeyValueConfig {
+	storage := js.FileStorage
+	if c.MemoryStorage {
+		storage = js.MemoryStorage
+	}
+	return js.KeyValueConfig{
+		Bucket:      c.FailureBucket,
+		Description: "retrysafe redeliver first failures of " + c.Queue,
+		History:     1,
+		TTL:         c.FailureTTL,
+		Storage:     storage,
+		Replicas:    c.Replicas,
+	}
+}
+
+// declare creates or updates the topology and returns the work consumer and the
+// failure bucket.
+func (c Config) declare(ctx context.Context, j js.JetStream) (js.Consumer, js.KeyValue, error) {
 	work, dlq := c.streamConfigs()
 	for _, sc := range []js.StreamConfig{work, dlq} {
 		if err := createOrUpdateStream(ctx, j, sc); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
+	}
+	kv, err := j.CreateOrUpdateKeyValue(ctx, c.failureConfig())
+	if errors.Is(err, js.ErrStreamNameAlreadyInUse) {
+		// Another process created it between our update and our create: update again.
+		kv, err = j.CreateOrUpdateKeyValue(ctx, c.failureConfig())
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("jetstream: declaring bucket %s: %w", c.FailureBucket, err)
 	}
 	cons, err := j.CreateOrUpdateConsumer(ctx, c.Stream, c.consumerConfig())
 	if err != nil {
-		return nil, fmt.Errorf("jetstream: declaring consumer %s on %s: %w", c.Consumer, c.Stream, err)
+		return nil, nil, fmt.Errorf("jetstream: declaring consumer %s on %s: %w", c.Consumer, c.Stream, err)
 	}
-	return cons, nil
+	return cons, kv, nil
 }
 
 func createOrUpdateStream(ctx context.Context, j js.JetStream, sc js.StreamConfig) error {

@@ -25,7 +25,8 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	want := Config{
 		Queue: "emitter.access", URL: nats.DefaultURL, Stream: "emitter_access", Consumer: "redeliver",
-		DLQSubject: "emitter.access.dlq", DLQStream: "emitter_access_dlq", AckWait: 30 * time.Second,
+		DLQSubject: "emitter.access.dlq", DLQStream: "emitter_access_dlq", FailureBucket: "emitter_access_failures",
+		FailureTTL: 24 * time.Hour, AckWait: 30 * time.Second,
 		MaxDeliver: 7, MaxAckPending: 1000, Prefetch: 16, Replicas: 1, Duplicates: 2 * time.Minute,
 		DLQDuplicates: time.Hour, SweepInterval: time.Minute,
 	}
@@ -40,6 +41,10 @@ func TestConfigDefaults(t *testing.T) {
 	c, _ = Config{Queue: "q", Policy: redeliver.Policy{MaxAttempts: 2}, MaxDeliver: -5, AckWait: time.Millisecond}.withDefaults()
 	if c.MaxDeliver != -1 || c.AckWait != 100*time.Millisecond {
 		t.Errorf("MaxDeliver %d AckWait %v, want -1 (no limit) and the 100ms floor", c.MaxDeliver, c.AckWait)
+	}
+	c, _ = Config{Queue: "q", Stream: "orders@eu"}.withDefaults()
+	if c.FailureBucket != "orders_eu_failures" {
+		t.Errorf("FailureBucket %q: want the stream's name with what a bucket name cannot hold as '_'", c.FailureBucket)
 	}
 	c, _ = Config{Queue: "q", Policy: redeliver.Policy{MaxAttempts: 2}}.withDefaults()
 	if c.MaxDeliver != 4 {
@@ -63,6 +68,7 @@ func TestConfigRejectsBadNames(t *testing.T) {
 		{Queue: "orders", DLQSubject: "orders"},
 		{Queue: "orders", DLQSubject: "orders.>"},
 		{Queue: "orders", Stream: "S", DLQStream: "S"},
+		{Queue: "orders", FailureBucket: "a.b"},
 	} {
 		if _, err := c.withDefaults(); !errors.Is(err, ErrConfig) {
 			t.Errorf("%+v: err %v, want ErrConfig", c, err)

@@ -14,9 +14,11 @@ import (
 )
 
 // Publisher is a redeliver.Publisher on JetStream: it publishes to a subject and waits
-// for the stream's PubAck. A message's ID becomes its Nats-Msg-Id, so the stream drops a
-// second publish of the same id within its deduplication window (an outbox relay
-// resending after a lost PubAck), and the Source reads it back as Message.ID.
+// for the stream's PubAck. A message's ID becomes its Nats-Msg-Id, which the Source
+// reads back as Message.ID, and on which the stream deduplicates: a second publish of
+// an id the stream stored within its duplicate window (Config.Duplicates for the
+// streams this package declares, default DefaultDuplicates, 2m; StreamConfig.Duplicates
+// for others) is dropped, and Publish returns an error matching redeliver.ErrDuplicate.
 type Publisher struct {
 	js js.JetStream
 }
@@ -36,8 +38,12 @@ func NewPublisher(nc *nats.Conn) (*Publisher, error) {
 }
 
 // Publish sends m's ID, Body, ContentType and Header to the subject queue and returns
-// once a stream stored it (or had stored it already: a duplicate id). A subject no stream
-// listens on is an error (nats.ErrNoStreamResponse, wrapped).
+// nil once a stream stored it. When the stream had stored m.ID already, within its
+// duplicate window, it stores nothing and Publish returns an error matching
+// redeliver.ErrDuplicate: the earlier message stands (an outbox relay resending after
+// a lost PubAck counts it as delivered), and a second message reusing the id is not
+// stored. A subject no stream listens on is an error (nats.ErrNoStreamResponse,
+// wrapped).
 func (p *Publisher) Publish(ctx context.Context, queue string, m *redeliver.Message) error {
 	if m == nil {
 		return fmt.Errorf("%w: nil message", ErrConfig)
@@ -56,8 +62,12 @@ func (p *Publisher) Publish(ctx context.Context, queue string, m *redeliver.Mess
 	if m.ID != "" {
 		opts = append(opts, js.WithMsgID(m.ID))
 	}
-	if _, err := p.js.PublishMsg(ctx, out, opts...); err != nil {
+	ack, err := p.js.PublishMsg(ctx, out, opts...)
+	if err != nil {
 		return fmt.Errorf("jetstream: publishing %s to %s: %w", m.ID, queue, err)
+	}
+	if ack.Duplicate {
+		return fmt.Errorf("jetstream: publishing %s to %s: stream %s stored it before: %w", m.ID, queue, ack.Stream, redeliver.ErrDuplicate)
 	}
 	return nil
 }
@@ -176,8 +186,10 @@ func (d *DeadLetters) matcher(ids []string) func(*js.RawStreamMsg) bool {
 }
 
 // Replay publishes the dead letters with the given ids (none: all) to the work queue, in
-// order: id kept (HeaderID), the count header and the dead-letter headers removed (the
-// message starts again at attempt 1), the other headers and the body as they were. Each
+// order: id kept (HeaderID), first publish kept (HeaderPublished), the count header and
+// the dead-letter headers removed (the message starts again at attempt 1, with no first
+// failure: the copy has a new sequence, so no failure record), the other headers and
+// the body as they were. Each
 // is removed from the DLQ once the work stream acknowledged its copy. Each copy's
 // Nats-Msg-Id names the dead letter, so replaying the same one twice (a crash between
 // the publish and the removal) stores one copy within the work stream's window.

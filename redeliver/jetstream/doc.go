@@ -12,6 +12,9 @@
 //     message leaves the stream when it is acknowledged or terminated;
 //   - the DLQ stream "emitter_access_dlq" on "emitter.access.dlq", with limits
 //     retention: dead letters stay until they are replayed or purged;
+//   - the key-value bucket "emitter_access_failures" (Config.FailureBucket), which
+//     holds the first failure time of each message being retried (see "Attempt
+//     counting"), each record for at most Config.FailureTTL (default 24h);
 //   - the durable pull consumer "redeliver" on the work stream: explicit acks, AckWait
 //     (default 30s), MaxDeliver (default MaxAttempts+2), MaxAckPending. Every Source of
 //     the queue, in any number of processes, shares it.
@@ -33,14 +36,16 @@
 // ack), so Ack, Retry, DeadLetter, Release and InProgress return only once the server
 // has the outcome, as redeliver.Delivery requires:
 //
-//   - success: +ACK;
-//   - a transient failure: NakWithDelay with the policy's backoff. The server redelivers
-//     the stored message as it is after the delay; nothing is republished, and the
-//     x-retry-count header is not rewritten;
+//   - success: +ACK, then the message's first failure record, if any, is deleted;
+//   - a transient failure: on the first one, the first failure time is recorded in the
+//     failure bucket; then NakWithDelay with the policy's backoff. The server
+//     redelivers the stored message as it is after the delay; nothing is republished,
+//     and the x-retry-count header is not rewritten;
 //   - the last attempt, a permanent error or a decode failure: the message (body and
 //     every header but JetStream's own Nats-*) with the dead-letter headers
-//     (redeliver.DeadInfo.Header) is published to the DLQ stream; once the server's
-//     PubAck arrives, +TERM removes the original from the work stream;
+//     (redeliver.DeadInfo.Header) and its first publish time (HeaderPublished) is
+//     published to the DLQ stream; once the server's PubAck arrives, +TERM removes the
+//     original from the work stream, and its first failure record is deleted;
 //   - shutdown: -NAK (redelivered at once);
 //   - a slow handler: +WPI (InProgress) every AckWait/3 (Source.Heartbeat), which
 //     restarts the server's AckWait timer, so the message is not redelivered to another
@@ -54,7 +59,16 @@
 // larger of it and the count header + 1 (redeliver.AttemptOf). Because a Nak redelivers
 // the message unchanged, the header is only ever what the producer set (a message that
 // already had attempts elsewhere, or none) and NumDelivered does the counting, so no
-// republish is needed. A delivery lost to a crash counts as an attempt: a message that
+// republish is needed.
+//
+// For the same reason the first failure time cannot travel in a header. The Source
+// records it in the failure bucket, keyed by the message's work stream sequence, when
+// the first attempt fails (before the Nak: a Retry that cannot record it fails, and
+// the server redelivers the message after AckWait), reads it back on every
+// redelivery (NumDelivered > 1) as Message.FirstFailure, and deletes it when the
+// message is acknowledged or dead-lettered; a record whose deletion was lost expires
+// after FailureTTL. A handler thus reads Message.Attempt and Message.FirstFailure as on
+// RabbitMQ; an attempt that died with its process records no failure, on both. A delivery lost to a crash counts as an attempt: a message that
 // crashes the process every time reaches Attempt > MaxAttempts and the Consumer
 // dead-letters it without running the handler again. A Release (shutdown) counts too: a
 // message interrupted by a shutdown has one attempt fewer left. A count header h set by
@@ -86,8 +100,16 @@
 // Message.ID is the HeaderID header ("redeliver-msg-id") when present, else the
 // Nats-Msg-Id the producer set (Publisher sets it from Message.ID), else
 // "<stream>-<sequence>", which is stable across redeliveries. Each stream deduplicates
-// on Nats-Msg-Id within its window (Config.Duplicates, Config.DLQDuplicates):
+// on Nats-Msg-Id within its window (Config.Duplicates, default 2m, and
+// Config.DLQDuplicates, default 1h; Declare and NewSource set them on the streams,
+// existing ones included):
 //
+//   - Publisher.Publish of an id the work stream stored within Duplicates stores
+//     nothing and returns an error matching redeliver.ErrDuplicate, never nil: the
+//     earlier message stands. An outbox relay resending after a lost PubAck counts it
+//     as delivered (redeliver/pgbox's Outbox does); a producer that reuses ids for
+//     different messages must know that the second is dropped. RabbitMQ, which never
+//     deduplicates, stores both;
 //   - a dead letter's Nats-Msg-Id is "<id>@<stream>:<sequence>", the message id and the
 //     work stream's sequence: if the +TERM after a dead-lettering is lost and the message
 //     comes back, its second dead-lettering is dropped as a duplicate (within
@@ -103,9 +125,12 @@
 //
 // DeadLetters reads the DLQ stream by sequence (a direct get of the next message on the
 // DLQ subject), so List and Get never consume or redeliver anything and need no
-// consumer. Replay publishes each selected dead letter to the work subject with the
-// count header and the dead-letter headers removed (redeliver.IsRedeliverHeader), the
-// id kept, waits for the PubAck, then deletes the dead letter. Purge deletes by id, or
+// consumer. A dead letter's Published is its first publish (HeaderPublished), its
+// DeadLettered the time the DLQ stream stored it. Replay publishes each selected dead
+// letter to the work subject with the count header and the dead-letter headers removed
+// (redeliver.IsRedeliverHeader), the id and the first publish kept, waits for the
+// PubAck, then deletes the dead letter; the copy has a new sequence and so no failure
+// record: its next delivery is attempt 1 with no first failure. Purge deletes by id, or
 // purges everything present when it starts.
 //
 // # Servers
@@ -113,5 +138,5 @@
 // The backend works against any nats-server with JetStream from 2.9 on (the tests run
 // against the machine's 2.9 server and the embedded 2.15 one). StartEmbedded runs one in
 // the process, on a random port of 127.0.0.1, storing in a directory of your choice or a
-// temporary one.
+// temporary one. DeleteTopology removes a queue's streams and bucket.
 package jetstream

@@ -14,7 +14,10 @@ import (
 )
 
 // A consumer on an embedded NATS server: the grant fails once, is redelivered after the
-// backoff (NakWithDelay) and succeeds on the second attempt.
+// backoff (NakWithDelay) and succeeds on the second attempt. The handler reads the
+// attempt and the first failure from the message, as on RabbitMQ: JetStream redelivers
+// the message unchanged, and the Source fills both from the server's delivery count and
+// its failure bucket.
 func Example() {
 	ctx := context.Background()
 	url, shutdown, err := jetstream.StartEmbedded(ctx, "") // or your server's URL
@@ -42,7 +45,7 @@ func Example() {
 		Policy: policy,
 		Logger: quiet,
 		Handler: func(ctx context.Context, m *redeliver.Message) error {
-			fmt.Printf("attempt %d of %s: %s\n", m.Attempt, m.ID, m.Body)
+			fmt.Printf("attempt %d of %s: %s (failing before: %t)\n", m.Attempt, m.ID, m.Body, !m.FirstFailure.IsZero())
 			if m.Attempt == 1 {
 				return errors.New("github: 502 bad gateway")
 			}
@@ -73,8 +76,8 @@ func Example() {
 	stop()
 	fmt.Println("stopped:", <-stopped)
 	// Output:
-	// attempt 1 of grant-1: {"user":42}
-	// attempt 2 of grant-1: {"user":42}
+	// attempt 1 of grant-1: {"user":42} (failing before: false)
+	// attempt 2 of grant-1: {"user":42} (failing before: true)
 	// stopped: <nil>
 }
 

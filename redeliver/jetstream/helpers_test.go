@@ -2,7 +2,6 @@ package jetstream
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -82,8 +81,8 @@ func testPolicy() redeliver.Policy {
 	}
 }
 
-// newConfig returns a Config for a fresh queue on url, whose streams are deleted when t
-// ends.
+// newConfig returns a Config for a fresh queue on url, whose streams and bucket are
+// deleted when t ends.
 func newConfig(t testing.TB, url string) Config {
 	t.Helper()
 	cfg := Config{
@@ -94,23 +93,10 @@ func newConfig(t testing.TB, url string) Config {
 		Logger:        quietLogger(),
 	}
 	t.Cleanup(func() {
-		c, err := cfg.withDefaults()
-		if err != nil {
-			return
-		}
-		nc, err := nats.Connect(url)
-		if err != nil {
-			t.Logf("cleanup: %v", err)
-			return
-		}
-		defer nc.Close()
-		j, _ := js.New(nc)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		for _, s := range []string{c.Stream, c.DLQStream} {
-			if err := j.DeleteStream(ctx, s); err != nil && !errors.Is(err, js.ErrStreamNotFound) {
-				t.Logf("cleanup: deleting %s: %v", s, err)
-			}
+		if err := DeleteTopology(ctx, cfg); err != nil {
+			t.Logf("cleanup: %v", err)
 		}
 	})
 	return cfg

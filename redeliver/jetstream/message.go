@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	js "github.com/nats-io/nats.go/jetstream"
@@ -17,6 +18,13 @@ import (
 // otherwise be dropped as a duplicate). A received message's id is this header when
 // present, else its Nats-Msg-Id, else "<stream>-<sequence>".
 const HeaderID = "redeliver-msg-id"
+
+// HeaderPublished carries a message's first publish time (RFC 3339 with nanoseconds,
+// UTC) on the copies this package publishes itself: a dead letter and a replayed
+// message, whose own store time is the copy's. A received message's Published is this
+// header when present, else the time the work stream stored it; a dead letter's is the
+// header alone (its store time is DeadLetter.DeadLettered).
+const HeaderPublished = "redeliver-published"
 
 // HeaderContentType carries Message.ContentType (NATS messages have no content type of
 // their own).
@@ -48,11 +56,12 @@ func messageID(h nats.Header, stream string, seq uint64) string {
 }
 
 // appHeader returns the application headers of h, first value of each: without
-// JetStream's own, HeaderID and HeaderContentType. Never nil.
+// JetStream's own, HeaderID, HeaderPublished and HeaderContentType (the Message has
+// fields for them). Never nil.
 func appHeader(h nats.Header) map[string]string {
 	out := make(map[string]string, len(h))
 	for k, v := range h {
-		if natsHeader(k) || k == HeaderID || k == HeaderContentType || len(v) == 0 {
+		if natsHeader(k) || k == HeaderID || k == HeaderPublished || k == HeaderContentType || len(v) == 0 {
 			continue
 		}
 		out[k] = v[0]
@@ -74,10 +83,13 @@ func copyHeader(h nats.Header, drop func(string) bool) nats.Header {
 }
 
 // deadMsg builds the dead letter of a stored message: its body and headers, its id in
-// HeaderID and the dead-letter headers.
-func deadMsg(subject, id string, h nats.Header, body []byte, info redeliver.DeadInfo) *nats.Msg {
+// HeaderID, its first publish in HeaderPublished and the dead-letter headers.
+func deadMsg(subject, id string, published time.Time, h nats.Header, body []byte, info redeliver.DeadInfo) *nats.Msg {
 	out := &nats.Msg{Subject: subject, Header: copyHeader(h, nil), Data: body}
 	out.Header.Set(HeaderID, id)
+	if !published.IsZero() {
+		out.Header.Set(HeaderPublished, published.UTC().Format(time.RFC3339Nano))
+	}
 	for k, v := range info.Header() {
 		out.Header.Set(k, v)
 	}
@@ -99,7 +111,15 @@ func replayKey(id, dlqStream string, seq uint64) string {
 	return id + "@replay:" + dlqStream + ":" + strconv.FormatUint(seq, 10)
 }
 
-// toDeadLetter converts a stored dead letter.
+// publishedAt returns the first publish time a stored message's HeaderPublished
+// carries, zero when it has none.
+func publishedAt(h nats.Header) time.Time {
+	t, _ := time.Parse(time.RFC3339Nano, h.Get(HeaderPublished))
+	return t
+}
+
+// toDeadLetter converts a stored dead letter: Published from HeaderPublished (the
+// stored copy's own time is the move to the DLQ, DeadLettered).
 func toDeadLetter(raw *js.RawStreamMsg, stream, queue string) redeliver.DeadLetter {
 	h := appHeader(raw.Header)
 	info := redeliver.ParseDeadInfo(h)
@@ -113,8 +133,13 @@ func toDeadLetter(raw *js.RawStreamMsg, stream, queue string) redeliver.DeadLett
 			Body:        raw.Data,
 			ContentType: raw.Header.Get(HeaderContentType),
 			Header:      h,
-			Published:   raw.Time,
+			Published:   publishedAt(raw.Header),
 		},
-		Info: info,
+		Info:         info,
+		DeadLettered: raw.Time,
 	}
 }
+
+// failureKey is a message's key in the failure bucket: its work stream sequence, which
+// stays the same across redeliveries and differs for a replayed copy.
+func failureKey(seq uint64) string { return strconv.FormatUint(seq, 10) }

@@ -28,8 +28,9 @@ type Source struct {
 	stream js.Stream
 	log    *slog.Logger
 
-	mu      sync.Mutex // guards cons and cur
+	mu      sync.Mutex // guards cons, kv and cur
 	cons    js.Consumer
+	kv      js.KeyValue     // the failure bucket
 	cur     js.MessageBatch // the current pull
 	closing chan struct{}   // closed by Close
 
@@ -69,7 +70,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	if err != nil {
 		return fail(fmt.Errorf("jetstream: %w", err))
 	}
-	cons, err := c.declare(ctx, j)
+	cons, kv, err := c.declare(ctx, j)
 	if err != nil {
 		return fail(err)
 	}
@@ -78,7 +79,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		return fail(fmt.Errorf("jetstream: stream %s: %w", c.Stream, err))
 	}
 	s := &Source{
-		cfg: c, nc: nc, own: own, js: j, stream: stream, cons: cons,
+		cfg: c, nc: nc, own: own, js: j, stream: stream, cons: cons, kv: kv,
 		log:     c.Logger.With(slog.String("queue", c.Queue), slog.String("stream", c.Stream)),
 		orphanC: make(chan orphan, 256),
 		closing: make(chan struct{}),
@@ -148,7 +149,7 @@ func (s *Source) Receive(ctx context.Context) (redeliver.Delivery, error) {
 			select {
 			case msg, ok := <-b.Messages():
 				if ok {
-					return s.newDelivery(msg), nil
+					return s.newDelivery(ctx, msg), nil
 				}
 				s.mu.Lock()
 				s.cur = nil
@@ -194,11 +195,11 @@ func (s *Source) Receive(ctx context.Context) (redeliver.Delivery, error) {
 			continue
 		}
 		dctx, cancel := withTimeout(ctx)
-		cons, derr := s.cfg.declare(dctx, s.js)
+		cons, kv, derr := s.cfg.declare(dctx, s.js)
 		cancel()
 		if derr == nil {
 			s.mu.Lock()
-			s.cons = cons
+			s.cons, s.kv = cons, kv
 			s.mu.Unlock()
 		} else {
 			s.log.Warn("jetstream: declaring the topology failed", slog.Any("error", derr))
@@ -339,13 +340,16 @@ func ackSync(ctx context.Context, nc *nats.Conn, msg js.Msg, body []byte) error 
 
 // delivery is one received message.
 type delivery struct {
-	s   *Source
-	msg js.Msg
-	m   *redeliver.Message
-	seq uint64 // stream sequence
+	s     *Source
+	msg   js.Msg
+	m     *redeliver.Message
+	seq   uint64 // stream sequence
+	found bool   // the failure bucket held a record of the message when it was received
 }
 
-func (s *Source) newDelivery(msg js.Msg) *delivery {
+// newDelivery converts a pulled message. A redelivered one (NumDelivered > 1) gets its
+// FirstFailure from the failure bucket.
+func (s *Source) newDelivery(ctx context.Context, msg js.Msg) *delivery {
 	d := &delivery{s: s, msg: msg}
 	h := msg.Headers()
 	m := &redeliver.Message{
@@ -362,20 +366,86 @@ func (s *Source) newDelivery(msg js.Msg) *delivery {
 	} else {
 		s.log.Warn("jetstream: message without metadata", slog.Any("error", err))
 	}
+	if p := publishedAt(h); !p.IsZero() {
+		m.Published = p // a replayed copy: its first life's publish
+	}
 	m.ID = messageID(h, s.cfg.Stream, d.seq)
+	if d.seq > 0 && m.DeliveryCount > 1 {
+		m.FirstFailure, d.found = s.firstFailure(ctx, d.seq)
+	}
 	d.m = m
 	return d
 }
 
+// bucket returns the failure bucket.
+func (s *Source) bucket() js.KeyValue {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.kv
+}
+
+// firstFailure reads the first failure recorded for the message at seq; found is false
+// when there is none (or it cannot be read, which it logs).
+func (s *Source) firstFailure(ctx context.Context, seq uint64) (first time.Time, found bool) {
+	ctx, cancel := withTimeout(ctx)
+	defer cancel()
+	e, err := s.bucket().Get(ctx, failureKey(seq))
+	if err != nil {
+		if !errors.Is(err, js.ErrKeyNotFound) && ctx.Err() == nil {
+			s.log.Warn("jetstream: reading a first failure failed", slog.Uint64("stream_seq", seq), slog.Any("error", err))
+		}
+		return time.Time{}, false
+	}
+	first, err = time.Parse(time.RFC3339Nano, string(e.Value()))
+	return first, err == nil
+}
+
+// recordFailure records first as the first failure of the message at seq, unless one is
+// recorded already (the older one stays).
+func (s *Source) recordFailure(ctx context.Context, seq uint64, first time.Time) error {
+	_, err := s.bucket().Create(ctx, failureKey(seq), []byte(first.UTC().Format(time.RFC3339Nano)))
+	if err != nil && !errors.Is(err, js.ErrKeyExists) {
+		return fmt.Errorf("jetstream: recording the first failure of message %d in %s: %w", seq, s.cfg.FailureBucket, err)
+	}
+	return nil
+}
+
+// forgetFailure deletes the first failure record of the message at seq, once the
+// message is settled for good. A failure is only logged: the record expires after
+// FailureTTL, and no later delivery can read it (the message is gone from the stream).
+func (s *Source) forgetFailure(ctx context.Context, seq uint64) {
+	if err := s.bucket().Delete(ctx, failureKey(seq)); err != nil && !errors.Is(err, js.ErrKeyNotFound) {
+		s.log.Warn("jetstream: deleting a first failure record failed; it expires after FailureTTL",
+			slog.Uint64("stream_seq", seq), slog.Any("error", err))
+	}
+}
+
 func (d *delivery) Message() *redeliver.Message { return d.m }
 
-func (d *delivery) Ack(ctx context.Context) error { return ackSync(ctx, d.s.nc, d.msg, ackAck) }
+// Ack acknowledges the message (+ACK), then deletes its first failure record if it had
+// one.
+func (d *delivery) Ack(ctx context.Context) error {
+	if err := ackSync(ctx, d.s.nc, d.msg, ackAck); err != nil {
+		return err
+	}
+	if d.found {
+		d.s.forgetFailure(ctx, d.seq)
+	}
+	return nil
+}
 
 // Retry asks the server to redeliver the message after r.Delay (NakWithDelay). The
 // message comes back as it is: r.Header is not written, because JetStream counts the
 // deliveries itself (Message.DeliveryCount) and the Consumer takes the larger of that
-// and the count header.
+// and the count header. On the first failure, the failure bucket records
+// r.FirstFailure first, for the next deliveries' Message.FirstFailure; if it cannot,
+// Retry fails and the server redelivers the message after AckWait.
 func (d *delivery) Retry(ctx context.Context, r redeliver.RetryInfo) error {
+	if d.seq > 0 && !d.found && !r.FirstFailure.IsZero() {
+		if err := d.s.recordFailure(ctx, d.seq, r.FirstFailure); err != nil {
+			return err
+		}
+	}
 	body := ackNak
 	if r.Delay > 0 {
 		body = fmt.Appendf(nil, `%s {"delay": %d}`, ackNak, r.Delay.Nanoseconds())
@@ -385,12 +455,18 @@ func (d *delivery) Retry(ctx context.Context, r redeliver.RetryInfo) error {
 
 // DeadLetter publishes the message with info's headers to the DLQ stream, deduplicated
 // by deadKey, waits for the server's PubAck, then terminates the delivery (+TERM), which
-// removes it from the work stream.
+// removes it from the work stream, and deletes its first failure record.
 func (d *delivery) DeadLetter(ctx context.Context, info redeliver.DeadInfo) error {
-	if err := d.s.publishDead(ctx, d.m.ID, d.msg.Headers(), d.msg.Data(), info, d.seq); err != nil {
+	if err := d.s.publishDead(ctx, d.m.ID, d.m.Published, d.msg.Headers(), d.msg.Data(), info, d.seq); err != nil {
 		return err
 	}
-	return ackSync(ctx, d.s.nc, d.msg, ackTerm)
+	if err := ackSync(ctx, d.s.nc, d.msg, ackTerm); err != nil {
+		return err
+	}
+	if d.found {
+		d.s.forgetFailure(ctx, d.seq)
+	}
+	return nil
 }
 
 // Release hands the message back for immediate redelivery (Nak). JetStream counts the
@@ -406,8 +482,8 @@ func (d *delivery) InProgress(ctx context.Context) error {
 
 // publishDead publishes a dead letter and waits for the PubAck. A duplicate (the same
 // stored message dead-lettered before) counts as success.
-func (s *Source) publishDead(ctx context.Context, id string, h nats.Header, body []byte, info redeliver.DeadInfo, seq uint64) error {
-	out := deadMsg(s.cfg.DLQSubject, id, h, body, info)
+func (s *Source) publishDead(ctx context.Context, id string, published time.Time, h nats.Header, body []byte, info redeliver.DeadInfo, seq uint64) error {
+	out := deadMsg(s.cfg.DLQSubject, id, published, h, body, info)
 	_, err := s.js.PublishMsg(ctx, out,
 		js.WithMsgID(deadKey(id, s.cfg.Stream, seq)), js.WithExpectStream(s.cfg.DLQStream))
 	if err != nil {
@@ -532,9 +608,16 @@ func (s *Source) rescue(ctx context.Context, seq, deliveries uint64) (bool, erro
 func (s *Source) rescueMsg(ctx context.Context, raw *js.RawStreamMsg, deliveries uint64) error {
 	id := messageID(raw.Header, s.cfg.Stream, raw.Sequence)
 	now := s.cfg.Now()
-	first := raw.Time // a lower bound: when it was stored
-	if t, err := time.Parse(time.RFC3339Nano, raw.Header.Get(redeliver.HeaderFirstFailure)); err == nil {
-		first = t
+	published := publishedAt(raw.Header)
+	if published.IsZero() {
+		published = raw.Time
+	}
+	first, found := s.firstFailure(ctx, raw.Sequence)
+	if !found {
+		first = published // a lower bound: no attempt recorded its failure
+		if t, err := time.Parse(time.RFC3339Nano, raw.Header.Get(redeliver.HeaderFirstFailure)); err == nil {
+			first = t
+		}
 	}
 	info := redeliver.DeadInfo{
 		Reason: ReasonMaxDeliver,
@@ -547,11 +630,14 @@ func (s *Source) rescueMsg(ctx context.Context, raw *js.RawStreamMsg, deliveries
 		Queue:        s.cfg.Queue,
 		CountHeader:  s.cfg.Policy.Header,
 	}
-	if err := s.publishDead(ctx, id, raw.Header, raw.Data, info, raw.Sequence); err != nil {
+	if err := s.publishDead(ctx, id, published, raw.Header, raw.Data, info, raw.Sequence); err != nil {
 		return err
 	}
 	if err := s.stream.DeleteMsg(ctx, raw.Sequence); err != nil && !errors.Is(err, js.ErrMsgNotFound) {
 		return fmt.Errorf("jetstream: deleting orphan %d from %s: %w", raw.Sequence, s.cfg.Stream, err)
+	}
+	if found {
+		s.forgetFailure(ctx, raw.Sequence)
 	}
 	s.rescued.Add(1)
 	s.log.Warn("jetstream: orphan moved to the DLQ", slog.String("message_id", id),

@@ -449,3 +449,41 @@ func TestSweepFindsUnheardOrphan(t *testing.T) {
 		eventually(t, 5*time.Second, "only the dead letter", func() bool { return queueState(t, nc, cfg) == state{dlq: 1} })
 	})
 }
+
+// The failure bucket holds a record only while its message is being retried: success
+// and dead-lettering delete it, so the bucket does not grow with the traffic.
+func TestFailureRecordsDeleted(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, url string) {
+		cfg := newConfig(t, url)
+		rec := newRecorder()
+		run(t, cfg, func(_ context.Context, m *redeliver.Message) error {
+			rec.delivered(m)
+			switch {
+			case m.Attempt == 1:
+				return errors.New("once")
+			case m.ID == "fr-dead":
+				return retry.Permanent(errors.New("then for good"))
+			}
+			rec.succeeded(m.ID)
+			return nil
+		}, nil)
+		nc := connect(t, url)
+		publish(t, nc, cfg, "fr-ok", "fr-dead")
+		dl := deadLetters(t, cfg)
+		eventually(t, 10*time.Second, "one success and one dead letter", func() bool {
+			_, err := dl.Get(context.Background(), "fr-dead")
+			return rec.success("fr-ok") == 1 && err == nil
+		})
+		c, _ := cfg.withDefaults()
+		j, _ := js.New(nc)
+		kv, err := j.KeyValue(context.Background(), c.FailureBucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 5*time.Second, "an empty failure bucket", func() bool {
+			keys, err := kv.Keys(context.Background())
+			return errors.Is(err, js.ErrNoKeysFound) || (err == nil && len(keys) == 0)
+		})
+	})
+}

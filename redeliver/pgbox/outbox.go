@@ -137,7 +137,8 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, queue string, m *redeliver.
 //
 // Delivery is at least once: when the process dies, or the commit fails, after a
 // confirm, the message stays and is published again — with the same id, which the
-// consumer's inbox absorbs.
+// consumer's inbox absorbs. A publish the broker rejects as a duplicate
+// (redeliver.ErrDuplicate: it stored the id within its window) counts as published.
 func (o *Outbox) RelayOnce(ctx context.Context, pub redeliver.Publisher) (int, error) {
 	published := 0
 	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
@@ -171,7 +172,13 @@ func (o *Outbox) RelayOnce(ctx context.Context, pub redeliver.Publisher) (int, e
 			if err := json.Unmarshal(r.header, &r.m.Header); err != nil {
 				r.m.Header = nil // a header the relay cannot read: publish without it
 			}
-			if err := pub.Publish(ctx, r.queue, &r.m); err != nil {
+			err := pub.Publish(ctx, r.queue, &r.m)
+			if errors.Is(err, redeliver.ErrDuplicate) {
+				// The broker holds this id already: an earlier relay's publish was stored
+				// and only its confirm, or the commit after it, was lost. Done.
+				err = nil
+			}
+			if err != nil {
 				if ctx.Err() != nil {
 					break
 				}

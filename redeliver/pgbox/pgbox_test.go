@@ -3,6 +3,7 @@ package pgbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
@@ -205,18 +206,23 @@ func TestNames(t *testing.T) {
 	}
 }
 
-// fakePublisher records publishes; fail decides which fail.
+// fakePublisher records publishes; fail decides which fail, dup which the broker
+// already holds (ErrDuplicate, as JetStream reports them).
 type fakePublisher struct {
 	mu    sync.Mutex
 	got   []string
 	delay time.Duration
 	fail  func(id string) bool
+	dup   func(id string) bool
 }
 
 func (p *fakePublisher) Publish(ctx context.Context, queue string, m *redeliver.Message) error {
 	time.Sleep(p.delay)
 	if p.fail != nil && p.fail(m.ID) {
 		return errors.New("broker unavailable")
+	}
+	if p.dup != nil && p.dup(m.ID) {
+		return fmt.Errorf("fake: publishing %s: %w", m.ID, redeliver.ErrDuplicate)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -315,6 +321,33 @@ func TestOutbox(t *testing.T) {
 	}
 	if err := o.Add(t.Context(), nil, "", &redeliver.Message{}); err == nil {
 		t.Error("empty queue accepted")
+	}
+}
+
+// A message the broker already holds (its first relay's confirm was lost, and the
+// broker deduplicated the resend) is published: its row goes, it is not resent.
+func TestOutboxDuplicateIsPublished(t *testing.T) {
+	t.Parallel()
+	pool, schema := newSchema(t)
+	o := newOutbox(t, pgbox.OutboxConfig{Pool: pool, Schema: schema})
+	tx, err := pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"held", "new"} {
+		if err := o.Add(t.Context(), tx, "q", &redeliver.Message{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	pub := &fakePublisher{dup: func(id string) bool { return id == "held" }}
+	if n, err := o.RelayOnce(t.Context(), pub); err != nil || n != 2 {
+		t.Errorf("RelayOnce = %d, %v; want 2 (the duplicate counts as published)", n, err)
+	}
+	if n, _ := o.Pending(t.Context()); n != 0 {
+		t.Errorf("%d messages still pending, want 0", n)
 	}
 }
 

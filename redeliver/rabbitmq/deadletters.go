@@ -62,10 +62,10 @@ var _ redeliver.DeadLetters = (*DeadLetters)(nil)
 // redeliver.ErrNotFound when it does not).
 func OpenDeadLetters(ctx context.Context, cfg DeadLettersConfig) (*DeadLetters, error) {
 	if cfg.URL == "" {
-		return nil, errors.New("rabbitmq: DeadLettersConfig.URL is required")
+		return nil, fmt.Errorf("%w: DeadLettersConfig.URL is required", ErrConfig)
 	}
 	if cfg.Queue == "" {
-		return nil, errors.New("rabbitmq: DeadLettersConfig.Queue is required")
+		return nil, fmt.Errorf("%w: DeadLettersConfig.Queue is required", ErrConfig)
 	}
 	if cfg.Header == "" {
 		cfg.Header = redeliver.DefaultHeader
@@ -166,7 +166,8 @@ func (d *DeadLetters) scan(ctx context.Context, max int, visit func(*amqp.Delive
 
 func (d *DeadLetters) deadLetter(m *amqp.Delivery) redeliver.DeadLetter {
 	msg := toMessage(m, d.dlq, d.cfg.Quorum, d.cfg.Now())
-	return redeliver.DeadLetter{Message: *msg, Info: redeliver.ParseDeadInfo(msg.Header)}
+	dead, _ := time.Parse(time.RFC3339Nano, msg.Header[HeaderDeadLettered])
+	return redeliver.DeadLetter{Message: *msg, Info: redeliver.ParseDeadInfo(msg.Header), DeadLettered: dead}
 }
 
 // List returns up to limit dead letters (limit <= 0: all), in queue order, and leaves
@@ -202,10 +203,11 @@ func (d *DeadLetters) Get(ctx context.Context, id string) (*redeliver.DeadLetter
 }
 
 // Replay republishes the dead letters with the given message ids (none: all of them)
-// to the work queue — body, properties and message id kept, the attempt count header
-// and the redeliver-* headers removed — and acks each DLQ copy once the broker
-// confirmed its replay. It returns how many it replayed. A failure stops it; the
-// messages replayed so far stay replayed.
+// to the work queue — body, properties (the timestamp of the first publish included)
+// and message id kept; the attempt count header, the redeliver-* headers and RabbitMQ's
+// x-death, x-first-death-* and x-last-death-* removed, so the message starts clean —
+// and acks each DLQ copy once the broker confirmed its replay. It returns how many it
+// replayed. A failure stops it; the messages replayed so far stay replayed.
 func (d *DeadLetters) Replay(ctx context.Context, ids ...string) (int, error) {
 	pub, err := newConfirmChannel(d.conn)
 	if err != nil {
@@ -219,7 +221,7 @@ func (d *DeadLetters) Replay(ctx context.Context, ids ...string) (int, error) {
 		}
 		p := copyOf(m, nil, "")
 		for k := range p.Headers {
-			if k == d.header || redeliver.IsRedeliverHeader(k) {
+			if replayDrops(k, d.header) {
 				delete(p.Headers, k)
 			}
 		}

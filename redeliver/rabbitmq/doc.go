@@ -9,12 +9,21 @@
 //
 //	Q                  the work queue (durable; classic, or quorum with Config.Quorum)
 //	Q.dlq              the dead-letter queue
-//	Q.delay.<ms>ms     one delay queue per bucket of Config.Delays (default 1s … 1h, 11
-//	                   queues), with x-message-ttl = the bucket and
+//	Q.delay.<ms>ms     one delay queue per bucket of Config.Delays, with
+//	                   x-message-ttl = the bucket and
 //	                   x-dead-letter-exchange "" / x-dead-letter-routing-key Q
 //
+// That is len(Config.Delays)+2 queues per work queue: 13 with the default buckets
+// (DefaultDelays: 1s, 2s, 5s, 10s, 30s, 1m, 2m, 5m, 10m, 30m, 1h). Config.Topology
+// lists them. Config.Delays sets other buckets: in strictly ascending order, each a
+// positive whole number of milliseconds (NewSource refuses any other list, rather than
+// sort or merge it, since the buckets name queues every consumer must agree on).
+//
 // A retry publishes a copy of the message to the delay queue whose TTL is nearest the
-// policy's delay (on a log scale); when the TTL expires RabbitMQ dead-letters the copy
+// policy's delay on a log scale (Topology.Bucket): between buckets lo < hi, lo when the
+// delay is below √(lo·hi), else hi; the shortest bucket for shorter delays, the longest
+// for longer ones. So with the default buckets a 3s backoff waits 2s, a 4s one 5s, and
+// nothing waits more than an hour. When the TTL expires RabbitMQ dead-letters the copy
 // back to Q. Every message in a delay queue has the same TTL, so they expire in order
 // from the head — per-message TTLs in one queue would not work, since RabbitMQ only
 // expires messages at the head of a queue. Rounding to a bounded set of buckets keeps
@@ -36,8 +45,9 @@
 //     original. If the process dies between the two, the broker redelivers the
 //     original as well: a duplicate, never a loss (redeliver/pgbox's Inbox absorbs
 //     it);
-//   - dead letter: publish the copy with the dead-letter headers to Q.dlq, confirmed,
-//     then ack;
+//   - dead letter: publish the copy with the dead-letter headers and
+//     HeaderDeadLettered (the time of the move: RabbitMQ records none of its own) to
+//     Q.dlq, confirmed, then ack;
 //   - a publish that fails or is not confirmed nacks the original with requeue, so the
 //     broker delivers it again;
 //   - shutdown: unsettled and prefetched deliveries return to the queue when the
@@ -49,7 +59,8 @@
 // # Attempt count
 //
 // Message.Attempt is the larger of the count header + 1 and, on quorum queues, the
-// broker's x-delivery-count + 1. So a message that crashes the consumer before any
+// broker's x-delivery-count + 1; Message.FirstFailure comes from the
+// redeliver-first-failure header every retry copy carries. So a message that crashes the consumer before any
 // republish (a poison message that kills the process) is counted by the broker and
 // still ends in the DLQ after MaxAttempts deliveries; redeliver.Consumer dead-letters a
 // message that arrives with Attempt > MaxAttempts without running the handler. Classic
@@ -68,6 +79,15 @@
 // to the same name so that a replay resets it. The headers redeliver adds itself
 // (redeliver-reason, redeliver-error …) do not use the prefix.
 //
+// # Replaying
+//
+// DeadLetters.Replay publishes a dead letter back to Q as a fresh message: body,
+// properties and message id kept (the timestamp property too, so Message.Published
+// stays the first publish), and every header of its last life removed — the count
+// header, the redeliver-* headers, and RabbitMQ's own x-death, x-first-death-* and
+// x-last-death-*, which record its passes through the delay queues. Its next delivery
+// is attempt 1 with no first failure, as on any backend.
+//
 // # Reconnecting
 //
 // When the connection or the consume channel closes (broker restart, network failure,
@@ -81,5 +101,8 @@
 // Every publish — retry copies, dead letters, replays, Publisher.Publish — goes to the
 // default exchange with the queue as routing key, mandatory, and waits for the
 // publisher confirm; a message returned as unroutable (the queue was deleted) fails with
-// ErrUnroutable instead of vanishing, and a nack with ErrNacked.
+// ErrUnroutable instead of vanishing, and a nack with ErrNacked. RabbitMQ never
+// deduplicates: every confirmed publish is stored, one with an id already in the queue
+// included, so Publisher.Publish never returns redeliver.ErrDuplicate, and consumers
+// absorb duplicates with an inbox (redeliver/pgbox, redeliver/sqlitebox).
 package rabbitmq

@@ -13,8 +13,9 @@ import (
 	"github.com/retrysafe/retrysafe/retry"
 )
 
-// Seed 002's consumer: five attempts with jittered exponential backoff through delay
-// queues, then emitter.access.dlq. (Not run: it needs a broker.)
+// A consumer with five attempts, jittered exponential backoff through the delay queues,
+// then emitter.access.dlq. The handler reads the attempt and the first failure from
+// the message, as on every backend. (Not run: it needs a broker.)
 func Example() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -40,6 +41,10 @@ func Example() {
 			var grant struct{ User, Repo string }
 			if err := redeliver.DecodeJSON(m, &grant); err != nil {
 				return err // straight to the DLQ
+			}
+			if m.Attempt > 1 && !m.FirstFailure.IsZero() {
+				slog.InfoContext(ctx, "retrying a grant", slog.Int("attempt", m.Attempt),
+					slog.Duration("failing_for", time.Since(m.FirstFailure)))
 			}
 			return nil // grant access …
 		},

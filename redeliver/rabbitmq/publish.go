@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -144,6 +145,24 @@ func copyOf(d *amqp.Delivery, set map[string]string, countHeader string) amqp.Pu
 
 // headerDeliveryCount is the header in which quorum queues count earlier deliveries.
 const headerDeliveryCount = "x-delivery-count"
+
+// HeaderDeadLettered is when a dead letter was moved to the DLQ (RFC 3339 with
+// nanoseconds, UTC, by the dead-lettering consumer's clock), which DeadLetter.DeadLettered
+// reports: RabbitMQ keeps no time of its own for a publish. Like the other dead-letter
+// headers, a replay removes it.
+const HeaderDeadLettered = "redeliver-dead-lettered"
+
+// replayDrops reports whether a replay removes header k (countHeader is the attempt
+// count header). A replay starts the message's life again, so it removes what records
+// the last one: the count header and the headers package redeliver adds (the attempt
+// count would resume, the first failure would be the old one), HeaderDeadLettered, and
+// RabbitMQ's own records of dead-lettering through the delay queues (x-death,
+// x-first-death-*, x-last-death-*), which would say the fresh message had already
+// expired from a delay queue.
+func replayDrops(k, countHeader string) bool {
+	return k == countHeader || k == HeaderDeadLettered || redeliver.IsRedeliverHeader(k) ||
+		k == "x-death" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-")
+}
 
 // toMessage converts a delivery from queue. DeliveryCount is x-delivery-count + 1 when
 // the header is there, 1 on a quorum queue without it, 0 otherwise.

@@ -43,7 +43,7 @@ var _ redeliver.Publisher = (*Publisher)(nil)
 // NewPublisher connects to cfg.URL.
 func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) {
 	if cfg.URL == "" {
-		return nil, errors.New("rabbitmq: PublisherConfig.URL is required")
+		return nil, fmt.Errorf("%w: PublisherConfig.URL is required", ErrConfig)
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -83,8 +83,10 @@ func (p *Publisher) channel(ctx context.Context) (*confirmChannel, error) {
 	return pub, nil
 }
 
-// Publish sends m (ID, Body, ContentType and Header, all headers as strings) to queue
-// and waits for the broker's confirm. ErrUnroutable means no such queue exists.
+// Publish sends m (ID, Body, ContentType and Header, all headers as strings, with the
+// timestamp property set to now) to queue and waits for the broker's confirm.
+// ErrUnroutable means no such queue exists. RabbitMQ stores every confirmed publish,
+// whatever its id: Publish never returns redeliver.ErrDuplicate.
 func (p *Publisher) Publish(ctx context.Context, queue string, m *redeliver.Message) error {
 	ch, err := p.channel(ctx)
 	if err != nil {

@@ -39,14 +39,14 @@ func TestBucket(t *testing.T) {
 		{4 * time.Minute, 5 * time.Minute},
 		{24 * time.Hour, time.Hour},
 	} {
-		if got := topo.bucket(tt.d).Delay; got != tt.want {
+		if got := topo.Bucket(tt.d).Delay; got != tt.want {
 			t.Errorf("bucket(%v) = %v, want %v", tt.d, got, tt.want)
 		}
 	}
 	if n := len(topo.Delays); n != 11 {
 		t.Errorf("%d delay queues, want 11", n)
 	}
-	if got := topo.bucket(5 * time.Second).Name; got != "q.delay.5000ms" {
+	if got := topo.Bucket(5 * time.Second).Name; got != "q.delay.5000ms" {
 		t.Errorf("name = %q", got)
 	}
 	for _, bad := range [][]time.Duration{{time.Microsecond}, {1000 * time.Hour}} {

@@ -31,8 +31,15 @@ type Config struct {
 	// count (x-delivery-count) that Message.DeliveryCount reports. Default false:
 	// classic durable queues. It must match how the queues were first declared.
 	Quorum bool
-	// Delays are the delay queues' TTLs. A retry's delay is rounded to the nearest of
-	// them on a logarithmic scale. Default DefaultDelays().
+	// Delays are the delay buckets: the TTLs of the delay queues, one queue each, in
+	// strictly ascending order, each a positive whole number of milliseconds (RabbitMQ's
+	// TTLs are) of at most 2^31-1; NewSource refuses any other list. A retry's delay is
+	// rounded to the nearest bucket on a logarithmic scale (Topology.Bucket), so the
+	// buckets bound how precisely the policy's backoff is followed, and how many queues
+	// the work queue has: len(Delays)+2. They name the queues, so every Source of the
+	// work queue must use the same list. After a change the new delay queues are
+	// declared; the old ones still return what they hold to the work queue and can be
+	// deleted once empty. Default DefaultDelays().
 	Delays []time.Duration
 	// NoDeclare skips declaring the topology (when it is managed elsewhere, with the
 	// same names and arguments). Default false: the Source declares it, idempotently, on
@@ -56,6 +63,10 @@ type Config struct {
 	// for a dead letter, "ack" before an ack.
 	hook func(point string, s *Source)
 }
+
+// ErrConfig is returned (wrapped) for a Config that cannot work: a missing URL or queue,
+// delay buckets NewSource refuses.
+var ErrConfig = errors.New("rabbitmq: invalid config")
 
 // Source is a redeliver.Source on a RabbitMQ work queue. Make one with NewSource.
 type Source struct {
@@ -91,9 +102,9 @@ func (s *session) close() {
 // reconnects by itself.
 func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	if cfg.URL == "" {
-		return nil, errors.New("rabbitmq: Config.URL is required")
+		return nil, fmt.Errorf("%w: Config.URL is required", ErrConfig)
 	}
-	topo, err := newTopology(cfg.Queue, cfg.Delays, cfg.Quorum)
+	topo, err := cfg.Topology()
 	if err != nil {
 		return nil, err
 	}
@@ -330,7 +341,7 @@ func (d *delivery) Ack(context.Context) error {
 // acks the original. If the publish fails the original is requeued (nack) so that it
 // is not stuck unacknowledged on a live channel.
 func (d *delivery) Retry(ctx context.Context, r redeliver.RetryInfo) error {
-	q := d.s.topo.bucket(r.Delay)
+	q := d.s.topo.Bucket(r.Delay)
 	if err := d.sess.pub.publish(ctx, q.Name, copyOf(&d.d, r.Header, r.CountHeader)); err != nil {
 		_ = d.d.Nack(false, true)
 		return err
@@ -342,10 +353,12 @@ func (d *delivery) Retry(ctx context.Context, r redeliver.RetryInfo) error {
 	return nil
 }
 
-// DeadLetter publishes a copy with the dead-letter headers to the DLQ, waits for the
-// confirm and acks the original.
+// DeadLetter publishes a copy with the dead-letter headers and HeaderDeadLettered to
+// the DLQ, waits for the confirm and acks the original.
 func (d *delivery) DeadLetter(ctx context.Context, info redeliver.DeadInfo) error {
-	if err := d.sess.pub.publish(ctx, d.s.topo.DLQ, copyOf(&d.d, info.Header(), info.CountHeader)); err != nil {
+	h := info.Header()
+	h[HeaderDeadLettered] = d.s.cfg.Now().UTC().Format(time.RFC3339Nano)
+	if err := d.sess.pub.publish(ctx, d.s.topo.DLQ, copyOf(&d.d, h, info.CountHeader)); err != nil {
 		_ = d.d.Nack(false, true)
 		return err
 	}

@@ -12,9 +12,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// DefaultDelays returns the delay queues' TTLs used when Config.Delays is empty: 1s, 2s,
-// 5s, 10s, 30s, 1m, 2m, 5m, 10m, 30m and 1h — a bounded set on a roughly geometric
-// scale, so that a work queue has 11 delay queues however the backoff is configured.
+// DefaultDelays returns the delay buckets used when Config.Delays is empty: 1s, 2s, 5s,
+// 10s, 30s, 1m, 2m, 5m, 10m, 30m and 1h — a bounded set on a roughly geometric scale,
+// so that a work queue has 11 delay queues (13 queues with the work queue and its DLQ)
+// however the backoff is configured. It returns a new slice on every call.
 func DefaultDelays() []time.Duration {
 	return []time.Duration{
 		time.Second, 2 * time.Second, 5 * time.Second, 10 * time.Second, 30 * time.Second,
@@ -52,42 +53,62 @@ func (t Topology) Queues() []string {
 	return q
 }
 
-// newTopology returns the topology of queue with the given delay buckets (sorted,
-// deduplicated, positive).
+// Topology returns the queues a Source with c declares (Queue, Delays and Quorum are
+// read), or an error matching ErrConfig when NewSource would refuse them.
+func (c Config) Topology() (Topology, error) { return newTopology(c.Queue, c.Delays, c.Quorum) }
+
+// newTopology returns the topology of queue with the given delay buckets (none: the
+// default ones).
 func newTopology(queue string, delays []time.Duration, quorum bool) (Topology, error) {
 	if queue == "" {
-		return Topology{}, errors.New("rabbitmq: a queue name is required")
+		return Topology{}, fmt.Errorf("%w: a queue name is required", ErrConfig)
 	}
 	if len(queue) > 200 {
-		return Topology{}, fmt.Errorf("rabbitmq: queue name %q is too long (at most 200 bytes, to leave room for the derived names)", queue)
+		return Topology{}, fmt.Errorf("%w: queue name %q is too long (at most 200 bytes, to leave room for the derived names)", ErrConfig, queue)
 	}
 	if len(delays) == 0 {
 		delays = DefaultDelays()
 	}
-	ds := slices.Clone(delays)
-	slices.Sort(ds)
-	ds = slices.Compact(ds)
+	if err := checkDelays(delays); err != nil {
+		return Topology{}, err
+	}
 	t := Topology{Work: queue, DLQ: queue + ".dlq", Quorum: quorum}
-	for _, d := range ds {
-		if d < time.Millisecond {
-			return Topology{}, fmt.Errorf("rabbitmq: delay %v is shorter than a millisecond", d)
-		}
-		if d.Milliseconds() > math.MaxInt32 {
-			return Topology{}, fmt.Errorf("rabbitmq: delay %v is longer than RabbitMQ's TTL limit", d)
-		}
+	for _, d := range delays {
 		t.Delays = append(t.Delays, DelayQueue{
 			Name:  queue + ".delay." + strconv.FormatInt(d.Milliseconds(), 10) + "ms",
-			Delay: d.Truncate(time.Millisecond),
+			Delay: d,
 		})
 	}
 	return t, nil
 }
 
-// bucket returns the delay queue for a wanted delay: the nearest bucket on a logarithmic
-// scale (so with the default buckets a delay is never rounded to less than about 0.6 or
-// more than about 1.6 times itself), the shortest one for delays below it and the
-// longest for delays above it.
-func (t Topology) bucket(d time.Duration) DelayQueue {
+// checkDelays accepts a list of delay buckets in strictly ascending order, each a
+// positive whole number of milliseconds within RabbitMQ's TTL limit. A list that is not
+// is refused rather than mended: the buckets name the delay queues, which every Source
+// of the work queue must agree on, so a list sorted or merged in silence would hide a
+// configuration that differs from what its author wrote.
+func checkDelays(delays []time.Duration) error {
+	for i, d := range delays {
+		switch {
+		case d <= 0:
+			return fmt.Errorf("%w: delay %v is not positive", ErrConfig, d)
+		case d%time.Millisecond != 0:
+			return fmt.Errorf("%w: delay %v is not a whole number of milliseconds (RabbitMQ's TTLs are)", ErrConfig, d)
+		case d.Milliseconds() > math.MaxInt32:
+			return fmt.Errorf("%w: delay %v is longer than RabbitMQ's TTL limit (2^31-1 ms)", ErrConfig, d)
+		case i > 0 && d <= delays[i-1]:
+			return fmt.Errorf("%w: delays must be in strictly ascending order, without repeats: %v comes after %v", ErrConfig, d, delays[i-1])
+		}
+	}
+	return nil
+}
+
+// Bucket returns the delay queue a retry that should wait d goes to: the nearest
+// bucket on a logarithmic scale — between two buckets lo < hi, lo when d is below their
+// geometric mean √(lo·hi), else hi (so with the default buckets a delay is never
+// rounded to less than about 0.6 or more than about 1.6 times itself) — the shortest
+// one for delays below it and the longest for delays above it.
+func (t Topology) Bucket(d time.Duration) DelayQueue {
 	b := t.Delays
 	i, _ := slices.BinarySearchFunc(b, d, func(q DelayQueue, d time.Duration) int {
 		return cmpDuration(q.Delay, d)
