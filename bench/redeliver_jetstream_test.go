@@ -190,16 +190,9 @@ func jsBenchQueue(b *testing.B, url string) jetstream.Config {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() {
-		nc, err := nats.Connect(url)
-		if err != nil {
-			return
-		}
-		defer nc.Close()
-		j, _ := js.New(nc)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = j.DeleteStream(ctx, jsStream(cfg))
-		_ = j.DeleteStream(ctx, jsStream(cfg)+"_dlq")
+		_ = jetstream.DeleteTopology(ctx, cfg) // the work and DLQ streams, and the failures bucket
 	})
 	return cfg
 }
