@@ -2,7 +2,6 @@ package deadline
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 )
@@ -61,7 +60,7 @@ func Reserve(ctx context.Context, d time.Duration) (context.Context, context.Can
 func contextErr(ctx context.Context) error {
 	err := ctx.Err()
 	if cause := context.Cause(ctx); cause != nil && cause != err {
-		return errors.Join(err, cause)
+		return join(err, cause)
 	}
 	return err
 }

@@ -15,7 +15,10 @@
 //   - Middleware (inbound) gives every request a context deadline: the smaller of the
 //     caller's remaining budget, read from the Request-Budget-Ms header, and the server's
 //     own budget (Config.Budget, 30 s by default). A caller whose budget is spent gets
-//     504 problem+json and the handler never runs.
+//     504 problem+json and the handler never runs; a handler that gives up at its
+//     deadline without writing gets the same 504, never an empty 200. Once the
+//     caller's budget is spent, every failure answered says so (ExhaustedHeader), and
+//     a client must not resend it.
 //   - Transport (outbound) writes the remaining budget of each outgoing request's context,
 //     minus a reserve, into the same header, so the next hop knows how long its caller
 //     will wait. When nothing is left after the reserve it fails fast, without sending,
@@ -24,7 +27,8 @@
 //     ends d before its parent's, so a slow call cannot eat the time the database write
 //     after it needs.
 //   - Ladder tries alternatives in order (AI providers, replicas, caches), each bounded by
-//     its share of the budget, and never runs past the total.
+//     its share of the budget, and never runs past the total. When all fail, its error
+//     names each, on one line.
 //
 // # How the budget propagates
 //
@@ -38,6 +42,12 @@
 // arrived. When A's handler calls service B with that context, again through Transport,
 // B receives what A has left then, minus A's reserve, and so on down the stack: every hop
 // ends before its caller stops waiting, and no hop starts work that cannot finish.
+//
+// When the budget runs out somewhere down the stack, the verdict travels back up: B's
+// Middleware answers 504 with Request-Budget-Exhausted: ?1 (ExhaustedHeader); A's
+// Transport sees it (or refuses a call for lack of time itself) and A's Middleware puts
+// the same header on whatever failure A's handler answers; the client, seeing it, does
+// not retry. No hop resends a request whose caller has stopped waiting.
 //
 // Because the header carries time remaining, not an absolute deadline, the clocks of the
 // hosts never need to agree: clock skew between them does not matter. What does matter is
@@ -58,8 +68,9 @@
 //
 // The other order would stamp the budget once and send a stale, too generous value on
 // every retry. Transport's fail-fast error matches context.DeadlineExceeded, which a
-// retry layer treats as final: no retry is attempted with no time left. The module's
-// examples/deadlinechain shows the two together.
+// retry layer treats as final: no retry is attempted with no time left. An answer that
+// carries ExhaustedHeader is final too: package retry classifies it retry.ErrCanceled.
+// The module's examples/deadlinechain shows the two together.
 //
 // This package imports only the standard library; it does not depend on package retry.
 // Context deadlines run on the runtime's clock, so this package has no clock to inject;

@@ -14,25 +14,38 @@ import (
 )
 
 // The middleware gives each request the smaller of the caller's budget and the
-// server's, and refuses work when the caller has no time left.
+// server's, refuses work when the caller has no time left, and answers 504 for a handler
+// that gives up at its deadline without a word. Both 504s say that the caller's budget
+// is spent (Request-Budget-Exhausted), so a client does not resend.
 func ExampleMiddleware() {
 	handler := deadline.Middleware(deadline.Config{Budget: 10 * time.Second})(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			left, _ := deadline.Remaining(r.Context())
 			fmt.Println("handler runs, with at most 250ms:", left <= 250*time.Millisecond)
+			if r.URL.Path == "/slow" {
+				<-r.Context().Done() // the work takes longer than the budget: give up
+			}
 		}))
 
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
 	r.Header.Set("Request-Budget-Ms", "250") // the caller has 250ms left
 	handler.ServeHTTP(httptest.NewRecorder(), r)
 
-	r.Header.Set("Request-Budget-Ms", "0") // the caller's budget is spent
+	r = httptest.NewRequest(http.MethodGet, "/slow", nil)
+	r.Header.Set("Request-Budget-Ms", "20")
 	w := httptest.NewRecorder()
 	handler.ServeHTTP(w, r)
-	fmt.Println(w.Code, w.Header().Get("Content-Type"))
+	fmt.Println(w.Code, w.Header().Get("Content-Type"), w.Header().Get(deadline.ExhaustedHeader))
+
+	r.Header.Set("Request-Budget-Ms", "0") // the caller's budget is spent
+	w = httptest.NewRecorder()
+	handler.ServeHTTP(w, r)
+	fmt.Println(w.Code, w.Header().Get("Content-Type"), w.Header().Get(deadline.ExhaustedHeader))
 	// Output:
 	// handler runs, with at most 250ms: true
-	// 504 application/problem+json
+	// handler runs, with at most 250ms: true
+	// 504 application/problem+json ?1
+	// 504 application/problem+json ?1
 }
 
 // Transport tells the next hop how long it has: the time left in the request's
@@ -91,8 +104,9 @@ func ExampleReserve() {
 	// context deadline exceeded
 }
 
-// Ladder is seed 002's AI-provider ladder inside one budget: each provider gets at most
-// PerStep, the first answer wins, and the whole never outlasts the request.
+// Ladder is an AI-provider ladder inside one budget: each provider gets at most PerStep,
+// the first answer wins, and the whole never outlasts the request. When every provider
+// fails, the error names each, on one line.
 func ExampleLadder() {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -115,6 +129,5 @@ func ExampleLadder() {
 	fmt.Println(err)
 	// Output:
 	// answer from the fallback <nil>
-	// deadline: ladder step 0: 503
-	// deadline: ladder step 1: 503
+	// deadline: ladder step 0: 503; deadline: ladder step 1: 503
 }

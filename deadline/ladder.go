@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -19,7 +20,9 @@ type StepError struct {
 	Err  error // what the step returned, or why it was skipped
 }
 
-func (e *StepError) Error() string { return fmt.Sprintf("deadline: ladder step %d: %v", e.Step, e.Err) }
+func (e *StepError) Error() string {
+	return "deadline: ladder step " + strconv.Itoa(e.Step) + ": " + message(e.Err)
+}
 
 // Unwrap returns the step's error.
 func (e *StepError) Unwrap() error { return e.Err }
@@ -49,9 +52,11 @@ type LadderConfig struct {
 // LadderConfig), and returns the first success: a ladder of providers (say, AI models
 // in order of preference), made to fit inside one budget. A step that succeeds ends the ladder; later steps are not called.
 //
-// When every step fails, Ladder returns the zero T and the steps' errors joined
-// (errors.Join), each wrapped in a *StepError carrying its index, so errors.Is and
-// errors.As find any of them. When ctx ends (its deadline passes or it is canceled),
+// When every step fails, Ladder returns the zero T and the steps' errors joined, each
+// wrapped in a *StepError carrying its index: one error that unwraps to all of them
+// (Unwrap() []error, as errors.Join's does), so errors.Is and errors.As find any, and
+// whose message is theirs separated by "; ", on one line, so it survives a log line or
+// an http.Error body. When ctx ends (its deadline passes or it is canceled),
 // Ladder stops at once, tries no further step, and returns the errors so far joined with
 // ctx's error (and its cause, when that differs), so errors.Is(err,
 // context.DeadlineExceeded) holds when the budget ran out.
@@ -71,7 +76,7 @@ func Ladder[T any](ctx context.Context, cfg LadderConfig, steps ...func(context.
 	errs := make([]error, 0, len(steps)+1)
 	for i, step := range steps {
 		if ctx.Err() != nil {
-			return zero, errors.Join(append(errs, contextErr(ctx))...)
+			return zero, join(append(errs, contextErr(ctx))...)
 		}
 		if step == nil {
 			errs = append(errs, &StepError{Step: i, Err: errNilStep})
@@ -84,7 +89,7 @@ func Ladder[T any](ctx context.Context, cfg LadderConfig, steps ...func(context.
 				errs = append(errs, &StepError{Step: j, Err: fmt.Errorf("%w: %v left, below MinStep %v: step skipped",
 					ErrExhausted, max(left, 0).Round(time.Microsecond), cfg.minStep())})
 			}
-			return zero, errors.Join(errs...)
+			return zero, join(errs...)
 		}
 		v, err := runStep(ctx, d, bounded, step)
 		if err == nil {
@@ -95,7 +100,7 @@ func Ladder[T any](ctx context.Context, cfg LadderConfig, steps ...func(context.
 	if ctx.Err() != nil {
 		errs = append(errs, contextErr(ctx))
 	}
-	return zero, errors.Join(errs...)
+	return zero, join(errs...)
 }
 
 func runStep[T any](ctx context.Context, d time.Duration, bounded bool, step func(context.Context) (T, error)) (T, error) {

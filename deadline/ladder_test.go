@@ -319,3 +319,39 @@ func TestLadderBadInput(t *testing.T) {
 		t.Errorf("nil context: %q, %v", v, err)
 	}
 }
+
+// Ladder's error is one line, whatever its steps return, and still unwraps to every
+// step's error and to the context's error and cause.
+func TestLadderErrorIsOneLine(t *testing.T) {
+	t.Parallel()
+	errA, errB, errC := errors.New("provider A: 500"), errors.New("provider B: 429"), errors.New("provider C: 503")
+	cause := errors.New("shutting down")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	var calls atomic.Int64
+	_, err := Ladder(ctx, LadderConfig{},
+		fail(errA, &calls),
+		func(context.Context) (string, error) { return "", errors.Join(errB, errC) }, // two lines of its own
+		func(context.Context) (string, error) { cancel(cause); return "", errors.New("cut\r\noff") },
+		answer("never", &calls))
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	msg := err.Error()
+	want := "deadline: ladder step 0: provider A: 500; deadline: ladder step 1: provider B: 429; provider C: 503; " +
+		"deadline: ladder step 2: cut; off; context canceled; shutting down"
+	if msg != want {
+		t.Errorf("err = %q\nwant  %q", msg, want)
+	}
+	for _, target := range []error{errA, errB, errC, context.Canceled, cause} {
+		if !errors.Is(err, target) {
+			t.Errorf("err does not match %v", target)
+		}
+	}
+	var se *StepError
+	if !errors.As(err, &se) || se.Step != 0 {
+		t.Errorf("errors.As found %+v, want step 0", se)
+	}
+	if u, ok := err.(interface{ Unwrap() []error }); !ok || len(u.Unwrap()) != 4 {
+		t.Errorf("err does not unwrap to the three steps and the context: %#v", err)
+	}
+}

@@ -1,14 +1,18 @@
 package deadline
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -29,9 +33,29 @@ const DefaultHeader = "Request-Budget-Ms"
 // DefaultBudget is the server's own budget for a request when Config.Budget is zero.
 const DefaultBudget = 30 * time.Second
 
+// ExhaustedHeader is the response header with which Middleware says that the caller's
+// budget is spent:
+//
+//	Request-Budget-Exhausted: ?1
+//
+// (a structured-field boolean, RFC 9651). A client must not resend a request answered
+// with it: its caller has stopped waiting, and another attempt would reach a server with
+// no time to do the work. Package retry's Transport treats such an answer as final (its
+// BudgetExhaustedHeader is this header). Middleware sets it, and removes it, on every
+// answer it passes (see Middleware), so a handler that relays an upstream's answer never
+// relays the upstream's verdict instead of its own.
+const ExhaustedHeader = "Request-Budget-Exhausted"
+
 // ProblemBudgetExhausted is the problem type of the 504 the middleware answers when the
-// caller's budget is spent.
+// caller's budget is spent: on arrival, or before the handler answered. Such a 504
+// carries ExhaustedHeader.
 const ProblemBudgetExhausted = "urn:retrysafe:problem:budget-exhausted"
+
+// ProblemServerBudgetExhausted is the problem type of the 504 the middleware answers when
+// the server's own limit for the request (Config.Budget, or a deadline already on the
+// request's context) ran out before the handler answered, while the caller may still
+// have time: it does not carry ExhaustedHeader, and a client may retry it.
+const ProblemServerBudgetExhausted = "urn:retrysafe:problem:server-budget-exhausted"
 
 // maxLogged bounds how much of a malformed header value is logged.
 const maxLogged = 64
@@ -59,7 +83,8 @@ type Config struct {
 // Middleware returns an inbound middleware that gives every request a context deadline:
 // the smaller of the caller's remaining budget (the Config.Header header) and the
 // server's own (Config.Budget). An existing deadline on the request's context is kept
-// when it is earlier.
+// when it is earlier. When the caller's budget is what ends the request, the context's
+// cause (context.Cause) matches ErrExhausted and names the header.
 //
 // The header's value is a decimal integer of milliseconds. A malformed value (a unit, a
 // fraction, a sign other than a leading minus, anything but digits) is ignored, logged at
@@ -68,12 +93,30 @@ type Config struct {
 // value counts. A value too large to represent is larger than any server budget.
 //
 // A caller whose budget is spent, a value of 0 or a negative integer (an upstream that
-// subtracts its elapsed time may overdraw), or a request whose context deadline has
-// already passed, is answered 504 Gateway Timeout with an RFC 9457
-// application/problem+json body of type ProblemBudgetExhausted, and the handler never
-// runs: the caller has stopped waiting, so any work started now would be wasted at
-// best, and at worst a side effect no one sees the result of. 504 is what a gateway
-// answers when the time to answer ran out, and what gRPC's DEADLINE_EXCEEDED maps to.
+// subtracts its elapsed time may overdraw), is answered 504 Gateway Timeout with an RFC
+// 9457 application/problem+json body of type ProblemBudgetExhausted and ExhaustedHeader,
+// and the handler never runs: the caller has stopped waiting, so any work started now
+// would be wasted at best, and at worst a side effect no one sees the result of. 504 is
+// what a gateway answers when the time to answer ran out, and what gRPC's
+// DEADLINE_EXCEEDED maps to. A request whose context deadline has already passed is
+// answered the same way, with type ProblemServerBudgetExhausted.
+//
+// A handler that returns without writing anything once its deadline has passed — it
+// gave up on ctx.Done(), as it should — is answered 504 too, never an empty 200 a caller
+// would take for a success: of type ProblemBudgetExhausted, with ExhaustedHeader, when
+// the caller's budget ran out; of type ProblemServerBudgetExhausted when the server's
+// own limit did.
+//
+// The caller's budget is spent, too, when a call the handler makes with the request's
+// context through Transport found it so: Transport refused to send for lack of time, or
+// the next hop answered with ExhaustedHeader (its own budget, which was the rest of
+// ours, ran out). A handler that then returns without writing is answered the 504 above.
+// Whenever the caller's budget is spent, any failure the handler answers (a status of
+// 400 or more) gets ExhaustedHeader, so the verdict travels up the stack to the first
+// caller and no hop above resends; any other answer goes without it.
+//
+// The ResponseWriter the handler gets keeps http.Flusher and http.Hijacker, and unwraps
+// (Unwrap) to the server's, so http.ResponseController reaches all the rest.
 //
 // The middleware does not stop a handler that overruns its deadline: handlers must
 // honour their context (and pass it to every call they make). Wrap the handler in
@@ -93,34 +136,167 @@ func Middleware(cfg Config) func(http.Handler) http.Handler {
 			if logger == nil {
 				logger = slog.Default()
 			}
+			start := time.Now()
 			limit := budget
 			ms, found, bad := parseBudget(r.Header.Values(header))
 			if bad != "" {
 				logger.DebugContext(r.Context(), "deadline: malformed budget header ignored",
 					"header", header, "value", bad)
 			}
+			callers := false // the caller's budget sets the deadline
 			if found {
 				if ms <= 0 {
 					logger.DebugContext(r.Context(), "deadline: caller's budget spent, answered 504",
 						"header", header, "ms", ms)
-					writeExhausted(w, "the caller's budget ("+header+": "+strconv.FormatInt(ms, 10)+") is spent")
+					writeProblem(w, callerSpent, "the caller's budget ("+header+": "+strconv.FormatInt(ms, 10)+") is spent")
 					return
 				}
-				if ms < math.MaxInt64/int64(time.Millisecond) && time.Duration(ms)*time.Millisecond < limit {
+				if ms < math.MaxInt64/int64(time.Millisecond) && time.Duration(ms)*time.Millisecond <= limit {
 					limit = time.Duration(ms) * time.Millisecond
+					callers = true
 				}
 			}
-			ctx, cancel := context.WithTimeout(r.Context(), limit)
+			dl := start.Add(limit)
+			if pd, ok := r.Context().Deadline(); ok && pd.Before(dl) {
+				callers = false
+			}
+			var st *hopState
+			var cause error
+			if callers {
+				cause = fmt.Errorf("%w: the caller's budget (%s: %d) ran out", ErrExhausted, header, ms)
+				st = &hopState{cause: cause}
+			} else {
+				cause = fmt.Errorf("%w: the server's budget for the request (%v) ran out", ErrExhausted, budget)
+			}
+			ctx, cancel := context.WithDeadlineCause(r.Context(), dl, cause)
 			defer cancel()
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				logger.DebugContext(r.Context(), "deadline: request deadline already passed, answered 504")
-				writeExhausted(w, "the request's deadline has already passed")
+				writeProblem(w, serverSpent, "the request's deadline has already passed")
 				return
 			}
-			next.ServeHTTP(w, r.WithContext(ctx))
+			if st != nil {
+				st.deadline, _ = ctx.Deadline()
+				ctx = context.WithValue(ctx, hopKey{}, st)
+			}
+			bw := &budgetWriter{ResponseWriter: w, ctx: ctx, st: st}
+			next.ServeHTTP(bw, r.WithContext(ctx))
+			if bw.wrote {
+				return
+			}
+			switch {
+			case st.spent(ctx):
+				logger.DebugContext(r.Context(), "deadline: caller's budget spent, handler wrote nothing, answered 504",
+					"header", header, "ms", ms)
+				writeProblem(w, callerSpent, "the caller's budget ("+header+": "+strconv.FormatInt(ms, 10)+
+					") was spent before the handler answered")
+			case errors.Is(ctx.Err(), context.DeadlineExceeded):
+				logger.DebugContext(r.Context(), "deadline: server's budget spent, handler wrote nothing, answered 504",
+					"budget", limit)
+				writeProblem(w, serverSpent, "the request's deadline passed before the handler answered")
+			}
 		})
 	}
 }
+
+// hopState is what a request's context carries when the caller's budget sets its
+// deadline, so Transport can tell the middleware that a call made under that deadline
+// found the budget spent.
+type hopState struct {
+	cause    error     // the context's cause once the caller's budget runs out
+	deadline time.Time // the context's deadline
+	outbound atomic.Bool
+}
+
+type hopKey struct{}
+
+// spent reports whether the caller's budget is spent: ctx (the request's) has reached
+// its deadline, or a call made under it found no time left. A nil hopState (the server's
+// budget sets the deadline) never is.
+func (st *hopState) spent(ctx context.Context) bool {
+	if st == nil {
+		return false
+	}
+	return st.outbound.Load() || (ctx.Err() != nil && context.Cause(ctx) == st.cause)
+}
+
+// noteSpent tells the middleware above ctx, if any, that a call made with ctx found the
+// caller's budget spent. Only a call bounded by the request's own deadline counts: one
+// bounded by a shorter deadline of the handler's (a Ladder step, Reserve) ran out of the
+// handler's share, not of the caller's budget.
+func noteSpent(ctx context.Context) {
+	st, _ := ctx.Value(hopKey{}).(*hopState)
+	if st == nil {
+		return
+	}
+	if dl, ok := ctx.Deadline(); ok && dl.Equal(st.deadline) {
+		st.outbound.Store(true)
+	}
+}
+
+// budgetWriter is the ResponseWriter the handler gets: it knows whether the handler sent
+// anything, and sets or removes ExhaustedHeader on the answer the handler sends.
+type budgetWriter struct {
+	http.ResponseWriter
+	ctx   context.Context // the request's
+	st    *hopState       // nil: the server's budget sets the deadline
+	wrote bool            // a final status went out, or the connection was taken over
+}
+
+func (w *budgetWriter) WriteHeader(code int) {
+	if !w.wrote && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.mark(code)
+		w.wrote = true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// mark sets ExhaustedHeader on a failure answered once the caller's budget is spent, and
+// removes it from any other answer: the header is this server's verdict.
+func (w *budgetWriter) mark(code int) {
+	h := w.Header()
+	if code >= 400 && w.st.spent(w.ctx) {
+		h.Set(ExhaustedHeader, "?1")
+		return
+	}
+	h.Del(ExhaustedHeader)
+}
+
+func (w *budgetWriter) Write(p []byte) (int, error) {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Flush implements http.Flusher; FlushError is what http.ResponseController calls.
+func (w *budgetWriter) Flush() { _ = w.FlushError() }
+
+// FlushError flushes, as http.ResponseController's Flush does, and returns its error.
+func (w *budgetWriter) FlushError() error {
+	if !w.wrote {
+		w.mark(http.StatusOK) // flushing first sends a 200
+	}
+	err := http.NewResponseController(w.ResponseWriter).Flush()
+	if err == nil {
+		w.wrote = true
+	}
+	return err
+}
+
+// Hijack implements http.Hijacker, through http.ResponseController: after it, the
+// middleware writes nothing. Where the server's ResponseWriter cannot hijack (HTTP/2),
+// the error matches http.ErrNotSupported.
+func (w *budgetWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil {
+		w.wrote = true
+	}
+	return conn, rw, err
+}
+
+// Unwrap returns the server's ResponseWriter, for http.ResponseController.
+func (w *budgetWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // parseBudget reads the values of the budget header. It returns the smallest
 // well-formed value in milliseconds and found = true, or found = false when there is
@@ -186,18 +362,26 @@ type problem struct {
 	Detail string `json:"detail,omitempty"`
 }
 
-func writeExhausted(w http.ResponseWriter, detail string) {
-	body, _ := json.Marshal(problem{ // strings and an int always marshal
-		Type:   ProblemBudgetExhausted,
-		Title:  "Request budget exhausted",
-		Status: http.StatusGatewayTimeout,
-		Detail: detail,
-	})
+// The two 504s the middleware answers.
+var (
+	callerSpent = problem{Type: ProblemBudgetExhausted, Title: "Request budget exhausted", Status: http.StatusGatewayTimeout}
+	serverSpent = problem{Type: ProblemServerBudgetExhausted, Title: "Server budget exhausted", Status: http.StatusGatewayTimeout}
+)
+
+// writeProblem answers p with detail; a ProblemBudgetExhausted carries ExhaustedHeader.
+func writeProblem(w http.ResponseWriter, p problem, detail string) {
+	p.Detail = detail
+	body, _ := json.Marshal(p) // strings and an int always marshal
 	body = append(body, '\n')
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(http.StatusGatewayTimeout)
+	if p.Type == ProblemBudgetExhausted {
+		h.Set(ExhaustedHeader, "?1")
+	} else {
+		h.Del(ExhaustedHeader)
+	}
+	w.WriteHeader(p.Status)
 	_, _ = w.Write(body)
 }

@@ -1,9 +1,13 @@
 package deadline
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
+	"log"
 	"log/slog"
 	"math"
 	"net/http"
@@ -137,11 +141,12 @@ func TestMiddlewareSpent(t *testing.T) {
 	tests := []struct {
 		name  string
 		setup func(*http.Request)
+		typ   string // the problem type; ProblemBudgetExhausted also carries ExhaustedHeader
 	}{
-		{"zero", func(r *http.Request) { r.Header.Set(DefaultHeader, "0") }},
-		{"negative", func(r *http.Request) { r.Header.Set(DefaultHeader, "-20") }},
-		{"zero among others", func(r *http.Request) { r.Header.Set(DefaultHeader, "500, 0") }},
-		{"context deadline passed", func(r *http.Request) { *r = *r.WithContext(past) }},
+		{"zero", func(r *http.Request) { r.Header.Set(DefaultHeader, "0") }, ProblemBudgetExhausted},
+		{"negative", func(r *http.Request) { r.Header.Set(DefaultHeader, "-20") }, ProblemBudgetExhausted},
+		{"zero among others", func(r *http.Request) { r.Header.Set(DefaultHeader, "500, 0") }, ProblemBudgetExhausted},
+		{"context deadline passed", func(r *http.Request) { *r = *r.WithContext(past) }, ProblemServerBudgetExhausted},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -160,35 +165,322 @@ func TestMiddlewareSpent(t *testing.T) {
 			if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil {
 				t.Fatalf("body %q: %v", w.Body.String(), err)
 			}
-			if p.Type != ProblemBudgetExhausted || p.Status != http.StatusGatewayTimeout || p.Title == "" {
-				t.Errorf("problem = %+v", p)
+			if p.Type != tt.typ || p.Status != http.StatusGatewayTimeout || p.Title == "" {
+				t.Errorf("problem = %+v, want type %s", p, tt.typ)
+			}
+			if got, want := w.Header().Get(ExhaustedHeader), finalIf(tt.typ == ProblemBudgetExhausted); got != want {
+				t.Errorf("%s = %q, want %q", ExhaustedHeader, got, want)
 			}
 		})
 	}
 }
 
-// A canceled (not expired) request still reaches the handler: the budget is not the
-// middleware's reason to refuse it.
-func TestMiddlewareCanceledPassesThrough(t *testing.T) {
-	t.Parallel()
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	w, s := serve(t, Config{}, func(r *http.Request) { *r = *r.WithContext(ctx) })
-	if !s.ran || w.Code != http.StatusNoContent {
-		t.Errorf("handler ran = %v, status %d; want it run, 204", s.ran, w.Code)
+// finalIf is the value ExhaustedHeader must have: "?1" when the caller's budget is spent.
+func finalIf(spent bool) string {
+	if spent {
+		return "?1"
+	}
+	return ""
+}
+
+// reply is what a client got from a server.
+type reply struct {
+	status int
+	header http.Header
+	body   string
+}
+
+// budgetServer runs h behind Middleware(cfg) on a real server.
+func budgetServer(t *testing.T, cfg Config, h http.HandlerFunc) *httptest.Server {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	srv := httptest.NewServer(Middleware(cfg)(h))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// call sends a GET to url with the budget header set to budget (none when empty).
+func call(t *testing.T, url, budget string) reply {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if budget != "" {
+		req.Header.Set(DefaultHeader, budget)
+	}
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reply{resp.StatusCode, resp.Header, string(b)}
+}
+
+// checkProblem checks that a is a 504 problem of type typ, with ExhaustedHeader when typ
+// is ProblemBudgetExhausted.
+func checkProblem(t *testing.T, a reply, typ string) {
+	t.Helper()
+	if a.status != http.StatusGatewayTimeout || a.header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("got %d %q %q, want a 504 application/problem+json", a.status, a.header.Get("Content-Type"), a.body)
+	}
+	var p problem
+	if err := json.Unmarshal([]byte(a.body), &p); err != nil {
+		t.Fatalf("body %q: %v", a.body, err)
+	}
+	if p.Type != typ || p.Status != http.StatusGatewayTimeout || p.Title == "" || p.Detail == "" {
+		t.Errorf("problem = %+v, want type %s", p, typ)
+	}
+	if got, want := a.header.Get(ExhaustedHeader), finalIf(typ == ProblemBudgetExhausted); got != want {
+		t.Errorf("%s = %q, want %q", ExhaustedHeader, got, want)
 	}
 }
 
-// An earlier deadline already on the request's context is kept.
-func TestMiddlewareKeepsEarlierDeadline(t *testing.T) {
+// A handler that gives up when its deadline passes, returning without a word, must not
+// leave its caller an empty 200 to take for a success: the middleware answers 504.
+func TestMiddlewareHandlerGivesUp(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	t.Cleanup(cancel)
-	_, s := serve(t, Config{Budget: time.Hour}, func(r *http.Request) {
-		r.Header.Set(DefaultHeader, "60000")
-		*r = *r.WithContext(ctx)
-	})
-	if !s.ran || s.left > time.Second {
-		t.Errorf("handler ran = %v, remaining %v; want it run within 1s", s.ran, s.left)
+	giveUp := func(causes chan<- error) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			<-r.Context().Done()
+			causes <- context.Cause(r.Context())
+		}
 	}
+	tests := []struct {
+		name   string
+		cfg    Config
+		budget string
+		typ    string
+	}{
+		{"the caller's budget runs out", Config{}, "100", ProblemBudgetExhausted},
+		{"the server's budget runs out", Config{Budget: 100 * time.Millisecond}, "", ProblemServerBudgetExhausted},
+		{"the server's budget is shorter than the caller's", Config{Budget: 100 * time.Millisecond}, "60000", ProblemServerBudgetExhausted},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			causes := make(chan error, 1)
+			srv := budgetServer(t, tt.cfg, giveUp(causes))
+			checkProblem(t, call(t, srv.URL, tt.budget), tt.typ)
+			if cause := <-causes; !errors.Is(cause, ErrExhausted) || !errors.Is(cause, context.DeadlineExceeded) {
+				t.Errorf("the handler's context.Cause = %v, want one matching ErrExhausted", cause)
+			}
+		})
+	}
+	// Before its deadline, a handler that answers nothing keeps net/http's 200: that is
+	// its own choice, not a budget running out.
+	srv := budgetServer(t, Config{}, func(http.ResponseWriter, *http.Request) {})
+	if a := call(t, srv.URL, "60000"); a.status != http.StatusOK || a.header.Get(ExhaustedHeader) != "" {
+		t.Errorf("a handler that wrote nothing in time: %d %v, want a plain 200", a.status, a.header)
+	}
+}
+
+// Every failure a handler answers once the caller's budget is spent says so, and no other
+// answer does: the middleware sets ExhaustedHeader, or removes it.
+func TestMiddlewareMarksFailuresOnceTheBudgetIsSpent(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		budget string
+		late   bool // the handler answers after its deadline
+		status int
+		write  bool // a body without WriteHeader (an implicit 200)
+		relay  bool // the handler sets ExhaustedHeader itself, relaying an upstream's
+		final  bool
+	}{
+		{name: "503 after the caller's budget", budget: "50", late: true, status: 503, final: true},
+		{name: "404 after the caller's budget", budget: "50", late: true, status: 404, final: true},
+		{name: "200 after the caller's budget", budget: "50", late: true, status: 200},
+		{name: "implicit 200 after the caller's budget", budget: "50", late: true, write: true},
+		{name: "503 in time", budget: "60000", status: 503},
+		{name: "503 in time, relaying the header", budget: "60000", status: 503, relay: true},
+		{name: "200 after the caller's budget, relaying the header", budget: "50", late: true, status: 200, relay: true},
+		{name: "503 after the server's budget", late: true, status: 503},
+		{name: "503 after the server's budget, relaying the header", late: true, status: 503, relay: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			budget := 5 * time.Second // the caller's 50 ms set the deadline
+			if tt.budget == "" {
+				budget = 100 * time.Millisecond // no header: the server's budget does
+			}
+			srv := budgetServer(t, Config{Budget: budget}, func(w http.ResponseWriter, r *http.Request) {
+				if tt.late {
+					<-r.Context().Done()
+				}
+				if tt.relay {
+					w.Header().Set(ExhaustedHeader, "?1")
+				}
+				if tt.write {
+					_, _ = io.WriteString(w, "late")
+					return
+				}
+				w.WriteHeader(tt.status)
+			})
+			a := call(t, srv.URL, tt.budget)
+			want := tt.status
+			if tt.write {
+				want = http.StatusOK
+			}
+			if a.status != want {
+				t.Fatalf("status %d, want the handler's %d", a.status, want)
+			}
+			if got := a.header.Get(ExhaustedHeader); got != finalIf(tt.final) {
+				t.Errorf("%s = %q, want %q", ExhaustedHeader, got, finalIf(tt.final))
+			}
+		})
+	}
+}
+
+// A call the handler makes through Transport under the request's deadline that finds
+// the caller's budget spent (refused for lack of time, or answered with ExhaustedHeader)
+// spends the request's budget too; a call under a shorter deadline of the handler's own
+// does not.
+func TestMiddlewareLearnsFromItsCalls(t *testing.T) {
+	t.Parallel()
+	spent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(ExhaustedHeader, "?1") // as a next hop whose budget ran out answers
+		w.WriteHeader(http.StatusGatewayTimeout)
+	}))
+	t.Cleanup(spent.Close)
+	fine := budgetServer(t, Config{}, func(w http.ResponseWriter, r *http.Request) {})
+	tests := []struct {
+		name    string
+		next    string
+		reserve time.Duration
+		shorter bool // the call's context ends before the request's
+		write   bool // the handler answers 502 instead of returning without a word
+		final   bool
+	}{
+		{name: "refused for lack of time, nothing written", next: fine.URL, reserve: time.Hour, final: true},
+		{name: "refused for lack of time, 502", next: fine.URL, reserve: time.Hour, write: true, final: true},
+		{name: "answered budget exhausted, 502", next: spent.URL, write: true, final: true},
+		{name: "refused for lack of a shorter deadline's time, 502", next: fine.URL, reserve: time.Hour, shorter: true, write: true},
+		{name: "answered, 502", next: fine.URL, write: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := budgetServer(t, Config{}, func(w http.ResponseWriter, r *http.Request) {
+				ctx := r.Context()
+				if tt.shorter {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+					defer cancel()
+				}
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, tt.next, nil)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				resp, err := (&http.Client{Transport: Transport{Reserve: tt.reserve}}).Do(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				if tt.write {
+					w.WriteHeader(http.StatusBadGateway)
+				}
+			})
+			a := call(t, srv.URL, "20000") // below the server's budget: the caller's sets the deadline
+			switch {
+			case !tt.write:
+				checkProblem(t, a, ProblemBudgetExhausted)
+			case a.status != http.StatusBadGateway:
+				t.Fatalf("status %d, want the handler's 502", a.status)
+			case a.header.Get(ExhaustedHeader) != finalIf(tt.final):
+				t.Errorf("%s = %q, want %q", ExhaustedHeader, a.header.Get(ExhaustedHeader), finalIf(tt.final))
+			}
+		})
+	}
+}
+
+// The handler's ResponseWriter still flushes (http.Flusher and http.ResponseController),
+// unwraps for the rest of http.ResponseController, and hijacks; after a hijack the
+// middleware writes nothing, even once the budget has run out.
+func TestMiddlewareWriterKeepsItsInterfaces(t *testing.T) {
+	t.Parallel()
+	t.Run("flush", func(t *testing.T) {
+		t.Parallel()
+		next := make(chan struct{})
+		srv := budgetServer(t, Config{}, func(w http.ResponseWriter, r *http.Request) {
+			rc := http.NewResponseController(w)
+			if err := rc.SetWriteDeadline(time.Now().Add(time.Minute)); err != nil {
+				t.Errorf("SetWriteDeadline: %v", err)
+			}
+			if err := rc.EnableFullDuplex(); err != nil {
+				t.Errorf("EnableFullDuplex: %v", err)
+			}
+			f, ok := w.(http.Flusher)
+			if !ok {
+				t.Error("the ResponseWriter is not an http.Flusher")
+				return
+			}
+			_, _ = io.WriteString(w, "first,")
+			f.Flush()
+			<-next // the client has read the first part: it was flushed
+			_, _ = io.WriteString(w, "second,")
+			if err := rc.Flush(); err != nil {
+				t.Errorf("ResponseController.Flush: %v", err)
+			}
+			<-next
+			_, _ = io.WriteString(w, "third")
+		})
+		resp, err := http.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		br := bufio.NewReader(resp.Body)
+		for _, want := range []string{"first,", "second,"} {
+			got, err := br.ReadString(',')
+			if err != nil || got != want {
+				t.Fatalf("read %q, %v; want %q flushed", got, err, want)
+			}
+			next <- struct{}{}
+		}
+		if rest, _ := io.ReadAll(br); string(rest) != "third" {
+			t.Errorf("rest %q", rest)
+		}
+	})
+	t.Run("hijack", func(t *testing.T) {
+		t.Parallel()
+		h := Middleware(Config{Logger: slog.New(slog.DiscardHandler)})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if _, ok := w.(http.Hijacker); !ok {
+				t.Error("the ResponseWriter is not an http.Hijacker")
+			}
+			conn, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Errorf("Hijack: %v", err)
+				return
+			}
+			defer conn.Close()
+			<-r.Context().Done() // the budget runs out: the connection is the handler's still
+			_, _ = brw.WriteString("HTTP/1.1 299 Hijacked\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+			_ = brw.Flush()
+		}))
+		served := make(chan struct{})
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			defer close(served)
+			h.ServeHTTP(w, r)
+		}))
+		var logs bytes.Buffer // written by the server's goroutine before served closes
+		srv.Config.ErrorLog = log.New(&logs, "", 0)
+		srv.Start()
+		t.Cleanup(srv.Close)
+		a := call(t, srv.URL, "50")
+		<-served
+		if a.status != 299 || a.body != "ok" {
+			t.Errorf("got %d %q, want the hijacker's 299", a.status, a.body)
+		}
+		if logs.Len() > 0 {
+			t.Errorf("the middleware wrote on a hijacked connection: %s", logs.String())
+		}
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -19,6 +20,11 @@ import (
 // ErrExhausted and context.DeadlineExceeded with errors.Is. A request that cannot finish
 // in time is not worth starting; the next hop would answer 504 anyway, after doing some
 // of the work.
+//
+// Under Middleware, Transport reports back: when it refuses a request made with the
+// handler's request context for lack of budget, or the next hop answers with
+// ExhaustedHeader, the caller's budget is spent, and the middleware marks the handler's
+// failure answer with ExhaustedHeader (see Middleware), so no hop above resends.
 //
 // Put Transport below a retry layer (&retry.Transport{Base: deadline.Transport{…}}), so
 // each attempt carries the budget remaining when it is sent. The request given to Base is
@@ -54,6 +60,7 @@ func (t Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if req.Body != nil {
 			_ = req.Body.Close() // a RoundTripper closes the body, even on error
 		}
+		noteSpent(req.Context())
 		return nil, fmt.Errorf("%w: %v left, %v reserved: request not sent",
 			ErrExhausted, max(left, 0).Round(time.Microsecond), reserve)
 	}
@@ -66,7 +73,17 @@ func (t Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		out.Header = make(http.Header)
 	}
 	out.Header.Set(header, strconv.FormatInt(ms, 10))
-	return base.RoundTrip(out)
+	resp, err := base.RoundTrip(out)
+	if err == nil && resp != nil && exhaustedAnswer(resp.Header) {
+		noteSpent(req.Context())
+	}
+	return resp, err
+}
+
+// exhaustedAnswer reports whether h carries ExhaustedHeader: the next hop says the
+// budget it was given is spent.
+func exhaustedAnswer(h http.Header) bool {
+	return strings.TrimSpace(h.Get(ExhaustedHeader)) == "?1"
 }
 
 // budgetMillis returns the whole milliseconds of left − reserve, and false when that is

@@ -31,9 +31,26 @@ var (
 	// ErrConflict: 409 with Retry-After, from an idempotent server: the same key is still
 	// being processed. Retried after the time the server asks for.
 	ErrConflict = errors.New("retry: in progress elsewhere")
-	// ErrCanceled: the caller's context ended. Never retried.
+	// ErrCanceled: the caller's time is up: its context ended, or a server answered
+	// that the caller's time budget is spent (a failure carrying BudgetExhaustedHeader).
+	// Never retried.
 	ErrCanceled = errors.New("retry: canceled")
 )
+
+// BudgetExhaustedHeader is the response header with which a server says that the
+// caller's time budget is spent, as package deadline's Middleware does on its 504s and on
+// any failure its handler answers once the caller's budget has run out:
+//
+//	Request-Budget-Exhausted: ?1
+//
+// (a structured-field boolean, RFC 9651). A failure that would be retried (5xx, 408,
+// 429, a 409 with Retry-After) and carries it is final, of class ErrCanceled: the
+// caller stopped waiting, so another attempt would reach a server with no time to work.
+// Other failures keep their class.
+const BudgetExhaustedHeader = "Request-Budget-Exhausted"
+
+// errBudgetSpent is the StatusError.Err of an answer carrying BudgetExhaustedHeader.
+var errBudgetSpent = errors.New("the server says the caller's time budget is spent")
 
 // StatusError is a classified failure: an HTTP status that is not a success, or a
 // transport error. It matches its Class with errors.Is, and unwraps to Err.
@@ -41,16 +58,17 @@ type StatusError struct {
 	Class      error         // one of ErrAuth … ErrCanceled
 	StatusCode int           // 0 for a transport error
 	Delay      time.Duration // the wait the server asked for; 0 when it asked none
-	Err        error         // the transport error, when there was one
+	Err        error         // the transport error, or what the answer said, when there is one
 }
 
+// Error reads "<class>[: HTTP <status>][: <error>]", on one line.
 func (e *StatusError) Error() string {
-	msg := e.Class.Error()
+	msg := message(e.Class)
 	if e.StatusCode != 0 {
 		msg += ": HTTP " + strconv.Itoa(e.StatusCode) + " " + http.StatusText(e.StatusCode)
 	}
 	if e.Err != nil {
-		msg += ": " + e.Err.Error()
+		msg += ": " + message(e.Err)
 	}
 	return msg
 }
@@ -68,6 +86,11 @@ func (e *StatusError) RetryAfter() (time.Duration, bool) { return e.Delay, e.Del
 // be nil when err is not. The server's requested delay is read at the time now. A class
 // set with WithStatusClass on the context of resp.Request overrides the status's
 // default class.
+//
+// An err that is already classified (it wraps a *StatusError, as every error Transport
+// returns does, through http.Client's *url.Error too) is returned as it is, so its class
+// is kept and its message does not repeat the class. To learn why Transport stopped at a
+// response it returned, use StopReason.
 func Classify(resp *http.Response, err error) error {
 	ctx := context.Background()
 	if resp != nil && resp.Request != nil {
@@ -79,19 +102,27 @@ func Classify(resp *http.Response, err error) error {
 // classifyAt is Classify with the overrides of ctx; now is read only for a failing status.
 func classifyAt(ctx context.Context, resp *http.Response, err error, now func() time.Time) error {
 	if err != nil {
+		var classified *StatusError
+		if errors.As(err, &classified) {
+			return err
+		}
 		return &StatusError{Class: classifyErr(err), Err: err}
 	}
 	if resp == nil {
 		return &StatusError{Class: ErrPlatform, Err: errors.New("no response")}
 	}
 	c := classOfStatus(resp.StatusCode, resp.Header)
+	var said error
+	if (c == ErrPlatform || c == ErrRateLimited || c == ErrConflict) && budgetSpent(resp.Header) {
+		c, said = ErrCanceled, errBudgetSpent
+	}
 	if o, ok := statusClassFrom(ctx, resp.StatusCode); ok {
-		c = o
+		c, said = o, nil
 	}
 	if c == nil {
 		return nil
 	}
-	e := &StatusError{Class: c, StatusCode: resp.StatusCode}
+	e := &StatusError{Class: c, StatusCode: resp.StatusCode, Err: said}
 	if d, ok := ServerDelay(resp.Header, now()); ok {
 		e.Delay = d
 	}
@@ -119,6 +150,11 @@ func classOfStatus(code int, h http.Header) error {
 	default:
 		return ErrPlatform
 	}
+}
+
+// budgetSpent reports whether h says the caller's time budget is spent.
+func budgetSpent(h http.Header) bool {
+	return strings.TrimSpace(h.Get(BudgetExhaustedHeader)) == "?1"
 }
 
 // classifyErr is the one place net/http's untyped errors are matched.

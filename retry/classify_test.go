@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -225,5 +226,108 @@ func TestStatusErrorMessage(t *testing.T) {
 		if got := tc.err.Error(); got != tc.want {
 			t.Errorf("Error() = %q, want %q", got, tc.want)
 		}
+	}
+}
+
+// A failure that would be retried and says the caller's budget is spent is final
+// (ErrCanceled); the header changes no other class, and only its true value counts.
+func TestClassifyBudgetExhausted(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		code       int
+		value      string // of BudgetExhaustedHeader; "" for none
+		retryAfter string
+		want       error
+	}{
+		{504, "?1", "", ErrCanceled},
+		{503, " ?1 ", "", ErrCanceled},
+		{502, "?1", "", ErrCanceled},
+		{408, "?1", "", ErrCanceled},
+		{429, "?1", "1", ErrCanceled},
+		{409, "?1", "1", ErrCanceled},
+		{504, "", "", ErrPlatform},
+		{504, "?0", "", ErrPlatform},
+		{504, "1", "", ErrPlatform},
+		{404, "?1", "", ErrNotFound},
+		{401, "?1", "", ErrAuth},
+		{422, "?1", "", ErrInvalid},
+		{200, "?1", "", nil},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprint(tc.code, tc.value), func(t *testing.T) {
+			t.Parallel()
+			resp := &http.Response{StatusCode: tc.code, Header: http.Header{}}
+			if tc.value != "" {
+				resp.Header.Set(BudgetExhaustedHeader, tc.value)
+			}
+			if tc.retryAfter != "" {
+				resp.Header.Set("Retry-After", tc.retryAfter)
+			}
+			err := Classify(resp, nil)
+			if tc.want == nil {
+				if err != nil {
+					t.Errorf("Classify = %v, want success", err)
+				}
+				return
+			}
+			if !matchesOnly(err, tc.want) {
+				t.Errorf("Classify = %v, want only %v", err, tc.want)
+			}
+			if tc.want == ErrCanceled && (Retryable(err) || !strings.Contains(err.Error(), "budget is spent")) {
+				t.Errorf("Classify = %q (retryable %v), want a final error that says why", err, Retryable(err))
+			}
+		})
+	}
+	// A class the caller sets for the status wins.
+	resp := &http.Response{StatusCode: 504, Header: http.Header{BudgetExhaustedHeader: {"?1"}}}
+	resp.Request = httptest.NewRequest(http.MethodGet, "/", nil).WithContext(WithStatusClass(context.Background(), 504, ErrPlatform))
+	if err := Classify(resp, nil); !matchesOnly(err, ErrPlatform) {
+		t.Errorf("with WithStatusClass(504, ErrPlatform): Classify = %v", err)
+	}
+}
+
+// An error Transport returned is already classified: Classify returns it as it is, so
+// the class is not guessed again and the message does not repeat it.
+func TestClassifyKeepsTransportErrors(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hijack(t, w, "", false) }))
+	t.Cleanup(srv.Close)
+	client := &http.Client{Transport: &Transport{Base: newBase(t), Policy: testPolicy(newFakeClock())}}
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	tests := []struct {
+		name  string
+		do    func() error
+		class error
+		once  string // appears once in the message
+	}{
+		{"canceled", func() error {
+			_, err := client.Do(newRequest(t, canceled, http.MethodGet, srv.URL, ""))
+			return err
+		}, ErrCanceled, "retry: canceled"},
+		{"refused, retries exhausted", func() error {
+			_, err := client.Get("http://" + closedAddr(t))
+			return err
+		}, ErrPlatform, "retry: platform failure"},
+		{"unknown outcome", func() error {
+			_, err := client.Post(srv.URL, "text/plain", strings.NewReader("x"))
+			return err
+		}, ErrPlatform, "retry: platform failure"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			err := tc.do()
+			got := Classify(nil, err)
+			if got != err {
+				t.Errorf("Classify(nil, %q) = %q, want the error itself", err, got)
+			}
+			if !matchesOnly(got, tc.class) {
+				t.Errorf("Classify = %v, want only %v", got, tc.class)
+			}
+			if n := strings.Count(got.Error(), tc.once); n != 1 {
+				t.Errorf("%q appears %d times in %q", tc.once, n, got.Error())
+			}
+		})
 	}
 }

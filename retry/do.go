@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -12,9 +14,10 @@ import (
 var (
 	ErrMaxAttempts = errors.New("retry: attempts exhausted")
 	ErrMaxElapsed  = errors.New("retry: time budget exhausted")
-	// ErrDeadline: the next wait could not end before the context's deadline, so the loop
-	// stopped at once instead of sleeping into a failure.
-	ErrDeadline = errors.New("retry: the next wait would outlive the deadline")
+	// ErrDeadline: the next wait could not end at least Policy.MinAttempt before the
+	// context's deadline, so the loop stopped at once instead of sleeping into a failure
+	// or sending an attempt with no time to finish.
+	ErrDeadline = errors.New("retry: too little time left before the deadline")
 	// ErrServerDelay: the server asked for a wait longer than Policy.MaxServerDelay.
 	ErrServerDelay = errors.New("retry: the server asked for too long a wait")
 	// ErrBudget: the retry budget is spent (the dependency is failing for everyone).
@@ -28,12 +31,51 @@ type ExhaustedError struct {
 	Reason   error // why it stopped: ErrMaxAttempts, ErrDeadline, a context error …
 }
 
+// Error reads "<reason> after <n> attempt(s): <last error>", on one line.
 func (e *ExhaustedError) Error() string {
-	return fmt.Sprintf("%v after %d attempts: %v", e.Reason, e.Attempts, e.Last)
+	unit := " attempts: "
+	if e.Attempts == 1 {
+		unit = " attempt: "
+	}
+	return message(e.Reason) + " after " + strconv.Itoa(e.Attempts) + unit + message(e.Last)
 }
 
 // Unwrap returns the last error and the reason, so errors.Is matches either.
 func (e *ExhaustedError) Unwrap() []error { return []error{e.Last, e.Reason} }
+
+// message returns err's message on one line: an error string ends up in a log line or
+// an HTTP body, where a line break would split it or forge a record. Each line break
+// (errors.Join puts one between the errors it joins) becomes "; ".
+func message(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	return oneLine(err.Error())
+}
+
+func oneLine(s string) string {
+	if !strings.ContainsAny(s, "\r\n") {
+		return s
+	}
+	s = strings.ReplaceAll(s, "\r\n", "\n")
+	s = strings.ReplaceAll(s, "\r", "\n")
+	return strings.ReplaceAll(s, "\n", "; ")
+}
+
+// lineError keeps the message of a wrapping error on one line.
+type lineError struct{ err error }
+
+func (e *lineError) Error() string { return message(e.err) }
+func (e *lineError) Unwrap() error { return e.err }
+
+// errorf is fmt.Errorf whose message stays on one line whatever the errors it wraps say.
+func errorf(format string, a ...any) error {
+	err := fmt.Errorf(format, a...)
+	if strings.ContainsAny(err.Error(), "\r\n") {
+		return &lineError{err}
+	}
+	return err
+}
 
 type permanentError struct{ err error }
 
@@ -89,7 +131,7 @@ func DoValue[T any](ctx context.Context, p Policy, fn func(context.Context) (T, 
 		var err error
 		v, err = fn(ctx)
 		return err
-	}, nil)
+	}, nil, nil)
 	if err != nil {
 		var zero T
 		return zero, err
@@ -100,8 +142,9 @@ func DoValue[T any](ctx context.Context, p Policy, fn func(context.Context) (T, 
 // run is the loop Do, DoValue and Transport share; p has its defaults set. It calls
 // attempt (n = 1 for the first) until it returns nil, an error that is Permanent or that
 // p.Retryable rejects (returned as it is), or the policy is exhausted (an
-// *ExhaustedError). Before each wait it calls p.OnRetry, then retrying (when not nil).
-func (p Policy) run(ctx context.Context, attempt func(ctx context.Context, n int) error, retrying func(Attempt)) error {
+// *ExhaustedError). Before each wait it calls p.OnRetry, then retrying (when not nil);
+// when p.Budget starts refusing retries it calls refused (when not nil).
+func (p Policy) run(ctx context.Context, attempt func(ctx context.Context, n int) error, retrying func(Attempt), refused func()) error {
 	var start time.Time // read only when MaxElapsed needs it
 	if p.MaxElapsed > 0 {
 		start = p.Clock.Now()
@@ -119,8 +162,13 @@ func (p Policy) run(ctx context.Context, attempt func(ctx context.Context, n int
 		}
 		p.Budget.failure()
 		wait, reason := p.next(ctx, n, &prev, start, err)
-		if reason == nil && !p.Budget.allow() {
-			reason = ErrBudget
+		if reason == nil {
+			if ok, started := p.Budget.allow(); !ok {
+				reason = ErrBudget
+				if started && refused != nil {
+					refused()
+				}
+			}
 		}
 		if reason != nil {
 			return &ExhaustedError{Attempts: n, Last: err, Reason: reason}
@@ -164,8 +212,10 @@ func (p Policy) next(ctx context.Context, attempt int, prev *time.Duration, star
 	if p.MaxElapsed > 0 && now.Add(wait).Sub(start) > p.MaxElapsed {
 		return 0, ErrMaxElapsed
 	}
-	if dl, ok := ctx.Deadline(); ok && !now.Add(wait).Before(dl) {
-		return 0, ErrDeadline
+	if dl, ok := ctx.Deadline(); ok {
+		if left := dl.Sub(now.Add(wait)); left <= 0 || left < p.MinAttempt {
+			return 0, ErrDeadline
+		}
 	}
 	return wait, nil
 }

@@ -80,11 +80,25 @@ func TestDo(t *testing.T) {
 		}, errs: []error{errFlaky}, wantCalls: 1, wantErr: []error{context.Canceled, errFlaky}, wantExh: 1},
 		{name: "budget", policy: func(p *Policy) { p.Budget = NewBudget(4, 0.1); p.MaxAttempts = 10 },
 			errs: make10(errFlaky), wantCalls: 2, wantErr: []error{ErrBudget}, wantExh: 2},
+		// The deadlines are minutes away, so the context does not end during the test; the
+		// fake clock's first wait brings the time to a few milliseconds before them.
+		{name: "the next attempt would have less than MinAttempt", policy: func(p *Policy) { p.Base = 2 * time.Minute; p.Cap = time.Hour; p.Jitter = JitterNone },
+			ctx:  deadlineAfterClock(2*time.Minute + DefaultMinAttempt - 5*time.Millisecond),
+			errs: []error{errFlaky}, wantCalls: 1, wantErr: []error{ErrDeadline, errFlaky}, wantExh: 1},
+		{name: "the next attempt would have MinAttempt", policy: func(p *Policy) { p.Base = 2 * time.Minute; p.Cap = time.Hour; p.Jitter = JitterNone },
+			ctx:  deadlineAfterClock(2*time.Minute + DefaultMinAttempt),
+			errs: []error{errFlaky}, wantCalls: 2},
+		{name: "a negative MinAttempt lets any time left do", policy: func(p *Policy) {
+			p.Base, p.Cap, p.Jitter, p.MinAttempt = 2*time.Minute, time.Hour, JitterNone, -1
+		}, ctx: deadlineAfterClock(2*time.Minute + time.Millisecond), errs: []error{errFlaky}, wantCalls: 2},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			clock := newFakeClock()
+			if tc.ctx != nil {
+				clock.now = time.Now() // the deadlines below are counted from the clock's now
+			}
 			p := Policy{MaxAttempts: 3, Base: time.Millisecond, Clock: clock}
 			if tc.policy != nil {
 				tc.policy(&p)
@@ -126,6 +140,14 @@ func TestDo(t *testing.T) {
 				t.Errorf("waits = %v, want one in [%v, %v]", waits, tc.waitWithin[0], tc.waitWithin[1])
 			}
 		})
+	}
+}
+
+// deadlineAfterClock returns a context whose deadline is d after now; the test sets its
+// fake clock to the real time (to within the microseconds between the two reads).
+func deadlineAfterClock(d time.Duration) func() (context.Context, context.CancelFunc) {
+	return func() (context.Context, context.CancelFunc) {
+		return context.WithDeadline(context.Background(), time.Now().Add(d))
 	}
 }
 
@@ -202,9 +224,30 @@ func TestPermanentAndAfterNil(t *testing.T) {
 	if err.Error() != errFlaky.Error() || Permanent(errFlaky).Error() != errFlaky.Error() {
 		t.Error("wrappers change the message")
 	}
-	ex := &ExhaustedError{Attempts: 2, Last: errFlaky, Reason: ErrMaxAttempts}
-	if ex.Error() != "retry: attempts exhausted after 2 attempts: flaky" {
-		t.Errorf("Error() = %q", ex.Error())
+}
+
+// An ExhaustedError reads as a sentence, on one line, whatever its errors say.
+func TestExhaustedErrorMessage(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		err  *ExhaustedError
+		want string
+	}{
+		{&ExhaustedError{Attempts: 2, Last: errFlaky, Reason: ErrMaxAttempts}, "retry: attempts exhausted after 2 attempts: flaky"},
+		{&ExhaustedError{Attempts: 1, Last: errFlaky, Reason: ErrBudget}, "retry: retry budget exhausted after 1 attempt: flaky"},
+		{&ExhaustedError{Attempts: 1, Last: errors.Join(errFlaky, errors.New("second\r\nthird")), Reason: ErrMaxAttempts},
+			"retry: attempts exhausted after 1 attempt: flaky; second; third"},
+		{&ExhaustedError{Attempts: 3, Last: &StatusError{Class: ErrPlatform, Err: errors.New("a\nb")}, Reason: ErrDeadline},
+			"retry: too little time left before the deadline after 3 attempts: retry: platform failure: a; b"},
+	} {
+		if got := tc.err.Error(); got != tc.want {
+			t.Errorf("Error() = %q\nwant      %q", got, tc.want)
+		}
+	}
+	// Through Do, with an error of the caller's that spans lines.
+	err := Do(context.Background(), Policy{MaxAttempts: 1}, func(context.Context) error { return errors.Join(errFlaky, errFlaky) })
+	if want := "retry: attempts exhausted after 1 attempt: flaky; flaky"; err == nil || err.Error() != want {
+		t.Errorf("Do: %q, want %q", err, want)
 	}
 }
 

@@ -246,3 +246,43 @@ func ExampleSendOnce() {
 	fmt.Println(string(body), resp.Request == req)
 	// Output: key pay-42 true
 }
+
+// When Transport stops at an HTTP answer it returns it, with a nil error, whatever its
+// status; StopReason says why it stopped there.
+func ExampleStopReason() {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/busy":
+			http.Error(w, "overloaded", http.StatusServiceUnavailable) // every time
+		case "/taken":
+			http.Error(w, "name taken", http.StatusConflict)
+		default:
+			io.WriteString(w, "ok")
+		}
+	}))
+	defer srv.Close()
+	client := &http.Client{Transport: &retry.Transport{Policy: retry.Policy{MaxAttempts: 3, Base: time.Millisecond}}}
+
+	for _, path := range []string{"/", "/taken", "/busy"} {
+		resp, err := client.Get(srv.URL + path)
+		if err != nil {
+			fmt.Println(err) // no answer at all
+			continue
+		}
+		resp.Body.Close()
+		stop := retry.StopReason(resp)
+		var ex *retry.ExhaustedError
+		switch {
+		case stop == nil:
+			fmt.Println(path, resp.StatusCode, "success")
+		case errors.As(stop, &ex):
+			fmt.Println(path, resp.StatusCode, "gave up after", ex.Attempts, "attempts:", errors.Is(stop, retry.ErrMaxAttempts))
+		default:
+			fmt.Println(path, resp.StatusCode, "final:", stop)
+		}
+	}
+	// Output:
+	// / 200 success
+	// /taken 409 final: retry: invalid request: HTTP 409 Conflict
+	// /busy 503 gave up after 3 attempts: true
+}

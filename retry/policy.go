@@ -37,15 +37,27 @@ func (j Jitter) String() string {
 	return "jitter(" + strconv.Itoa(int(j)) + ")"
 }
 
+// The defaults of Policy's fields.
+const (
+	DefaultMaxAttempts    = 5
+	DefaultBase           = 300 * time.Millisecond
+	DefaultCap            = 10 * time.Second
+	DefaultMaxServerDelay = time.Minute
+	// DefaultMinAttempt is the least time left before the context's deadline that is
+	// worth another attempt: a request across a network with less than this left
+	// rarely gets an answer, and a server given so little time does no useful work.
+	DefaultMinAttempt = 10 * time.Millisecond
+)
+
 // Policy says how often and how long to retry. The zero value of each field means the
 // default documented on it; the zero Policy is DefaultPolicy().
 type Policy struct {
-	// MaxAttempts is the most attempts, the first included. Default 5; negative means no
-	// limit but MaxElapsed and the context.
+	// MaxAttempts is the most attempts, the first included. Default DefaultMaxAttempts
+	// (5); negative means no limit but MaxElapsed and the context.
 	MaxAttempts int
-	// Base is the first wait's scale. Default 300ms.
+	// Base is the first wait's scale. Default DefaultBase (300ms).
 	Base time.Duration
-	// Cap bounds every wait computed from Base. Default 10s.
+	// Cap bounds every wait computed from Base. Default DefaultCap (10s).
 	Cap time.Duration
 	// MaxElapsed bounds the whole call, waits included. Default 0: only MaxAttempts and
 	// the context's deadline bound it.
@@ -53,14 +65,22 @@ type Policy struct {
 	// Jitter randomizes the waits. Default JitterFull.
 	Jitter Jitter
 	// MaxServerDelay caps a wait the server asks for (Retry-After, rate-limit reset).
-	// A server asking for longer ends the retries. Default 1 minute.
+	// A server asking for longer ends the retries. Default DefaultMaxServerDelay (1
+	// minute).
 	MaxServerDelay time.Duration
+	// MinAttempt is the least time worth starting another attempt with: when the wait
+	// before it would leave less than MinAttempt before the context's deadline, the
+	// loop stops at once (ErrDeadline) instead of sending an attempt that cannot
+	// finish. The first attempt is always made. Default DefaultMinAttempt (10ms);
+	// negative means none: only a wait that would outlive the deadline stops the loop.
+	MinAttempt time.Duration
 
 	// Retryable decides whether an error is worth another attempt. Default Retryable.
 	Retryable func(error) bool
 	// Budget, when set, is charged for each retryable failure and refunded for each
 	// success; a retry is skipped (ErrBudget) while it is spent. Share one Budget among
-	// all the calls to one dependency. Default nil: no budget.
+	// all the calls to one dependency. Default nil: no budget for Do and DoValue (a
+	// Transport keeps budgets of its own: see Transport.Budget).
 	Budget *Budget
 	// OnRetry, when set, is called before each wait.
 	OnRetry func(Attempt)
@@ -86,10 +106,10 @@ func (realClock) After(d time.Duration) (<-chan time.Time, func() bool) {
 	return t.C, t.Stop
 }
 
-// DefaultPolicy is a client's policy: 5 attempts, full jitter from 300ms, waits capped
-// at 10s.
+// DefaultPolicy is a client's policy, the zero Policy's: DefaultMaxAttempts (5)
+// attempts, full jitter from DefaultBase (300ms), waits capped at DefaultCap (10s).
 func DefaultPolicy() Policy {
-	return Policy{MaxAttempts: 5, Base: 300 * time.Millisecond, Cap: 10 * time.Second, Jitter: JitterFull}
+	return Policy{MaxAttempts: DefaultMaxAttempts, Base: DefaultBase, Cap: DefaultCap, Jitter: JitterFull}
 }
 
 // ServicePolicy is a service-to-service policy: 3 retries
@@ -101,19 +121,25 @@ func ServicePolicy() Policy {
 // withDefaults returns p with its zero fields set to their defaults.
 func (p Policy) withDefaults() Policy {
 	if p.MaxAttempts == 0 {
-		p.MaxAttempts = 5
+		p.MaxAttempts = DefaultMaxAttempts
 	}
 	if p.Base <= 0 {
-		p.Base = 300 * time.Millisecond
+		p.Base = DefaultBase
 	}
 	if p.Cap <= 0 {
-		p.Cap = 10 * time.Second
+		p.Cap = DefaultCap
 	}
 	if p.Cap < p.Base {
 		p.Cap = p.Base
 	}
 	if p.MaxServerDelay <= 0 {
-		p.MaxServerDelay = time.Minute
+		p.MaxServerDelay = DefaultMaxServerDelay
+	}
+	switch {
+	case p.MinAttempt == 0:
+		p.MinAttempt = DefaultMinAttempt
+	case p.MinAttempt < 0:
+		p.MinAttempt = 0
 	}
 	if p.Retryable == nil {
 		p.Retryable = Retryable

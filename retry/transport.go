@@ -37,7 +37,11 @@ const (
 	// IdempotencyKeyHeader is the header that makes a POST or PATCH safe to retry.
 	IdempotencyKeyHeader = "Idempotency-Key"
 
-	defaultMaxBufferedBody = 1 << 20
+	// DefaultMaxBufferedBody is Transport.MaxBufferedBody's default: 1 MiB.
+	DefaultMaxBufferedBody = 1 << 20
+	// budgetSweep is the number of hosts a Transport keeps budgets for before it drops
+	// those that are full (they hold nothing a new budget would not).
+	budgetSweep = 64
 	// drainLimit is how much of a discarded response body is read so its connection can
 	// be reused; a longer body closes the connection.
 	drainLimit = 64 << 10
@@ -62,16 +66,27 @@ const (
 //
 // Waits follow Policy (backoff with jitter and a cap; the server's Retry-After or
 // rate-limit reset honoured up to Policy.MaxServerDelay), never outlive the request
-// context's deadline, and stop when the retry budget is spent.
+// context's deadline (no retry starts with less than Policy.MinAttempt left), and stop
+// when the retry budget is spent. An answer that says the caller's time budget is spent
+// (BudgetExhaustedHeader, as package deadline's Middleware sends) is final.
 //
-// When it gives up after retryable HTTP responses (attempts, budget, deadline, a server
-// delay too long), Transport returns the last response, its body intact, and a nil
-// error: a RoundTripper returns a response or an error, and the caller usually wants to
-// read the 503 or 429 it got (use Classify on it to tell success from failure). When it
-// gives up after transport errors, it returns an *ExhaustedError (its Last is a
-// *StatusError wrapping the last transport error). A non-retryable transport error is
-// returned as a *StatusError. http.Client wraps all of them in a *url.Error; errors.Is and
-// errors.As see through it.
+// What it returns follows one rule. When Transport stops at an HTTP answer, it returns
+// that response, its body intact, and a nil error, whatever the status: a success, an
+// answer no retry can fix (401, 404, a 409 without Retry-After …), an answer it may not
+// resend (a 503 to a POST without a key), or the last of retryable answers when it gives
+// up (attempts, budget, deadline, a server delay too long). net/http requires it: a
+// RoundTripper that obtained a response returns a nil error, and http.Client drops, and
+// never closes, a response returned together with an error. StopReason(resp) tells why
+// Transport stopped there (nil for a success, else a *StatusError, an *ExhaustedError,
+// or an error matching ErrUnknownOutcome) without classifying the answer again.
+//
+// An error is returned only when there is no answer to return: after transport errors
+// an *ExhaustedError (its Last is a *StatusError wrapping the last transport error); a
+// non-retryable transport error as a *StatusError; an unknown outcome as an error
+// matching ErrUnknownOutcome; and, when the request's context ends while Transport waits
+// to retry, an *ExhaustedError whose Reason is the context's cause (the last response is
+// closed: its body could not be read any more). http.Client wraps these in a *url.Error;
+// errors.Is and errors.As see through it, and Classify returns them as they are.
 //
 // Every attempt goes through SendOnce(Base). Go's http.Transport would otherwise resend,
 // by itself and silently, a keyed request that failed on a reused keep-alive connection
@@ -96,14 +111,22 @@ type Transport struct {
 	// reads Retry-After dates.
 	Policy Policy
 
-	// Budget is the retry budget shared by all the requests of this Transport.
-	// Default: Policy.Budget when set, otherwise a budget of the Transport's own,
-	// NewBudget(10, 0.1) (gRPC's defaults): once a dependency fails for everyone,
-	// retries stop until successes earn them back. Use one Transport per dependency, or
-	// share a Budget among the Transports of one dependency.
+	// Budget is a retry budget shared by all the requests of this Transport, whatever
+	// their host. Default: Policy.Budget when set; otherwise a budget per host (the
+	// scheme and host:port of the request's URL) that the Transport keeps,
+	// NewBudget(DefaultBudgetTokens, DefaultBudgetRatio): retries go on while at least
+	// a third of a host's attempts succeed, and stop, for that host only, when fewer do,
+	// until successes earn them back. Set one Budget on the Transports of one dependency
+	// to share it among them.
 	Budget *Budget
 	// NoBudget turns the retry budget off. Default false.
 	NoBudget bool
+	// OnBudgetExhausted, when set, is called when a retry budget starts refusing retries
+	// (its first refusal since it last allowed one), with the request whose retry it
+	// refused. The refusals that follow are not reported again until the budget has
+	// allowed a retry; Budget.Refused counts them all, and each such call ends with an
+	// error or StopReason matching ErrBudget. Default nil.
+	OnBudgetExhausted func(*http.Request)
 
 	// AutoKey, when true, gives each POST and PATCH without an Idempotency-Key a fresh
 	// random (UUIDv4) key, once per RoundTrip and before the first attempt, and sends the
@@ -118,9 +141,9 @@ type Transport struct {
 
 	// MaxBufferedBody is how much of a request body without GetBody is buffered so it can
 	// be resent. A larger body (or one whose ContentLength says it is larger) is sent once
-	// and never retried. Default 1 MiB; negative means never buffer. Requests made with
-	// http.NewRequest from a bytes.Buffer, bytes.Reader or strings.Reader have GetBody and
-	// need no buffer.
+	// and never retried. Default DefaultMaxBufferedBody (1 MiB); negative means never
+	// buffer. Requests made with http.NewRequest from a bytes.Buffer, bytes.Reader or
+	// strings.Reader have GetBody and need no buffer.
 	MaxBufferedBody int64
 
 	// AttemptTimeout bounds each attempt until its response headers arrive (and the
@@ -137,13 +160,15 @@ type Transport struct {
 	// read or close the body. Default nil.
 	OnAuthFailure func(*http.Request, *http.Response)
 	// Logger receives a record per retry (Info), auth failure (Warn), unknown outcome
-	// (Warn) and give-up (Warn). Default nil: no logs (a library does not write to the
-	// application's default logger unasked; OnRetry and OnAuthFailure carry the same
-	// events).
+	// (Warn), give-up (Warn), and one when a retry budget starts refusing retries (Warn).
+	// Default nil: no logs (a library does not write to the application's default logger
+	// unasked; OnRetry, OnAuthFailure and OnBudgetExhausted carry the same events).
 	Logger *slog.Logger
 
 	once   sync.Once
-	policy Policy
+	policy Policy            // with its defaults, and no Budget: budget() chooses it
+	shared *Budget           // Budget or Policy.Budget; nil with NoBudget or per host
+	hosts  *hostBudgets      // the budgets per host, when neither is set
 	send   http.RoundTripper // SendOnce(Base)
 }
 
@@ -151,14 +176,57 @@ func (t *Transport) init() {
 	p := t.Policy.withDefaults()
 	switch {
 	case t.NoBudget:
-		p.Budget = nil
 	case t.Budget != nil:
-		p.Budget = t.Budget
-	case p.Budget == nil:
-		p.Budget = NewBudget(0, 0)
+		t.shared = t.Budget
+	case p.Budget != nil:
+		t.shared = p.Budget
+	default:
+		t.hosts = &hostBudgets{m: map[string]*Budget{}, sweep: budgetSweep}
 	}
+	p.Budget = nil
 	t.policy = p
 	t.send = SendOnce(t.Base)
+}
+
+// budget returns the retry budget for req: the shared one, its host's, or nil.
+func (t *Transport) budget(req *http.Request) *Budget {
+	if t.hosts == nil {
+		return t.shared
+	}
+	host := ""
+	if u := req.URL; u != nil {
+		host = strings.ToLower(u.Scheme + "://" + u.Host)
+	}
+	return t.hosts.get(host)
+}
+
+// hostBudgets holds a Transport's budgets, one per host.
+type hostBudgets struct {
+	mu    sync.Mutex
+	m     map[string]*Budget
+	sweep int // drop the full budgets when the map reaches this size
+}
+
+func (h *hostBudgets) get(host string) *Budget {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if b, ok := h.m[host]; ok {
+		return b
+	}
+	if len(h.m) >= h.sweep {
+		// A full budget is a new one: dropping it loses nothing, so the map holds only the
+		// hosts that failed lately. A call still holding a dropped budget updates a budget
+		// no one else sees, as if it had begun before the drop.
+		for k, b := range h.m {
+			if b.full() {
+				delete(h.m, k)
+			}
+		}
+		h.sweep = max(budgetSweep, 2*len(h.m))
+	}
+	b := NewBudget(DefaultBudgetTokens, DefaultBudgetRatio)
+	h.m[host] = b
+	return b
 }
 
 func (t *Transport) base() http.RoundTripper {
@@ -182,7 +250,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err := c.prepare(); err != nil {
 		return nil, err
 	}
-	return c.result(t.policy.run(c.ctx, c.attempt, c.retrying))
+	p := t.policy
+	p.Budget = t.budget(req)
+	return c.result(p.run(c.ctx, c.attempt, c.retrying, c.budgetRefused))
 }
 
 // call is one RoundTrip: one logical request and its attempts.
@@ -316,7 +386,7 @@ func redirectedKey(req *http.Request) string {
 func (c *call) buffer() error {
 	limit := c.t.MaxBufferedBody
 	if limit == 0 {
-		limit = defaultMaxBufferedBody
+		limit = DefaultMaxBufferedBody
 	}
 	body := c.orig.Body
 	if limit < 0 || c.orig.ContentLength > limit {
@@ -325,7 +395,7 @@ func (c *call) buffer() error {
 	buf, err := io.ReadAll(io.LimitReader(body, min(limit, math.MaxInt64-1)+1))
 	if err != nil {
 		body.Close()
-		return fmt.Errorf("retry: reading the request body: %w", err)
+		return errorf("retry: reading the request body: %w", err)
 	}
 	if c.base == c.orig {
 		c.base = c.orig.WithContext(c.ctx) // a shallow copy whose body can be set
@@ -365,7 +435,7 @@ func (c *call) attempt(_ context.Context, n int) error {
 		if c.getBody != nil {
 			var err error
 			if body, err = c.getBody(); err != nil {
-				return Permanent(fmt.Errorf("retry: rewinding the request body: %w", err))
+				return Permanent(errorf("retry: rewinding the request body: %w", err))
 			}
 		}
 	}
@@ -400,7 +470,10 @@ func (c *call) attempt(_ context.Context, n int) error {
 		stopAttempt(timer, cancel)
 		var serr error
 		if timedOut {
-			serr = &StatusError{Class: ErrPlatform, Err: fmt.Errorf("%w: %w", ErrAttemptTimeout, err)}
+			if !errors.Is(err, ErrAttemptTimeout) { // net/http returns the context's cause
+				err = fmt.Errorf("%w: %w", ErrAttemptTimeout, err)
+			}
+			serr = &StatusError{Class: ErrPlatform, Err: err}
 		} else {
 			serr = classifyAt(c.ctx, nil, err, nil)
 		}
@@ -438,7 +511,7 @@ func (c *call) unknown(serr error) error {
 	check := statusCheckFrom(c.ctx)
 	if check == nil {
 		c.log(slog.LevelWarn, "retry: outcome unknown, not resending", slog.String("reason", serr.Error()))
-		return Permanent(fmt.Errorf("%w: %w", ErrUnknownOutcome, serr))
+		return Permanent(errorf("%w: %w", ErrUnknownOutcome, serr))
 	}
 	resp, err := check(c.ctx)
 	switch {
@@ -446,8 +519,8 @@ func (c *call) unknown(serr error) error {
 		if resp != nil && resp.Body != nil {
 			resp.Body.Close()
 		}
-		c.log(slog.LevelWarn, "retry: outcome unknown, status check failed", slog.String("reason", serr.Error()), slog.String("check", err.Error()))
-		return Permanent(fmt.Errorf("%w: %w (status check: %w)", ErrUnknownOutcome, serr, err))
+		c.log(slog.LevelWarn, "retry: outcome unknown, status check failed", slog.String("reason", serr.Error()), slog.String("check", message(err)))
+		return Permanent(errorf("%w: %w (status check: %w)", ErrUnknownOutcome, serr, err))
 	case resp != nil:
 		c.discard()
 		if resp.Body == nil {
@@ -465,6 +538,14 @@ func (c *call) retrying(a Attempt) {
 	c.log(slog.LevelInfo, "retry: retrying request", slog.Int("attempt", a.N), slog.Duration("wait", a.Wait), slog.String("reason", a.Err.Error()))
 	if c.t.OnRetry != nil {
 		c.t.OnRetry(c.orig, a)
+	}
+}
+
+// budgetRefused is run's hook when the budget starts refusing retries.
+func (c *call) budgetRefused() {
+	c.log(slog.LevelWarn, "retry: retry budget exhausted, retries stop until successes earn them back")
+	if c.t.OnBudgetExhausted != nil {
+		c.t.OnBudgetExhausted(c.orig)
 	}
 }
 
@@ -491,7 +572,7 @@ func stopAttempt(timer *time.Timer, cancel context.CancelCauseFunc) {
 // result turns run's outcome into RoundTrip's.
 func (c *call) result(err error) (*http.Response, error) {
 	if err == nil {
-		return c.keep(), nil
+		return c.keep(nil), nil
 	}
 	if ex, ok := err.(*ExhaustedError); ok {
 		if c.resp == nil || c.ctx.Err() != nil {
@@ -500,28 +581,67 @@ func (c *call) result(err error) (*http.Response, error) {
 			return nil, err
 		}
 		c.log(slog.LevelWarn, "retry: giving up, returning the last response", slog.Int("attempts", ex.Attempts),
-			slog.Int("status", c.resp.StatusCode), slog.String("reason", ex.Reason.Error()))
-		return c.keep(), nil
-	}
-	if c.resp != nil {
-		return c.keep(), nil
+			slog.Int("status", c.resp.StatusCode), slog.String("reason", message(ex.Reason)))
+		return c.keep(ex), nil
 	}
 	var perm *permanentError
 	if errors.As(err, &perm) {
 		err = perm.err
 	}
+	if c.resp != nil {
+		if err == errChecked {
+			return c.keep(nil), nil // the status check's answer: Transport did not stop at it
+		}
+		return c.keep(err), nil
+	}
 	return nil, err
 }
 
 // keep hands the last response to the caller: its attempt's context now lives until the
-// body is closed.
-func (c *call) keep() *http.Response {
+// body is closed. A non-nil stop is why Transport stopped at it, for StopReason.
+func (c *call) keep(stop error) *http.Response {
 	resp := c.resp
 	if c.cancel != nil {
 		c.timer.Stop()
 		resp.Body = newCancelBody(resp.Body, c.cancel)
 	}
+	if stop != nil && resp.Request != nil {
+		resp.Request = resp.Request.WithContext(context.WithValue(resp.Request.Context(), stopKey{}, stopReason{stop}))
+	}
 	return resp
+}
+
+type stopKey struct{}
+
+type stopReason struct{ err error }
+
+// StopReason tells why Transport stopped at resp, a response its RoundTrip returned, so
+// that a caller need not classify the answer again:
+//
+//   - nil: resp is a success (its status, or the class WithStatusClass gave it);
+//   - a *StatusError: the answer is one no retry can fix (401 or 403, 404, a 409 without
+//     Retry-After, 422, an answer that says the caller's budget is spent …), or a
+//     retryable one whose request body could not be sent again;
+//   - an *ExhaustedError: Transport gave up after retryable answers, resp being the
+//     last; its Reason says why (ErrMaxAttempts, ErrBudget, ErrDeadline,
+//     ErrServerDelay, ErrMaxElapsed), Attempts how many were made, and Last (a
+//     *StatusError) is resp's class;
+//   - an error matching ErrUnknownOutcome and resp's class: a request that is not safe
+//     to resend (a POST or PATCH without an Idempotency-Key) got a retryable answer.
+//
+// Match them with errors.Is and errors.As. For a response Transport did not return, or
+// one a status check (WithStatusCheck) gave, StopReason is Classify(resp, nil).
+// StopReason(nil) is nil.
+func StopReason(resp *http.Response) error {
+	if resp == nil {
+		return nil
+	}
+	if resp.Request != nil {
+		if s, ok := resp.Request.Context().Value(stopKey{}).(stopReason); ok {
+			return s.err
+		}
+	}
+	return Classify(resp, nil)
 }
 
 // cancelBody ends an attempt's context when the response body is closed.

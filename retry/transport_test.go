@@ -439,7 +439,7 @@ func TestTransportBudget(t *testing.T) {
 			t.Errorf("another Transport sharing the budget: %d attempts, want 1", got)
 		}
 	})
-	t.Run("default per Transport", func(t *testing.T) {
+	t.Run("default per Transport and host", func(t *testing.T) {
 		t.Parallel()
 		srv := newScript(t, unavailable)
 		tr := &Transport{Base: newBase(t), Policy: p}
@@ -795,4 +795,108 @@ func TestTransportDrainsDiscardedBodies(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Whatever HTTP answer Transport stops at, it returns it with its body and a nil error,
+// through http.Client too; StopReason says why it stopped there.
+func TestStopReason(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		method   string
+		header   map[string]string
+		status   int
+		budget   *Budget
+		ctx      func(context.Context) context.Context
+		wantExec int
+		wantNil  bool  // StopReason is nil: a success
+		class    error // the class StopReason matches
+		reason   error // an *ExhaustedError with this Reason; nil: a *StatusError or other
+		also     error // another error StopReason matches
+	}{
+		{name: "200", status: 200, wantExec: 1, wantNil: true},
+		{name: "404 counted a success", status: 404, wantExec: 1, wantNil: true,
+			ctx: func(ctx context.Context) context.Context { return WithStatusClass(ctx, 404, nil) }},
+		{name: "409 without Retry-After", status: 409, wantExec: 1, class: ErrInvalid},
+		{name: "401", status: 401, wantExec: 1, class: ErrAuth},
+		{name: "503 to the last attempt", status: 503, wantExec: 3, class: ErrPlatform, reason: ErrMaxAttempts},
+		{name: "503 until the budget is spent", status: 503, budget: NewBudget(2, 1), wantExec: 1, class: ErrPlatform, reason: ErrBudget},
+		{name: "429 asking too long a wait", status: 429, header: map[string]string{"Retry-After": "3600"}, wantExec: 1,
+			class: ErrRateLimited, reason: ErrServerDelay},
+		{name: "504 saying the budget is spent", status: 504, header: map[string]string{BudgetExhaustedHeader: "?1"}, wantExec: 1,
+			class: ErrCanceled},
+		{name: "503 to a POST without a key", method: http.MethodPost, status: 503, wantExec: 1, class: ErrPlatform,
+			also: ErrUnknownOutcome},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := newScript(t, func(n int, w http.ResponseWriter, r *http.Request) {
+				for k, v := range tc.header {
+					w.Header().Set(k, v)
+				}
+				w.WriteHeader(tc.status)
+				io.WriteString(w, "answer "+strconv.Itoa(n))
+			})
+			client := &http.Client{Transport: &Transport{Base: newBase(t), Policy: testPolicy(newFakeClock()), Budget: tc.budget}}
+			ctx := context.Background()
+			if tc.ctx != nil {
+				ctx = tc.ctx(ctx)
+			}
+			method := tc.method
+			if method == "" {
+				method = http.MethodGet
+			}
+			resp, err := client.Do(newRequest(t, ctx, method, srv.URL, "body"))
+			if err != nil {
+				t.Fatalf("err = %v, want the answer and no error", err)
+			}
+			if body := readBody(t, resp); resp.StatusCode != tc.status || body != "answer "+strconv.Itoa(tc.wantExec) {
+				t.Errorf("got %d %q, want %d from attempt %d", resp.StatusCode, body, tc.status, tc.wantExec)
+			}
+			if srv.Executions() != tc.wantExec {
+				t.Errorf("%d executions, want %d", srv.Executions(), tc.wantExec)
+			}
+			stop := StopReason(resp)
+			if tc.wantNil {
+				if stop != nil {
+					t.Errorf("StopReason = %v, want nil", stop)
+				}
+				return
+			}
+			if !matchesOnly(stop, tc.class) {
+				t.Errorf("StopReason = %v, want only the class %v", stop, tc.class)
+			}
+			var se *StatusError
+			if !errors.As(stop, &se) || se.StatusCode != tc.status {
+				t.Errorf("StopReason = %v, want a *StatusError of status %d", stop, tc.status)
+			}
+			var ex *ExhaustedError
+			switch {
+			case tc.reason == nil && errors.As(stop, &ex):
+				t.Errorf("StopReason = %v, an *ExhaustedError; want none", stop)
+			case tc.reason != nil && (!errors.As(stop, &ex) || !errors.Is(ex.Reason, tc.reason) || ex.Attempts != tc.wantExec):
+				t.Errorf("StopReason = %v, want an *ExhaustedError of reason %v after %d attempts", stop, tc.reason, tc.wantExec)
+			}
+			if tc.also != nil && !errors.Is(stop, tc.also) {
+				t.Errorf("StopReason = %v, want it to match %v", stop, tc.also)
+			}
+			if msg := stop.Error(); strings.Count(msg, tc.class.Error()) != 1 || strings.Contains(msg, "\n") {
+				t.Errorf("StopReason's message %q, want one line naming its class once", msg)
+			}
+			if again := Classify(nil, stop); again != stop {
+				t.Errorf("Classify(nil, StopReason) = %v, want StopReason itself", again)
+			}
+		})
+	}
+	t.Run("not from Transport", func(t *testing.T) {
+		t.Parallel()
+		if StopReason(nil) != nil {
+			t.Error("StopReason(nil) is not nil")
+		}
+		resp := &http.Response{StatusCode: 503, Header: http.Header{}}
+		if err := StopReason(resp); !matchesOnly(err, ErrPlatform) {
+			t.Errorf("StopReason of a 503 Transport did not return = %v, want Classify's", err)
+		}
+	})
 }

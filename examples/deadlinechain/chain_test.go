@@ -3,6 +3,8 @@ package deadlinechain_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -97,3 +99,127 @@ func TestSpentBudgetIsNotRetried(t *testing.T) {
 		t.Errorf("%d requests reached the server, %d retries; want none", hits.Load(), retries.Load())
 	}
 }
+
+// chain is a client and two servers: client → A → B. The client sends through
+// retry.Transport over deadline.Transport; A, behind deadline.Middleware, calls B through
+// deadline.Transport with its request's context and relays B's status and body (not
+// its headers, as a hand-written handler does); B, behind deadline.Middleware, gives up
+// when its budget runs out, the way giveUp says.
+type chain struct {
+	client       *http.Client
+	a            *httptest.Server
+	sentA, sentB atomic.Int64
+	mu           sync.Mutex
+	budgetsA     []string // the Request-Budget-Ms of each request to A
+}
+
+func newChain(t *testing.T, giveUp func(w http.ResponseWriter)) *chain {
+	c := &chain{}
+	quiet := deadline.Config{Logger: slog.New(slog.DiscardHandler)}
+	b := httptest.NewServer(deadline.Middleware(quiet)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c.sentB.Add(1)
+		<-r.Context().Done() // B is slower than any budget
+		giveUp(w)
+	})))
+	t.Cleanup(b.Close)
+	toB := &http.Client{Transport: deadline.Transport{Base: b.Client().Transport, Reserve: 50 * time.Millisecond}}
+	c.a = httptest.NewServer(deadline.Middleware(quiet)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c.sentA.Add(1)
+		c.mu.Lock()
+		c.budgetsA = append(c.budgetsA, r.Header.Get(deadline.DefaultHeader))
+		c.mu.Unlock()
+		req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, b.URL, nil)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		resp, err := toB.Do(req)
+		if err != nil {
+			http.Error(w, "calling B: "+err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+	})))
+	t.Cleanup(c.a.Close)
+	c.client = &http.Client{Transport: &retry.Transport{
+		Policy: retry.Policy{Base: 5 * time.Millisecond},
+		Base:   deadline.Transport{Base: c.a.Client().Transport, Reserve: 50 * time.Millisecond},
+	}}
+	return c
+}
+
+// An exhausted budget is final, across hops: when B's budget (the rest of A's, the rest
+// of the client's) runs out, B's 504 says so, A's answer says so in turn, and the client
+// does not resend, neither to A with the crumbs of its budget nor anywhere else.
+func TestExhaustedBudgetIsFinalAcrossHops(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		giveUp func(w http.ResponseWriter)
+	}{
+		{"B returns without a word", func(http.ResponseWriter) {}},
+		{"B answers 504 itself", func(w http.ResponseWriter) { http.Error(w, "gave up", http.StatusGatewayTimeout) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newChain(t, tc.giveUp)
+			ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
+			t.Cleanup(cancel)
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.a.URL, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := c.client.Do(req)
+			if err != nil {
+				t.Fatalf("err = %v, want B's 504 relayed", err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusGatewayTimeout || resp.Header.Get(deadline.ExhaustedHeader) != "?1" {
+				t.Errorf("got %d, %s %q; want a 504 saying the budget is spent", resp.StatusCode,
+					deadline.ExhaustedHeader, resp.Header.Get(deadline.ExhaustedHeader))
+			}
+			if !errors.Is(retry.StopReason(resp), retry.ErrCanceled) {
+				t.Errorf("StopReason = %v, want retry.ErrCanceled", retry.StopReason(resp))
+			}
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if a, b := c.sentA.Load(), c.sentB.Load(); a != 1 || b != 1 {
+				t.Errorf("%d requests reached A (budgets %q ms) and %d reached B, want 1 each", a, c.budgetsA, b)
+			}
+		})
+	}
+}
+
+// A request whose budget header says it is spent is answered 504 at once, and a
+// retry.Transport that sent it does not send it again.
+func TestSpentBudgetAnswerIsNotResent(t *testing.T) {
+	t.Parallel()
+	var sent atomic.Int64
+	server := httptest.NewServer(deadline.Middleware(deadline.Config{Logger: slog.New(slog.DiscardHandler)})(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { t.Error("the handler ran with a spent budget") })))
+	t.Cleanup(server.Close)
+	counting := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		sent.Add(1)
+		return server.Client().Transport.RoundTrip(r)
+	})
+	client := &http.Client{Transport: &retry.Transport{Base: counting, Policy: retry.Policy{Base: time.Millisecond}}}
+	req, err := http.NewRequest(http.MethodGet, server.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set(deadline.DefaultHeader, "0") // forwarded from a caller whose time is up
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusGatewayTimeout || sent.Load() != 1 {
+		t.Errorf("got %d after %d sends, want the 504 after 1", resp.StatusCode, sent.Load())
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -15,12 +15,18 @@ import (
 )
 
 // retry.Transport on top, deadline.Transport below: each attempt carries the budget
-// left when it is sent, and no attempt is sent once the budget is spent.
+// left when it is sent, no attempt is sent once the budget is spent, and an answer that
+// says the budget ran out is not resent.
 func Example() {
-	var attempts atomic.Int64
+	var attempts, slowAttempts atomic.Int64
 	var budgets [3]atomic.Int64
 	server := httptest.NewServer(deadline.Middleware(deadline.Config{})(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/slow" {
+				slowAttempts.Add(1)
+				<-r.Context().Done() // slower than any budget: give up at the deadline
+				return
+			}
 			n := attempts.Add(1)
 			if n <= 3 {
 				ms, _ := strconv.ParseInt(r.Header.Get(deadline.DefaultHeader), 10, 64)
@@ -58,8 +64,23 @@ func Example() {
 	req, _ = http.NewRequestWithContext(short, http.MethodGet, server.URL, nil)
 	_, err = client.Do(req)
 	fmt.Println("failed fast:", errors.Is(err, context.DeadlineExceeded), "attempts:", attempts.Load())
+
+	// A handler that runs out of budget: the middleware answers 504, saying the budget is
+	// spent, and the client does not resend.
+	slow, cancelSlow := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancelSlow()
+	req, _ = http.NewRequestWithContext(slow, http.MethodGet, server.URL+"/slow", nil)
+	resp, err = client.Do(req)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp.Body.Close()
+	fmt.Println("status:", resp.StatusCode, deadline.ExhaustedHeader+":", resp.Header.Get(deadline.ExhaustedHeader),
+		"final:", errors.Is(retry.StopReason(resp), retry.ErrCanceled), "attempts:", slowAttempts.Load())
 	// Output:
 	// status: 204 after 3 attempts
 	// each attempt saw less budget: true
 	// failed fast: true attempts: 3
+	// status: 504 Request-Budget-Exhausted: ?1 final: true attempts: 1
 }
