@@ -42,11 +42,13 @@ const (
 	upstreamTimeout = 2500 * time.Millisecond
 	attemptTimeout  = time.Second
 	patience        = 60 * time.Second // one logical payment's bound; also the drain's
-	// slowPatience bounds a slow reader's payment (its first answer read at 8 KiB/s for
-	// 5s and then at full speed, one takes about 6s, a few more when that answer is cut
-	// off); slow readers begin none in the last slowStop of the load, so that they do
-	// not stretch the drain.
-	slowPatience, slowStop = 15 * time.Second, 10 * time.Second
+	// slowPatience bounds a slow reader's payment: its first answer read at 8 KiB/s for
+	// 5s and then at full speed takes about 6s, and one whose first answer was lost on
+	// the upstream link (a lease and the upstream timeout), that met a store partition
+	// (up to 6s) and the lease after it in which no replica takes a key over, about 20s;
+	// slow readers begin none in the last slowStop of the load, so that they do not
+	// stretch the drain.
+	slowPatience, slowStop = 30 * time.Second, 15 * time.Second
 
 	// Client ↔ gateway fault rates of each proxy: per connection, then per request.
 	rateRefuse, rateBlackHole                    = 0.02, 0.02

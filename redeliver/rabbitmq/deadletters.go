@@ -41,7 +41,9 @@ type DeadLettersConfig struct {
 //     DLQ (there normally are none).
 //   - A classic queue puts requeued messages back in their original positions; a quorum
 //     queue may not (RabbitMQ 4 puts them at the back), and counts each peek in the
-//     messages' x-delivery-count.
+//     messages' x-delivery-count. A quorum queue also takes a moment to make requeued
+//     messages ready again, so a scan right after another may not see the messages the
+//     other held; it sees them when run again.
 //   - Messages are marked redelivered.
 //   - A scan reads at most the number of messages the queue had when it began, so
 //     messages dead-lettered meanwhile may be missed, and Get costs a round trip per
