@@ -224,37 +224,45 @@ func TestE2EStoreOutageAtCompletion(t *testing.T) {
 	t.Parallel()
 	const lease = 2 * time.Second
 	for _, kind := range []string{"postgres", "redis"} {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			proxied, direct, store := proxiedStore(t, kind)
-			up := newUpstream(t)
-			gw := startGateway(t, nil, "--store", proxied, "--upstream", up.URL, "--lease", lease.String())
-			ctx := context.Background()
-			k := testenv.Name("outage")
-			first := make(chan reply, 1)
-			go func() { first <- post(ctx, gw.addr, "/held-once", k, `{"amount":1}`) }()
-			waitFor(t, "the request upstream", 10*time.Second, func() bool { return up.callsFor(k) == 1 })
-			store.Cut()
-			up.release(k)
-			if r := <-first; r.status != 201 {
-				t.Fatalf("first: %v", r)
-			}
-			// A retry during the outage is not executed.
-			if r := post(ctx, gw.addr, "/held-once", k, `{"amount":1}`); up.callsFor(k) != 1 ||
-				!(r.status == 201 && r.header.Get("Idempotent-Replayed") == "true" || r.status == 503) {
-				t.Fatalf("retry during the outage: %v, %d executions", r, up.callsFor(k))
-			}
-			time.Sleep(2*lease + lease/2) // the store stays away for longer than the lease
-			store.Restore()
-			r := post(ctx, gw.addr, "/held-once", k, `{"amount":1}`)
-			if up.callsFor(k) != 1 {
-				t.Fatalf("the retry after the outage executed again (%d executions): %v", up.callsFor(k), r)
-			}
-			if r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" {
-				t.Errorf("retry after the outage: %v, want the replayed 201", r)
-			}
-			waitFor(t, "the answer stored", 10*time.Second, func() bool { return keyState(t, direct, k) == "done" })
-		})
+		// A cut refuses at once; a stall holds every store call until its timeout.
+		for _, stall := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/stall=%v", kind, stall), func(t *testing.T) {
+				t.Parallel()
+				proxied, direct, store := proxiedStore(t, kind)
+				up := newUpstream(t)
+				gw := startGateway(t, nil, "--store", proxied, "--upstream", up.URL, "--lease", lease.String())
+				ctx := context.Background()
+				k := testenv.Name("outage")
+				first := make(chan reply, 1)
+				go func() { first <- post(ctx, gw.addr, "/held-once", k, `{"amount":1}`) }()
+				waitFor(t, "the request upstream", 10*time.Second, func() bool { return up.callsFor(k) == 1 })
+				if stall {
+					store.Stall()
+				} else {
+					store.Cut()
+				}
+				up.release(k)
+				if r := <-first; r.status != 201 {
+					t.Fatalf("first: %v", r)
+				}
+				// A retry during the outage is not executed.
+				if r := post(ctx, gw.addr, "/held-once", k, `{"amount":1}`); up.callsFor(k) != 1 ||
+					!(r.status == 201 && r.header.Get("Idempotent-Replayed") == "true" || r.status == 503) {
+					t.Fatalf("retry during the outage: %v, %d executions", r, up.callsFor(k))
+				}
+				time.Sleep(2*lease + lease/2) // the store stays away for longer than the lease
+				store.Restore()
+				r := post(ctx, gw.addr, "/held-once", k, `{"amount":1}`)
+				if up.callsFor(k) != 1 {
+					t.Fatalf("the retry after the outage executed again (%d executions): %v", up.callsFor(k), r)
+				}
+				if r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" {
+					t.Errorf("retry after the outage: %v, want the replayed 201", r)
+				}
+				// Stored within a few seconds of the store's return.
+				waitFor(t, "the answer stored", 5*time.Second, func() bool { return keyState(t, direct, k) == "done" })
+			})
+		}
 	}
 }
 

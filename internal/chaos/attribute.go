@@ -538,6 +538,19 @@ func (ev Evidence) explain(prev, cur Execution) Extra {
 			return x
 		}
 	}
+	// The owner held the answer the store could not take (stored-later), to store it when
+	// the store answered, and was killed before it could: the process died between
+	// forwarding and storing.
+	if found && own.Outcome == "stored-later" {
+		for _, p := range procs {
+			if p.Replica == own.Replica && p.PID == own.PID && p.Killed && p.End.Before(cur.Arrived) {
+				x.Cause = CauseKilled
+				x.Detail = fmt.Sprintf("%s#%d held the answer for a store it could not reach and was killed at %s, before it stored it; its line: %s",
+					p.Replica, p.PID, p.End.Format(timeFormat), own)
+				return x
+			}
+		}
+	}
 	// Store trouble shows in the owner's line, which may come after the takeover: an owner
 	// stuck on the store logs only when its store calls give up.
 	if found && own.storeTrouble() {
