@@ -566,6 +566,11 @@ func (m *Middleware) finish(r *http.Request, c *Claim, resp Response) Outcome {
 	case err == nil:
 		c.markStored()
 		return OutcomeExecuted
+	case errors.Is(err, ErrLeaseLost) && m.storedByUs(c):
+		// A client library sent the completion again after the first one's answer was
+		// lost (go-redis retries a script on a broken connection): it is stored.
+		c.markStored()
+		return OutcomeExecuted
 	case errors.Is(err, ErrLeaseLost):
 		m.cfg.Logger.WarnContext(r.Context(), "idempotency: response not stored, the key was taken over", "key", c.Key)
 		return OutcomeLeaseLost

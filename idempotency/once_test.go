@@ -731,3 +731,31 @@ func TestHijack(t *testing.T) {
 		}
 	}
 }
+
+// completeTwice is a store whose Complete is sent twice, as a client library resends a
+// script whose answer was lost: the first stores, the second finds it done.
+type completeTwice struct{ *memstore.Store }
+
+func (s completeTwice) Complete(ctx context.Context, c idempotency.Completion) error {
+	if err := s.Store.Complete(ctx, c); err != nil {
+		return err
+	}
+	return s.Store.Complete(ctx, c) // ErrLeaseLost: already done
+}
+
+// TestCompletionSentTwice: a completion that the store took, but whose answer says the
+// lease was lost (it was sent again), is reported as executed, not as lost.
+func TestCompletionSentTwice(t *testing.T) {
+	t.Parallel()
+	var got idempotency.Outcome
+	mw, err := idempotency.New(idempotency.Config{Store: completeTwice{memstore.New()}, Logger: slog.New(slog.DiscardHandler),
+		OnOutcome: func(_ *http.Request, o idempotency.Outcome) { got = o }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { shutdown(t, mw) })
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	if w := post(h, "k", "{}"); w.Code != http.StatusCreated || got != idempotency.OutcomeExecuted {
+		t.Errorf("%d, outcome %q; want 201 and executed", w.Code, got)
+	}
+}
