@@ -223,20 +223,7 @@ func checkSubject(s string) error {
 }
 
 // checkName accepts a stream or consumer name.
-func checkName(s string) error {
-	if s == "" {
-		return errors.New("empty")
-	}
-	if len(s) > 255 {
-		return fmt.Errorf("%q is longer than 255 bytes", s)
-	}
-	for _, r := range s {
-		if !nameRune(r) {
-			return fmt.Errorf("%q has a character a JetStream name cannot hold (%q)", s, r)
-		}
-	}
-	return nil
-}
+func checkName(s string) error { return checkChars(s, 255, "a JetStream name", nameRune) }
 
 func nameRune(r rune) bool {
 	return r > ' ' && r != 0x7f && !strings.ContainsRune(".*>/\\", r)
@@ -248,16 +235,19 @@ func bucketRune(r rune) bool {
 }
 
 // checkBucket accepts a key-value bucket name.
-func checkBucket(s string) error {
+func checkBucket(s string) error { return checkChars(s, 250, "a bucket name", bucketRune) }
+
+// checkChars accepts a name of 1 to max bytes whose every character ok allows.
+func checkChars(s string, max int, what string, ok func(rune) bool) error {
 	if s == "" {
 		return errors.New("empty")
 	}
-	if len(s) > 250 {
-		return fmt.Errorf("%q is longer than 250 bytes", s)
+	if len(s) > max {
+		return fmt.Errorf("%q is longer than %d bytes", s, max)
 	}
 	for _, r := range s {
-		if !bucketRune(r) {
-			return fmt.Errorf("%q has a character a bucket name cannot hold (%q)", s, r)
+		if !ok(r) {
+			return fmt.Errorf("%q has a character %s cannot hold (%q)", s, what, r)
 		}
 	}
 	return nil
