@@ -15,92 +15,15 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/internal/dropserver"
 	"github.com/retrysafe/retrysafe/internal/tcpproxy"
 	"github.com/retrysafe/retrysafe/internal/testenv"
 )
-
-// counter counts executions by a label (a key, a path).
-type counter struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (c *counter) add(label string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.n == nil {
-		c.n = map[string]int{}
-	}
-	c.n[label]++
-	return c.n[label]
-}
-
-func (c *counter) get(label string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n[label]
-}
-
-// dropSecond is an upstream that reads and executes every request, answers the first
-// request of each connection with keep-alive, and closes (or resets) the connection
-// after reading the second one, without answering: a server that crashed, hit its
-// WriteTimeout, or a load balancer that dropped the connection.
-type dropSecond struct {
-	ln    net.Listener
-	reset bool
-	execs counter
-}
-
-func newDropSecond(t *testing.T, reset bool) *dropSecond {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &dropSecond{ln: ln, reset: reset}
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() { u.serve(c) })
-		}
-	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		wg.Wait()
-	})
-	return u
-}
-
-func (u *dropSecond) URL() string { return "http://" + u.ln.Addr().String() }
-
-func (u *dropSecond) serve(c net.Conn) {
-	defer c.Close()
-	br := bufio.NewReader(c)
-	for n := 1; ; n++ {
-		req, err := http.ReadRequest(br)
-		if err != nil {
-			return
-		}
-		_, _ = io.Copy(io.Discard, req.Body)
-		u.execs.add(req.Header.Get("Idempotency-Key"))
-		if n == 2 {
-			if tc, ok := c.(*net.TCPConn); ok && u.reset {
-				_ = tc.SetLinger(0)
-			}
-			return
-		}
-		_, _ = io.WriteString(c, "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
-	}
-}
 
 // TestE2ENoResendByTheGateway: a keyed request the upstream read on a reused keep-alive
 // connection and never answered is forwarded once, never resent by the gateway's HTTP
@@ -116,7 +39,7 @@ func TestE2ENoResendByTheGateway(t *testing.T) {
 				name := fmt.Sprintf("%s/reset=%v/body=%d", s.name, reset, len(body))
 				t.Run(name, func(t *testing.T) {
 					t.Parallel()
-					up := newDropSecond(t, reset)
+					up := dropserver.New(t, reset)
 					gw := startGateway(t, nil, "--store", s.dsn(t), "--upstream", up.URL())
 					ctx := context.Background()
 					warm, k := testenv.Name("warm"), testenv.Name("once")
@@ -124,14 +47,14 @@ func TestE2ENoResendByTheGateway(t *testing.T) {
 						t.Fatalf("first request on the connection: %v", r)
 					}
 					r := post(ctx, gw.addr, "/pay", k, body) // the second on the same connection
-					if n := up.execs.get(k); n != 1 {
+					if n := up.ReadsOf(k); n != 1 {
 						t.Fatalf("the upstream executed the request %d times (the gateway resent it); the client got %v", n, r)
 					}
 					if r.status != 502 || r.problem() != "urn:retrysafe:problem:upstream-failed" {
 						t.Errorf("client got %v, want 502 upstream-failed (outcome unknown)", r)
 					}
-					if again := post(ctx, gw.addr, "/pay", k, body); again.status != 409 || up.execs.get(k) != 1 {
-						t.Errorf("retry within the lease: %v, %d executions; want 409 and 1", again, up.execs.get(k))
+					if again := post(ctx, gw.addr, "/pay", k, body); again.status != 409 || up.ReadsOf(k) != 1 {
+						t.Errorf("retry within the lease: %v, %d executions; want 409 and 1", again, up.ReadsOf(k))
 					}
 				})
 			}
