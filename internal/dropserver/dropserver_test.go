@@ -29,8 +29,8 @@ func TestTransportResendsThroughIt(t *testing.T) {
 		if n := s.ReadsOf("k"); n != 2 {
 			t.Errorf("reset=%v: the keyed POST was read %d times, want 2 (resent by the Transport)", reset, n)
 		}
-		post("") // first on the new connection... answered; the next unkeyed one is dropped
-		post("")
+		post("") // the second request on the connection k was resent on: dropped, not resent
+		post("") // on a fresh connection: answered
 		if n := s.ReadsOf(""); n != 2 {
 			t.Errorf("reset=%v: unkeyed POSTs read %d times, want 2 (never resent)", reset, n)
 		}
