@@ -22,12 +22,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/retrysafe/retrysafe/gateway"
+	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/memstore"
 	"github.com/retrysafe/retrysafe/idempotency/pgstore"
 	"github.com/retrysafe/retrysafe/idempotency/redisstore"
 	"github.com/retrysafe/retrysafe/idempotency/sqlitestore"
-	"github.com/retrysafe/retrysafe/internal/testenv"
 )
 
 const (

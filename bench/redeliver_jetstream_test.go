@@ -13,7 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	js "github.com/nats-io/nats.go/jetstream"
 
-	"github.com/retrysafe/retrysafe/internal/testenv"
+	"github.com/retrysafe/retrysafe/harness/natsserver"
+	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/redeliver"
 	"github.com/retrysafe/retrysafe/redeliver/jetstream"
 	"github.com/retrysafe/retrysafe/retry"
@@ -39,7 +40,7 @@ import (
 func BenchmarkRedeliverJetStream(b *testing.B) {
 	b.Run("nats", func(b *testing.B) { benchJetStream(b, testenv.NATSURL(b)) })
 	b.Run("embedded", func(b *testing.B) {
-		url, shutdown, err := jetstream.StartEmbedded(context.Background(), "")
+		url, shutdown, err := natsserver.Start(context.Background(), "")
 		if err != nil {
 			b.Fatal(err)
 		}

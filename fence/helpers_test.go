@@ -11,7 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/retrysafe/retrysafe/fence"
-	"github.com/retrysafe/retrysafe/internal/testenv"
+	"github.com/retrysafe/retrysafe/harness/testenv"
 )
 
 func TestMain(m *testing.M) {

@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/retrysafe/retrysafe/deadline"
+	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/memstore"
-	"github.com/retrysafe/retrysafe/internal/testenv"
 )
 
 type timeoutErr struct{}

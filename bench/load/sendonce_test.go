@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/retrysafe/retrysafe/internal/dropserver"
+	"github.com/retrysafe/retrysafe/harness/dropserver"
 )
 
 // Each measured request reaches the server once: the default client does not resend a

@@ -6,7 +6,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/retrysafe/retrysafe/internal/demo"
+	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/demo"
 )
 
 const demoHelp = `usage: retrysafe demo [--duration D] [--clients N]

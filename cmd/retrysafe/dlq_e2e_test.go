@@ -19,7 +19,7 @@ import (
 	js "github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/retrysafe/retrysafe/internal/testenv"
+	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/redeliver"
 	"github.com/retrysafe/retrysafe/redeliver/jetstream"
 	"github.com/retrysafe/retrysafe/redeliver/rabbitmq"

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
 	"github.com/retrysafe/retrysafe/gateway"
 	"github.com/retrysafe/retrysafe/idempotency"
-	"github.com/retrysafe/retrysafe/internal/storedsn"
 )
 
 const gatewayHelp = `usage: retrysafe gateway --upstream URL [flags]

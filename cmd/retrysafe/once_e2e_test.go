@@ -19,10 +19,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retrysafe/retrysafe/harness/dropserver"
+	"github.com/retrysafe/retrysafe/harness/tcpproxy"
+	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
-	"github.com/retrysafe/retrysafe/internal/dropserver"
-	"github.com/retrysafe/retrysafe/internal/tcpproxy"
-	"github.com/retrysafe/retrysafe/internal/testenv"
 )
 
 // TestE2ENoResendByTheGateway: a keyed request the upstream read on a reused keep-alive

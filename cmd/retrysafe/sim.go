@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/retrysafe/retrysafe/internal/sim"
+	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/sim"
 )
 
 const simHelp = `usage: retrysafe sim [--seed N] [--runs N] [--clients LIST] [--svg FILE]

@@ -9,9 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/pgstore"
-	"github.com/retrysafe/retrysafe/internal/testenv"
 )
 
 // A 422 (another payload) or a 409 is decided without the stored response: the claim

@@ -18,10 +18,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/idempotencytest"
 	"github.com/retrysafe/retrysafe/idempotency/pgstore"
-	"github.com/retrysafe/retrysafe/internal/testenv"
 )
 
 // newPool returns a pool on rawURL, closed when t ends. edit, if not nil, adjusts the

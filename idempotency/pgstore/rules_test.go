@@ -14,11 +14,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/idempotencytest"
 	"github.com/retrysafe/retrysafe/idempotency/memstore"
 	"github.com/retrysafe/retrysafe/idempotency/pgstore"
-	"github.com/retrysafe/retrysafe/internal/testenv"
 )
 
 // batchTracer sees the batched statements (those that unnest arrays): how many ran,

@@ -10,9 +10,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/idempotencytest"
-	"github.com/retrysafe/retrysafe/internal/testenv"
 )
 
 // TestCluster runs the conformance suite on a disposable three-master Redis Cluster, so a

@@ -15,11 +15,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/retrysafe/retrysafe/harness/tcpproxy"
+	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/idempotencytest"
 	"github.com/retrysafe/retrysafe/internal/headercodec"
-	"github.com/retrysafe/retrysafe/internal/tcpproxy"
-	"github.com/retrysafe/retrysafe/internal/testenv"
 )
 
 // newStore returns a store on the test Redis under its own prefix, on clock (nil: the

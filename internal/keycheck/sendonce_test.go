@@ -3,7 +3,7 @@ package keycheck
 import (
 	"testing"
 
-	"github.com/retrysafe/retrysafe/internal/dropserver"
+	"github.com/retrysafe/retrysafe/harness/dropserver"
 )
 
 // Every request of the battery reaches the endpoint once: the client does not resend a

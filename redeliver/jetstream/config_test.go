@@ -12,7 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 	js "github.com/nats-io/nats.go/jetstream"
 
-	"github.com/retrysafe/retrysafe/internal/testenv"
+	"github.com/retrysafe/retrysafe/harness/natsserver"
+	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/redeliver"
 	"github.com/retrysafe/retrysafe/retry"
 )
@@ -175,12 +176,12 @@ func TestMessageWithoutID(t *testing.T) {
 	})
 }
 
-// A directory given to StartEmbedded keeps the streams across a restart.
+// A directory given to natsserver.Start keeps the streams across a restart.
 func TestEmbeddedKeepsItsStore(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	ctx := context.Background()
-	url, shutdown, err := StartEmbedded(ctx, dir)
+	url, shutdown, err := natsserver.Start(ctx, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +202,7 @@ func TestEmbeddedKeepsItsStore(t *testing.T) {
 		t.Fatalf("no store in %s: %v", dir, err)
 	}
 
-	url, shutdown, err = StartEmbedded(ctx, dir)
+	url, shutdown, err = natsserver.Start(ctx, dir)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 // Package jetstream is the NATS JetStream backend of package redeliver: a Source for
 // redeliver.Consumer on a durable pull consumer, DeadLetters for the retrysafe dlq
-// command, a Publisher, and StartEmbedded, a NATS server inside the process (the default
-// broker of the demo and of the tests when no URL is given).
+// command, and a Publisher.
 //
 // # Topology
 //
@@ -136,7 +135,5 @@
 // # Servers
 //
 // The backend works against any nats-server with JetStream from 2.9 on (the tests run
-// against the machine's 2.9 server and the embedded 2.15 one). StartEmbedded runs one in
-// the process, on a random port of 127.0.0.1, storing in a directory of your choice or a
-// temporary one. DeleteTopology removes a queue's streams and bucket.
+// against the machine's 2.9 server and a 2.15 one run inside the test process). DeleteTopology removes a queue's streams and bucket.
 package jetstream

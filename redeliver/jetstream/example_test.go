@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/retrysafe/retrysafe/harness/natsserver"
 	"github.com/retrysafe/retrysafe/redeliver"
 	"github.com/retrysafe/retrysafe/redeliver/jetstream"
 	"github.com/retrysafe/retrysafe/retry"
@@ -20,7 +21,7 @@ import (
 // its failure bucket.
 func Example() {
 	ctx := context.Background()
-	url, shutdown, err := jetstream.StartEmbedded(ctx, "") // or your server's URL
+	url, shutdown, err := natsserver.Start(ctx, "") // or your server's URL
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -84,7 +85,7 @@ func Example() {
 // Inspecting and replaying dead letters, as the retrysafe dlq command does.
 func ExampleDeadLetters() {
 	ctx := context.Background()
-	url, shutdown, err := jetstream.StartEmbedded(ctx, "")
+	url, shutdown, err := natsserver.Start(ctx, "")
 	if err != nil {
 		fmt.Println(err)
 		return

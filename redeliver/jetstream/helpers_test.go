@@ -14,7 +14,8 @@ import (
 	js "github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
-	"github.com/retrysafe/retrysafe/internal/testenv"
+	"github.com/retrysafe/retrysafe/harness/natsserver"
+	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/redeliver"
 	"github.com/retrysafe/retrysafe/retry"
 )
@@ -24,7 +25,7 @@ var embeddedURL string
 
 func TestMain(m *testing.M) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	url, shutdown, err := StartEmbedded(ctx, "")
+	url, shutdown, err := natsserver.Start(ctx, "")
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "starting the embedded NATS server:", err)

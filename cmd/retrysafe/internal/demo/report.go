@@ -6,7 +6,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/retrysafe/retrysafe/internal/faultproxy"
+	"github.com/retrysafe/retrysafe/harness/faultproxy"
 )
 
 // writeTable prints the final report.

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/retrysafe/retrysafe/internal/storedsn"
+	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
 )
 
 // Open a store from the string an operator passes to --store.

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/retrysafe/retrysafe/internal/faultproxy"
-	"github.com/retrysafe/retrysafe/internal/tcpproxy"
+	"github.com/retrysafe/retrysafe/harness/faultproxy"
+	"github.com/retrysafe/retrysafe/harness/tcpproxy"
 )
 
 func TestWriteTable(t *testing.T) {

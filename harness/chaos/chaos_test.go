@@ -22,14 +22,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/retrysafe/retrysafe/harness/faultproxy"
+	"github.com/retrysafe/retrysafe/harness/payclient"
+	"github.com/retrysafe/retrysafe/harness/tcpproxy"
+	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
-	"github.com/retrysafe/retrysafe/internal/faultproxy"
-	"github.com/retrysafe/retrysafe/internal/payclient"
-	"github.com/retrysafe/retrysafe/internal/storedsn"
-	"github.com/retrysafe/retrysafe/internal/tcpproxy"
-	"github.com/retrysafe/retrysafe/internal/testenv"
+	"github.com/retrysafe/retrysafe/idempotency/pgstore"
+	"github.com/retrysafe/retrysafe/idempotency/redisstore"
+	"github.com/retrysafe/retrysafe/idempotency/sqlitestore"
 )
 
 // The suite's fixed parameters.
@@ -748,15 +751,11 @@ func ledgerAgrees(rows []Row, execs []Execution) (int, []string) {
 
 // storeRecords lists every record of the store dsn names.
 func storeRecords(ctx context.Context, dsn string, logger *slog.Logger) ([]StoreRecord, error) {
-	o, err := storedsn.Open(ctx, dsn, logger)
+	l, closeStore, err := openLister(ctx, dsn)
 	if err != nil {
 		return nil, fmt.Errorf("opening the store to check it: %w", err)
 	}
-	defer o.Close()
-	l, ok := o.Store.(idempotency.Lister)
-	if !ok {
-		return nil, errors.New("the store cannot list its records")
-	}
+	defer closeStore()
 	var out []StoreRecord
 	f := idempotency.ListFilter{Limit: 1000}
 	for {
@@ -799,4 +798,53 @@ func addStats(a, b faultproxy.Stats) faultproxy.Stats {
 	a.OnReused += b.OnReused
 	a.UpstreamErrors += b.UpstreamErrors
 	return a
+}
+
+// openLister opens the store of one of storeCases' DSNs directly, through its package,
+// to list what the gateways left in it.
+func openLister(ctx context.Context, dsn string) (idempotency.Lister, func(), error) {
+	if path, ok := strings.CutPrefix(dsn, "sqlite:"); ok {
+		s, err := sqlitestore.Open(ctx, sqlitestore.Config{Path: path})
+		if err != nil {
+			return nil, nil, err
+		}
+		return s, func() { _ = s.Close() }, nil
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return nil, nil, err
+	}
+	q := u.Query()
+	switch u.Scheme {
+	case "postgres", "postgresql":
+		schema := q.Get("schema")
+		q.Del("schema")
+		u.RawQuery = q.Encode()
+		pool, err := pgxpool.New(ctx, u.String())
+		if err != nil {
+			return nil, nil, err
+		}
+		s, err := pgstore.New(pgstore.Config{Pool: pool, Schema: schema})
+		if err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+		return s, pool.Close, nil
+	case "redis":
+		prefix := q.Get("prefix")
+		q.Del("prefix")
+		u.RawQuery = q.Encode()
+		opt, err := redis.ParseURL(u.String())
+		if err != nil {
+			return nil, nil, err
+		}
+		c := redis.NewClient(opt)
+		s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix})
+		if err != nil {
+			_ = c.Close()
+			return nil, nil, err
+		}
+		return s, func() { _ = c.Close() }, nil
+	}
+	return nil, nil, errors.New("unknown store " + u.Scheme)
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/retrysafe/retrysafe/internal/testenv"
+	"github.com/retrysafe/retrysafe/harness/testenv"
 )
 
 // fast is how soon a client must fail across a Cut: far below the contexts' 10s, so a

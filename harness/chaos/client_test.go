@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/retrysafe/retrysafe/internal/payclient"
+	"github.com/retrysafe/retrysafe/harness/payclient"
 	"github.com/retrysafe/retrysafe/retry"
 )
 

@@ -6,7 +6,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/retrysafe/retrysafe/internal/demo"
+	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/demo"
 )
 
 // Run the demo for two seconds with a fixed seed; `retrysafe demo` does the same with

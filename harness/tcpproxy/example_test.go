@@ -6,7 +6,7 @@ import (
 	"net"
 	"time"
 
-	"github.com/retrysafe/retrysafe/internal/tcpproxy"
+	"github.com/retrysafe/retrysafe/harness/tcpproxy"
 )
 
 // A server behind the proxy, a client through it, and a partition that refuses.

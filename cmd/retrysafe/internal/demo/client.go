@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 
-	"github.com/retrysafe/retrysafe/internal/payclient"
+	"github.com/retrysafe/retrysafe/harness/payclient"
 )
 
 // record is what a client saw of one logical payment.

@@ -49,10 +49,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/retrysafe/retrysafe/harness/faultproxy"
+	"github.com/retrysafe/retrysafe/harness/payclient"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/sqlitestore"
-	"github.com/retrysafe/retrysafe/internal/faultproxy"
-	"github.com/retrysafe/retrysafe/internal/payclient"
 	"github.com/retrysafe/retrysafe/retry"
 )
 

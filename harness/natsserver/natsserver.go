@@ -1,4 +1,7 @@
-package jetstream
+// Package natsserver runs a NATS server with JetStream inside the process, for tests and
+// demos that need a broker and have none: it listens on a random port of 127.0.0.1. It
+// is apart from package jetstream so that programs using that package link no server.
+package natsserver
 
 import (
 	"context"
@@ -10,24 +13,23 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 )
 
-// ErrEmbedded is returned (wrapped) when the embedded NATS server cannot start.
-var ErrEmbedded = errors.New("jetstream: embedded server")
+// ErrStart is returned (wrapped) when the server cannot start.
+var ErrStart = errors.New("natsserver: start")
 
-// StartEmbedded starts a NATS server with JetStream inside this process, listening on a
-// random port of 127.0.0.1, and returns its client URL and a function that shuts it
-// down and waits until it has stopped. It is the default broker of the demo and of the
-// tests when no URL is given.
+// Start starts a NATS server with JetStream inside this process, listening on a random
+// port of 127.0.0.1, and returns its client URL and a function that shuts it down and
+// waits until it has stopped.
 //
 // dir is where JetStream keeps its streams; "" means a new temporary directory, removed
 // by shutdown. A non-empty dir is kept, so a restarted embedded server finds its streams
-// again. StartEmbedded waits for the server to accept connections until ctx ends (at
+// again. Start waits for the server to accept connections until ctx ends (at
 // most 10 s without a deadline).
-func StartEmbedded(ctx context.Context, dir string) (url string, shutdown func(), err error) {
+func Start(ctx context.Context, dir string) (url string, shutdown func(), err error) {
 	temp := ""
 	if dir == "" {
 		temp, err = os.MkdirTemp("", "retrysafe-nats-*")
 		if err != nil {
-			return "", nil, fmt.Errorf("%w: %w", ErrEmbedded, err)
+			return "", nil, fmt.Errorf("%w: %w", ErrStart, err)
 		}
 		dir = temp
 	}
@@ -48,7 +50,7 @@ func StartEmbedded(ctx context.Context, dir string) (url string, shutdown func()
 	})
 	if err != nil {
 		cleanup()
-		return "", nil, fmt.Errorf("%w: %w", ErrEmbedded, err)
+		return "", nil, fmt.Errorf("%w: %w", ErrStart, err)
 	}
 	s.Start()
 	wait := 10 * time.Second
@@ -62,11 +64,11 @@ func StartEmbedded(ctx context.Context, dir string) (url string, shutdown func()
 	}
 	if !s.ReadyForConnections(wait) {
 		stop()
-		return "", nil, fmt.Errorf("%w: not ready for connections after %v", ErrEmbedded, wait)
+		return "", nil, fmt.Errorf("%w: not ready for connections after %v", ErrStart, wait)
 	}
 	if !s.JetStreamEnabled() {
 		stop()
-		return "", nil, fmt.Errorf("%w: JetStream did not start (store %s)", ErrEmbedded, dir)
+		return "", nil, fmt.Errorf("%w: JetStream did not start (store %s)", ErrStart, dir)
 	}
 	return s.ClientURL(), stop, nil
 }

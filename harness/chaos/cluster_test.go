@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/retrysafe/retrysafe/internal/testenv"
+	"github.com/retrysafe/retrysafe/harness/testenv"
 )
 
 // pgCluster is a disposable PostgreSQL cluster: its own data directory in a temporary

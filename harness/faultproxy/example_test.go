@@ -8,7 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/retrysafe/retrysafe/internal/faultproxy"
+	"github.com/retrysafe/retrysafe/harness/faultproxy"
 )
 
 // A proxy that loses every response: the server executes the request, the client only

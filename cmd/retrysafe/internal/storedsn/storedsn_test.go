@@ -12,9 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
+	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
-	"github.com/retrysafe/retrysafe/internal/storedsn"
-	"github.com/retrysafe/retrysafe/internal/testenv"
 )
 
 // roundTrip claims, completes and reads back one key.

@@ -9,7 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/retrysafe/retrysafe/internal/faultproxy"
+	"github.com/retrysafe/retrysafe/harness/faultproxy"
 )
 
 func TestMain(m *testing.M) {

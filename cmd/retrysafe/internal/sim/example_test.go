@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/retrysafe/retrysafe/internal/sim"
+	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/sim"
 )
 
 // Three layers retrying three times each, over a service that always fails: 27 calls

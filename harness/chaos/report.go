@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/retrysafe/retrysafe/internal/faultproxy"
-	"github.com/retrysafe/retrysafe/internal/tcpproxy"
+	"github.com/retrysafe/retrysafe/harness/faultproxy"
+	"github.com/retrysafe/retrysafe/harness/tcpproxy"
 )
 
 // UpstreamStats counts what the payments upstream received.
