@@ -7,6 +7,7 @@
 package testenv
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"net"
@@ -15,6 +16,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Defaults used when the variables are unset.
@@ -96,4 +100,48 @@ func DeadAddr(t testing.TB) string {
 	addr := l.Addr().String()
 	_ = l.Close()
 	return addr
+}
+
+// PostgresPool returns a connection pool on the test database, of at most maxConns
+// connections (0: pgx's default), closed when t ends.
+func PostgresPool(t testing.TB, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Schema returns a fresh PostgreSQL schema name with the given prefix, so tests sharing
+// the database never collide. The schema is not created; whatever creates it (a store's
+// Migrate, the test's DDL, a process given the name), it is dropped with everything in it
+// when t ends, on a connection of its own, after the cleanups registered later (the pools
+// and processes that use it) have run.
+func Schema(t testing.TB, prefix string) string {
+	t.Helper()
+	url := PostgresURL(t)
+	schema := Name(prefix)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+		}
+	})
+	return schema
 }
