@@ -124,8 +124,9 @@ func PostgresPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 // Schema returns a fresh PostgreSQL schema name with the given prefix, so tests sharing
 // the database never collide. The schema is not created; whatever creates it (a store's
 // Migrate, the test's DDL, a process given the name), it is dropped with everything in it
-// when t ends, on a connection of its own, after the cleanups registered later (the pools
-// and processes that use it) have run.
+// when t ends, on a connection of its own. Cleanups run last-registered first, so call
+// Schema before making the pools and processes that use the schema: they are closed
+// before it is dropped.
 func Schema(t testing.TB, prefix string) string {
 	t.Helper()
 	url := PostgresURL(t)
