@@ -20,7 +20,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
@@ -178,20 +177,21 @@ func openPostgresSchema(t *testing.T, schema string, clock func() time.Time) ide
 }
 
 // openPostgresShared returns a store in schema on a pool of its own; owner drops the
-// schema at the end.
+// schema at the end. The callers choose the name and share it between replicas, so the
+// drop cannot come from testenv.Schema, which makes the name; it is registered before
+// the pool, so it runs after the pool is closed (cleanups run last-registered first),
+// on a connection of its own.
 func openPostgresShared(t *testing.T, schema string, clock func() time.Time, owner bool) idempotency.Store {
-	url := testenv.PostgresURL(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
+	if owner {
+		admin := testenv.PostgresPool(t, 1)
+		t.Cleanup(func() {
+			if _, err := admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+				t.Errorf("dropping schema %s: %v", schema, err)
+			}
+		})
 	}
-	t.Cleanup(func() {
-		if owner {
-			_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
-		}
-		pool.Close()
-	})
+	pool := testenv.PostgresPool(t, 0)
 	s, err := pgstore.New(pgstore.Config{Pool: pool, Schema: schema, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
