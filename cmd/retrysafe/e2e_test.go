@@ -25,7 +25,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/retrysafe/retrysafe/harness/testenv"
@@ -335,14 +334,7 @@ var storeDSNs = []struct {
 
 func postgresDSN(t *testing.T) string {
 	base := testenv.PostgresURL(t)
-	schema := testenv.Name("e2e")
-	t.Cleanup(func() {
-		ctx := context.Background()
-		if pool, err := pgxpool.New(ctx, base); err == nil {
-			_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
-			pool.Close()
-		}
-	})
+	schema := testenv.Schema(t, "e2e")
 	u, err := url.Parse(base)
 	if err != nil {
 		t.Fatal(err)
