@@ -1,4 +1,4 @@
-package keycheck
+package idempotencytest
 
 import (
 	"bytes"
@@ -20,19 +20,19 @@ import (
 	"github.com/retrysafe/retrysafe/retry"
 )
 
-// Errors Run returns, wrapped; match them with errors.Is.
+// Errors CheckEndpoint returns, wrapped; match them with errors.Is.
 var (
-	// ErrConfig: the Config cannot be used (no URL, a bad method …).
-	ErrConfig = errors.New("keycheck: invalid configuration")
-	// ErrUnreachable: the endpoint did not answer the first request at all.
-	ErrUnreachable = errors.New("keycheck: the endpoint did not answer")
+	// ErrEndpointConfig: the EndpointConfig cannot be used (no URL, a bad method …).
+	ErrEndpointConfig = errors.New("idempotencytest: invalid configuration")
+	// ErrEndpointUnreachable: the endpoint did not answer the first request at all.
+	ErrEndpointUnreachable = errors.New("idempotencytest: the endpoint did not answer")
 )
 
-// Defaults of Config.
+// Defaults of EndpointConfig.
 const (
-	DefaultMethod      = http.MethodPost
-	DefaultConcurrency = 20
-	DefaultTimeout     = 10 * time.Second
+	DefaultEndpointMethod      = http.MethodPost
+	DefaultEndpointConcurrency = 20
+	DefaultEndpointTimeout     = 10 * time.Second
 	// SiblingSuffix is appended to the URL's path to make the default other route.
 	SiblingSuffix = "/__retrysafe_check"
 	// maxBody is how much of a response body is read and compared.
@@ -43,10 +43,11 @@ const (
 	maxSettleWait = 5 * time.Second
 )
 
-// Config says what to check. The zero value of each field but URL means the default
-// documented on it.
-type Config struct {
-	// URL is the endpoint: an absolute http or https URL. Required.
+// EndpointConfig says what CheckEndpoint checks. The zero value of each field but URL
+// means the default documented on it.
+type EndpointConfig struct {
+	// URL is the endpoint: an absolute http or https URL. Required (TestHandler takes
+	// a path on its test server instead, default "/").
 	URL string
 	// Method is the request method. Default POST.
 	Method string
@@ -62,7 +63,8 @@ type Config struct {
 	// two-credentials case, which is not applicable with fewer than two. Default none.
 	Auth []string
 	// OtherRoute is the route of the other-route case: an absolute URL, or a path on
-	// URL's host. Default URL's path with SiblingSuffix appended.
+	// URL's host (TestHandler: a path only). Default URL's path with SiblingSuffix
+	// appended.
 	OtherRoute string
 	// Concurrency is how many requests the concurrent case sends at once. Default 20.
 	Concurrency int
@@ -72,10 +74,11 @@ type Config struct {
 	// instead of the bare form (abc) most APIs (Stripe's among them) take. Default false.
 	QuotedKeys bool
 	// Transport sends the requests. Default: a clone of http.DefaultTransport, closed
-	// when Run returns. Either way Run sends through retry.SendOnce(Transport), so that
-	// an http.Transport never resends a keyed request by itself (which the endpoint
-	// would count as one more execution than the battery asked for); a RoundTripper of
-	// the caller's sees the key under the lower-case map key "idempotency-key".
+	// when CheckEndpoint returns. Either way CheckEndpoint sends through
+	// retry.SendOnce(Transport), so that an http.Transport never resends a keyed
+	// request by itself (which the endpoint would count as one more execution than the
+	// battery asked for); a RoundTripper of the caller's sees the key under the
+	// lower-case map key "idempotency-key".
 	Transport http.RoundTripper
 	// Rand is where the keys' randomness comes from. Default crypto/rand.Reader.
 	Rand io.Reader
@@ -84,18 +87,18 @@ type Config struct {
 	Sleep func(ctx context.Context, d time.Duration) error
 }
 
-// plan is a Config checked and with its defaults set.
+// plan is an EndpointConfig checked and with its defaults set.
 type plan struct {
-	Config
+	EndpointConfig
 	target, other *url.URL
 	contentType   string
 	client        *http.Client
 }
 
-func (cfg Config) plan() (*plan, error) {
-	p := &plan{Config: cfg}
+func (cfg EndpointConfig) plan() (*plan, error) {
+	p := &plan{EndpointConfig: cfg}
 	if strings.TrimSpace(cfg.URL) == "" {
-		return nil, fmt.Errorf("%w: no URL", ErrConfig)
+		return nil, fmt.Errorf("%w: no URL", ErrEndpointConfig)
 	}
 	u, err := parseURL(cfg.URL)
 	if err != nil {
@@ -103,34 +106,34 @@ func (cfg Config) plan() (*plan, error) {
 	}
 	p.target = u
 	if p.Method == "" {
-		p.Method = DefaultMethod
+		p.Method = DefaultEndpointMethod
 	}
 	p.Method = strings.ToUpper(p.Method)
 	if !validToken(p.Method) {
-		return nil, fmt.Errorf("%w: %q is not an HTTP method", ErrConfig, cfg.Method)
+		return nil, fmt.Errorf("%w: %q is not an HTTP method", ErrEndpointConfig, cfg.Method)
 	}
 	if p.Concurrency == 0 {
-		p.Concurrency = DefaultConcurrency
+		p.Concurrency = DefaultEndpointConcurrency
 	}
 	if p.Concurrency < 2 || p.Concurrency > 1000 {
-		return nil, fmt.Errorf("%w: the concurrency must be between 2 and 1000", ErrConfig)
+		return nil, fmt.Errorf("%w: the concurrency must be between 2 and 1000", ErrEndpointConfig)
 	}
 	if p.Timeout < 0 {
-		return nil, fmt.Errorf("%w: the timeout is negative", ErrConfig)
+		return nil, fmt.Errorf("%w: the timeout is negative", ErrEndpointConfig)
 	}
 	if p.Timeout == 0 {
-		p.Timeout = DefaultTimeout
+		p.Timeout = DefaultEndpointTimeout
 	}
 	if len(p.Auth) > 2 {
-		return nil, fmt.Errorf("%w: at most two credentials (--auth), got %d", ErrConfig, len(p.Auth))
+		return nil, fmt.Errorf("%w: at most two credentials (--auth), got %d", ErrEndpointConfig, len(p.Auth))
 	}
 	for i, a := range p.Auth {
 		if strings.TrimSpace(a) == "" || strings.ContainsAny(a, "\r\n\x00") {
-			return nil, fmt.Errorf("%w: credential %d is empty or spans lines", ErrConfig, i+1)
+			return nil, fmt.Errorf("%w: credential %d is empty or spans lines", ErrEndpointConfig, i+1)
 		}
 	}
 	if len(p.Auth) == 2 && p.Auth[0] == p.Auth[1] {
-		return nil, fmt.Errorf("%w: the two credentials are the same", ErrConfig)
+		return nil, fmt.Errorf("%w: the two credentials are the same", ErrEndpointConfig)
 	}
 	p.other, err = siblingURL(u, cfg.OtherRoute)
 	if err != nil {
@@ -147,7 +150,7 @@ func (cfg Config) plan() (*plan, error) {
 	for k, vs := range p.Header {
 		for _, v := range vs {
 			if !validToken(k) || strings.ContainsAny(v, "\r\n\x00") {
-				return nil, fmt.Errorf("%w: header %q is not a valid header", ErrConfig, k)
+				return nil, fmt.Errorf("%w: header %q is not a valid header", ErrEndpointConfig, k)
 			}
 		}
 	}
@@ -186,13 +189,13 @@ func parseURL(s string) (*url.URL, error) {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return nil, fmt.Errorf("%w: URL: %w", ErrConfig, err)
+		return nil, fmt.Errorf("%w: URL: %w", ErrEndpointConfig, err)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return nil, fmt.Errorf("%w: URL %q: the scheme must be http or https", ErrConfig, u.Redacted())
+		return nil, fmt.Errorf("%w: URL %q: the scheme must be http or https", ErrEndpointConfig, u.Redacted())
 	}
 	if u.Host == "" {
-		return nil, fmt.Errorf("%w: URL %q has no host", ErrConfig, u.Redacted())
+		return nil, fmt.Errorf("%w: URL %q has no host", ErrEndpointConfig, u.Redacted())
 	}
 	u.Fragment, u.RawFragment = "", ""
 	return u, nil
@@ -209,14 +212,14 @@ func siblingURL(u *url.URL, other string) (*url.URL, error) {
 	}
 	ref, err := url.Parse(strings.TrimSpace(other))
 	if err != nil {
-		return nil, fmt.Errorf("%w: other route %q: %w", ErrConfig, other, err)
+		return nil, fmt.Errorf("%w: other route %q: %w", ErrEndpointConfig, other, err)
 	}
 	o := u.ResolveReference(ref)
 	if o.Scheme != "http" && o.Scheme != "https" || o.Host == "" {
-		return nil, fmt.Errorf("%w: other route %q is not an http(s) URL or a path", ErrConfig, other)
+		return nil, fmt.Errorf("%w: other route %q is not an http(s) URL or a path", ErrEndpointConfig, other)
 	}
 	if o.Path == u.Path && o.RawQuery == u.RawQuery && o.Host == u.Host {
-		return nil, fmt.Errorf("%w: the other route is the URL itself", ErrConfig)
+		return nil, fmt.Errorf("%w: the other route is the URL itself", ErrEndpointConfig)
 	}
 	return o, nil
 }
@@ -238,10 +241,10 @@ func validToken(s string) bool {
 	return true
 }
 
-// Requests returns how many requests Run sends with cfg, not counting the few resends
-// of a sequential request answered 409 (at most three each), or an error when cfg is
-// unusable.
-func Requests(cfg Config) (int, error) {
+// EndpointRequests returns how many requests CheckEndpoint sends with cfg, not counting
+// the few resends of a sequential request answered 409 (at most three each), or an
+// error when cfg is unusable.
+func EndpointRequests(cfg EndpointConfig) (int, error) {
 	p, err := cfg.plan()
 	if err != nil {
 		return 0, err
@@ -325,7 +328,7 @@ func (r *response) describe() string {
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
-// runner sends the requests of one Run.
+// runner sends the requests of one CheckEndpoint.
 type runner struct {
 	p      *plan
 	client *http.Client
@@ -410,7 +413,7 @@ func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
 func (p *plan) newKey() (string, error) {
 	var b [16]byte
 	if _, err := io.ReadFull(p.Rand, b[:]); err != nil {
-		return "", fmt.Errorf("keycheck: reading random key bytes: %w", err)
+		return "", fmt.Errorf("idempotencytest: reading random key bytes: %w", err)
 	}
 	return "retrysafe-check-" + hex.EncodeToString(b[:]), nil
 }
@@ -440,7 +443,7 @@ func otherBody(body []byte) []byte {
 	return append(bytes.Clone(body), '\n')
 }
 
-// observations are the responses of one Run, for the verdicts.
+// observations are the responses of one CheckEndpoint, for the verdicts.
 type observations struct {
 	missing     *response
 	first       *response   // key 1, the first time
@@ -460,11 +463,47 @@ type observations struct {
 	concurrency int
 }
 
-// Run sends the battery of requests to cfg.URL and returns one Result per case. It
-// returns an error (wrapping ErrConfig) when cfg is unusable, and one wrapping
-// ErrUnreachable when the endpoint does not answer the first request; a later request
-// that fails is a case's observation, not an error.
-func Run(ctx context.Context, cfg Config) (*Report, error) {
+// CheckEndpoint checks whether an HTTP endpoint honours Idempotency-Key, from the
+// outside, as `retrysafe check` does: it sends a battery of real requests to cfg.URL
+// with fresh random keys and compares what comes back with what the IETF draft
+// (draft-ietf-httpapi-idempotency-key-header) and Stripe's behaviour say should. It
+// returns one EndpointResult per case; TestEndpoint and TestHandler run it from a Go
+// test.
+//
+// The cases, in the order they are sent (and reported):
+//
+//	missing key        no Idempotency-Key: 400 when keys are required. An endpoint that
+//	                   executes the request reports "keys optional" (advisory).
+//	replay             the same key and body twice, one after the other: the same status
+//	                   and body (required); Idempotent-Replayed: true on the second
+//	                   (advisory, Stripe's marker).
+//	concurrent         the same key and body 20 times at once: one execution, that is
+//	                   identical responses, or 409s and one result (required).
+//	other body         the first key with another body: 422, or at least a 4xx that is
+//	                   not a replay (required).
+//	other route        the first key on a sibling route: not the first route's response
+//	                   (required).
+//	two credentials    one key under two Authorization values: two independent
+//	                   executions (required; not applicable without two credentials).
+//	malformed keys     empty, 256 characters, a control character: 400 (the 256-character
+//	                   case is advisory: the draft sets no length, Stripe stops at 255).
+//	409 Retry-After    every 409 says when to retry (required: without it a careful
+//	                   client does not retry a 409 at all).
+//	problem+json       the idempotency errors are application/problem+json (advisory).
+//
+// A response can only prove "one execution" when two executions would look different.
+// CheckEndpoint compares the responses to two different keys: when they are identical, and
+// the API sends no replay marker, the cases that count executions say "not applicable"
+// rather than guess.
+//
+// Every request but the missing-key and malformed-key ones is a valid request, and any
+// of them may execute on the server: run it against a test deployment or a test
+// handler. EndpointRequests says how many will be sent.
+//
+// It returns an error (wrapping ErrEndpointConfig) when cfg is unusable, and one
+// wrapping ErrEndpointUnreachable when the endpoint does not answer the first request;
+// a later request that fails is a case's observation, not an error.
+func CheckEndpoint(ctx context.Context, cfg EndpointConfig) (*EndpointReport, error) {
 	p, err := cfg.plan()
 	if err != nil {
 		return nil, err
@@ -492,14 +531,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	o.missing = r.send(ctx, p.target, nil, p.Body, "") // no Idempotency-Key header
 	if !o.missing.ok() {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("keycheck: %w", context.Cause(ctx))
+			return nil, fmt.Errorf("idempotencytest: %w", context.Cause(ctx))
 		}
 		err := o.missing.err
 		var ue *url.Error
 		if errors.As(err, &ue) {
 			err = ue.Err // the message without the method and URL again
 		}
-		return nil, fmt.Errorf("%w: %s %s: %w", ErrUnreachable, p.Method, p.target.Redacted(), err)
+		return nil, fmt.Errorf("%w: %s %s: %w", ErrEndpointUnreachable, p.Method, p.target.Redacted(), err)
 	}
 	k1, k2, k3 := p.wire(keys[0]), p.wire(keys[1]), p.wire(keys[2])
 	o.first = r.send(ctx, p.target, k1, p.Body, "")
@@ -521,10 +560,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	o.keyLong = r.send(ctx, p.target, long, p.Body, "")
 	o.keyControl = r.send(ctx, p.target, control, p.Body, "")
 	if err := context.Cause(ctx); err != nil {
-		return nil, fmt.Errorf("keycheck: %w", err)
+		return nil, fmt.Errorf("idempotencytest: %w", err)
 	}
 
-	rep := &Report{Method: p.Method, URL: p.target.Redacted(), OtherRoute: p.other.Redacted(), Requests: r.sent}
+	rep := &EndpointReport{Method: p.Method, URL: p.target.Redacted(), OtherRoute: p.other.Redacted(), Requests: r.sent}
 	rep.Results = o.verdicts()
 	rep.Notes = o.notes()
 	return rep, nil

@@ -1,4 +1,4 @@
-package keycheck
+package idempotencytest
 
 import (
 	"testing"

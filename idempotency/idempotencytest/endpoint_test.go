@@ -1,4 +1,4 @@
-package keycheck
+package idempotencytest
 
 import (
 	"bytes"
@@ -38,24 +38,24 @@ var (
 
 // baseConfig is the configuration every test starts from: predictable keys, two
 // credentials, a body.
-func baseConfig(u string) Config {
-	return Config{URL: u, Body: body, Auth: []string{alice, bob}, Concurrency: testConcurrency, Rand: keyBytes(),
+func baseConfig(u string) EndpointConfig {
+	return EndpointConfig{URL: u, Body: body, Auth: []string{alice, bob}, Concurrency: testConcurrency, Rand: keyBytes(),
 		Timeout: 10 * time.Second}
 }
 
-func run(t *testing.T, cfg Config) *Report {
+func run(t *testing.T, cfg EndpointConfig) *EndpointReport {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rep, err := Run(ctx, cfg)
+	rep, err := CheckEndpoint(ctx, cfg)
 	if err != nil {
-		t.Fatalf("Run: %v", err)
+		t.Fatalf("CheckEndpoint: %v", err)
 	}
 	return rep
 }
 
 // verdicts maps each case to its verdict.
-func verdicts(rep *Report) map[string]Verdict {
+func verdicts(rep *EndpointReport) map[string]Verdict {
 	m := map[string]Verdict{}
 	for _, r := range rep.Results {
 		m[r.ID] = r.Verdict
@@ -69,7 +69,7 @@ func allCases() []string {
 }
 
 // expect checks every case's verdict: want lists those that are not Pass.
-func expect(t *testing.T, rep *Report, want map[string]Verdict) {
+func expect(t *testing.T, rep *EndpointReport, want map[string]Verdict) {
 	t.Helper()
 	got := verdicts(rep)
 	if len(got) != len(allCases()) {
@@ -205,8 +205,8 @@ func TestOneCredentialScopesNotApplicable(t *testing.T) {
 	if want := 1 + 2 + testConcurrency + 1 + 1 + 3; rep.Requests != want {
 		t.Errorf("Requests = %d, want %d", rep.Requests, want)
 	}
-	if n, err := Requests(cfg); err != nil || n != rep.Requests {
-		t.Errorf("Requests(cfg) = %d, %v; Run sent %d", n, err, rep.Requests)
+	if n, err := EndpointRequests(cfg); err != nil || n != rep.Requests {
+		t.Errorf("EndpointRequests(cfg) = %d, %v; CheckEndpoint sent %d", n, err, rep.Requests)
 	}
 }
 
@@ -283,7 +283,7 @@ func TestSequentialReplaySettlesAfter409(t *testing.T) {
 
 func TestConfigErrors(t *testing.T) {
 	t.Parallel()
-	for _, cfg := range []Config{
+	for _, cfg := range []EndpointConfig{
 		{},
 		{URL: "ftp://example.com/x"},
 		{URL: "http:///nohost"},
@@ -299,11 +299,11 @@ func TestConfigErrors(t *testing.T) {
 		{URL: "http://x/", Header: http.Header{"X": {"a\r\nb"}}},
 		{URL: "%zz"},
 	} {
-		if _, err := Run(context.Background(), cfg); !errors.Is(err, ErrConfig) {
-			t.Errorf("Run(%+v) = %v, want ErrConfig", cfg, err)
+		if _, err := CheckEndpoint(context.Background(), cfg); !errors.Is(err, ErrEndpointConfig) {
+			t.Errorf("CheckEndpoint(%+v) = %v, want ErrEndpointConfig", cfg, err)
 		}
-		if _, err := Requests(cfg); !errors.Is(err, ErrConfig) {
-			t.Errorf("Requests(%+v) = %v, want ErrConfig", cfg, err)
+		if _, err := EndpointRequests(cfg); !errors.Is(err, ErrEndpointConfig) {
+			t.Errorf("EndpointRequests(%+v) = %v, want ErrEndpointConfig", cfg, err)
 		}
 	}
 }
@@ -313,9 +313,9 @@ func TestUnreachable(t *testing.T) {
 	srv := httptest.NewServer(http.NotFoundHandler())
 	u := srv.URL
 	srv.Close()
-	_, err := Run(context.Background(), Config{URL: u, Timeout: 2 * time.Second})
-	if !errors.Is(err, ErrUnreachable) {
-		t.Fatalf("err = %v, want ErrUnreachable", err)
+	_, err := CheckEndpoint(context.Background(), EndpointConfig{URL: u, Timeout: 2 * time.Second})
+	if !errors.Is(err, ErrEndpointUnreachable) {
+		t.Fatalf("err = %v, want ErrEndpointUnreachable", err)
 	}
 }
 
@@ -324,7 +324,7 @@ func TestCanceled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_, srv := newFake(t, fakeOpts{})
-	if _, err := Run(ctx, Config{URL: srv.URL}); !errors.Is(err, context.Canceled) {
+	if _, err := CheckEndpoint(ctx, EndpointConfig{URL: srv.URL}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v, want context.Canceled", err)
 	}
 }
@@ -413,9 +413,9 @@ func TestReportOutput(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got struct {
-		Failed   bool     `json:"failed"`
-		Requests int      `json:"requests"`
-		Results  []Result `json:"results"`
+		Failed   bool             `json:"failed"`
+		Requests int              `json:"requests"`
+		Results  []EndpointResult `json:"results"`
 	}
 	if err := json.Unmarshal(js.Bytes(), &got); err != nil {
 		t.Fatalf("JSON output: %v\n%s", err, js.String())

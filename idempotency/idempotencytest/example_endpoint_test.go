@@ -1,4 +1,4 @@
-package keycheck_test
+package idempotencytest_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"net/http/httptest"
 	"sync"
 
-	"github.com/retrysafe/retrysafe/internal/keycheck"
+	"github.com/retrysafe/retrysafe/idempotency/idempotencytest"
 )
 
 // An endpoint that ignores Idempotency-Key executes every retry: the check says so.
@@ -24,12 +24,12 @@ func Example() {
 	}))
 	defer srv.Close()
 
-	rep, err := keycheck.Run(context.Background(), keycheck.Config{URL: srv.URL + "/payments", Body: []byte(`{"amount":100}`)})
+	rep, err := idempotencytest.CheckEndpoint(context.Background(), idempotencytest.EndpointConfig{URL: srv.URL + "/payments", Body: []byte(`{"amount":100}`)})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	for _, id := range []string{keycheck.CaseMissingKey, keycheck.CaseReplay, keycheck.CaseConcurrent} {
+	for _, id := range []string{idempotencytest.CaseMissingKey, idempotencytest.CaseReplay, idempotencytest.CaseConcurrent} {
 		r, _ := rep.Result(id)
 		fmt.Printf("%s: %s: %s\n", r.Name, r.Verdict, r.Observed)
 	}
