@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/retrysafe/internal/pgddl"
+	"github.com/retrysafe/retrysafe/internal/sqlname"
 	"github.com/retrysafe/retrysafe/retry"
 )
 
@@ -113,10 +114,10 @@ func New(cfg Config) (*Store, error) {
 	}
 	schema := cmp.Or(cfg.Schema, "public")
 	table := cmp.Or(cfg.Table, "retrysafe_leases")
-	if !pgddl.ValidName(schema, 63) {
+	if !sqlname.Valid(schema, 63) {
 		return nil, fmt.Errorf("fence: invalid schema name %q", schema)
 	}
-	if !pgddl.ValidName(table, 53) {
+	if !sqlname.Valid(table, 53) {
 		return nil, fmt.Errorf("fence: invalid table name %q", table)
 	}
 	s := &Store{pool: cfg.Pool, clock: cfg.Clock, logger: cfg.Logger, manual: cfg.ManualRenew}

@@ -144,6 +144,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/batch"
 	"github.com/retrysafe/retrysafe/internal/headercodec"
 	"github.com/retrysafe/retrysafe/internal/pgddl"
+	"github.com/retrysafe/retrysafe/internal/sqlname"
 )
 
 //go:embed schema.sql
@@ -252,10 +253,10 @@ func New(cfg Config) (*Store, error) {
 	}
 	schema := cmp.Or(cfg.Schema, "public")
 	table := cmp.Or(cfg.Table, "retrysafe_idempotency")
-	if !pgddl.ValidName(schema, 63) {
+	if !sqlname.Valid(schema, 63) {
 		return nil, fmt.Errorf("pgstore: invalid schema name %q", schema)
 	}
-	if !pgddl.ValidName(table, 48) {
+	if !sqlname.Valid(table, 48) {
 		return nil, fmt.Errorf("pgstore: invalid table name %q", table)
 	}
 	s := &Store{pool: cfg.Pool, table: pgx.Identifier{schema, table}.Sanitize(), clock: cfg.Clock}

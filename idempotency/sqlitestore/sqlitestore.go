@@ -115,6 +115,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"path/filepath"
@@ -129,6 +130,7 @@ import (
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/batch"
 	"github.com/retrysafe/retrysafe/internal/headercodec"
+	"github.com/retrysafe/retrysafe/internal/sqlname"
 )
 
 //go:embed schema.sql
@@ -295,14 +297,14 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// tableName is Config.Table or its default, checked by sqlname's rule for SQLite. SQLite
+// bounds no name's length, so neither does the store.
 func tableName(table string) (string, error) {
 	if table == "" {
 		return defaultTable, nil
 	}
-	for i, c := range table {
-		if c != '_' && (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (i == 0 || c < '0' || c > '9') {
-			return "", fmt.Errorf("sqlitestore: invalid Config.Table %q: use letters, digits and underscores, not starting with a digit", table)
-		}
+	if !sqlname.ValidAnyCase(table, math.MaxInt) {
+		return "", fmt.Errorf("sqlitestore: invalid Config.Table %q: use letters, digits and underscores, not starting with a digit", table)
 	}
 	return table, nil
 }

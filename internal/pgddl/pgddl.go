@@ -1,6 +1,5 @@
-// Package pgddl holds what the PostgreSQL-backed packages (pgstore, fence, pgbox) share
-// about their schemas: the rule their configurable names follow, and how their embedded
-// DDL is applied.
+// Package pgddl is how the PostgreSQL-backed packages (pgstore, fence, pgbox) apply
+// their embedded DDL. The rule their configurable names follow is package sqlname's.
 package pgddl
 
 import (
@@ -8,22 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 )
-
-// ValidName reports whether s is a lowercase SQL identifier of at most maxLen bytes:
-// letters, digits and underscores, not starting with a digit. Such a name needs no
-// quoting to mean what it says, and maxLen leaves room for the names derived from it
-// within PostgreSQL's 63-byte limit.
-func ValidName(s string, maxLen int) bool {
-	if s == "" || len(s) > maxLen || (s[0] >= '0' && s[0] <= '9') {
-		return false
-	}
-	for _, c := range []byte(s) {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
 
 // Beginner is a pool or a connection.
 type Beginner interface {

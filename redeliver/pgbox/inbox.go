@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/retrysafe/internal/pgddl"
+	"github.com/retrysafe/retrysafe/internal/sqlname"
 	"github.com/retrysafe/retrysafe/redeliver"
 	"github.com/retrysafe/retrysafe/retry"
 )
@@ -86,10 +87,10 @@ VALUES ($1, $2, $3, $4) ON CONFLICT (queue, message_id) DO NOTHING`),
 func replacer(schema, table, defTable, indexSuffix string) (*strings.Replacer, error) {
 	schema = cmp.Or(schema, "public")
 	table = cmp.Or(table, defTable)
-	if !pgddl.ValidName(schema, 63) {
+	if !sqlname.Valid(schema, 63) {
 		return nil, fmt.Errorf("pgbox: invalid schema name %q", schema)
 	}
-	if !pgddl.ValidName(table, 48) {
+	if !sqlname.Valid(table, 48) {
 		return nil, fmt.Errorf("pgbox: invalid table name %q", table)
 	}
 	return strings.NewReplacer(

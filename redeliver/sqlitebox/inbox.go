@@ -26,6 +26,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/retrysafe/retrysafe/internal/sqlname"
 	"github.com/retrysafe/retrysafe/redeliver"
 	"github.com/retrysafe/retrysafe/retry"
 )
@@ -69,7 +70,7 @@ func NewInbox(cfg InboxConfig) (*Inbox, error) {
 		return nil, errors.New("sqlitebox: InboxConfig.DB is nil")
 	}
 	table := cmp.Or(cfg.Table, "retrysafe_inbox")
-	if !validName(table) {
+	if !sqlname.ValidAnyCase(table, 64) {
 		return nil, fmt.Errorf("sqlitebox: invalid table name %q", table)
 	}
 	r := strings.NewReplacer("{table}", `"`+table+`"`, "{index}", `"`+table+`_expires_at"`)
@@ -88,18 +89,6 @@ VALUES (?, ?, ?, ?) ON CONFLICT (queue, message_id) DO NOTHING`),
 		i.now = time.Now
 	}
 	return i, nil
-}
-
-func validName(s string) bool {
-	if s == "" || len(s) > 64 || (s[0] >= '0' && s[0] <= '9') {
-		return false
-	}
-	for _, c := range []byte(s) {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_') {
-			return false
-		}
-	}
-	return true
 }
 
 // Migrate creates the table and its index when they do not exist. Idempotent.
