@@ -3,7 +3,6 @@ package deadline
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +13,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/retrysafe/retrysafe/internal/problem"
 )
 
 // DefaultHeader is the header that carries a budget between hops: the whole
@@ -354,34 +355,19 @@ func truncate(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// problem is an RFC 9457 problem details object.
-type problem struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail,omitempty"`
-}
-
 // The two 504s the middleware answers.
 var (
-	callerSpent = problem{Type: ProblemBudgetExhausted, Title: "Request budget exhausted", Status: http.StatusGatewayTimeout}
-	serverSpent = problem{Type: ProblemServerBudgetExhausted, Title: "Server budget exhausted", Status: http.StatusGatewayTimeout}
+	callerSpent = problem.Details{Type: ProblemBudgetExhausted, Title: "Request budget exhausted", Status: http.StatusGatewayTimeout}
+	serverSpent = problem.Details{Type: ProblemServerBudgetExhausted, Title: "Server budget exhausted", Status: http.StatusGatewayTimeout}
 )
 
 // writeProblem answers p with detail; a ProblemBudgetExhausted carries ExhaustedHeader.
-func writeProblem(w http.ResponseWriter, p problem, detail string) {
+func writeProblem(w http.ResponseWriter, p problem.Details, detail string) {
 	p.Detail = detail
-	body, _ := json.Marshal(p) // strings and an int always marshal
-	body = append(body, '\n')
-	h := w.Header()
-	h.Set("Content-Type", "application/problem+json")
-	h.Set("Cache-Control", "no-store")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
 	if p.Type == ProblemBudgetExhausted {
-		h.Set(ExhaustedHeader, "?1")
+		w.Header().Set(ExhaustedHeader, "?1")
 	} else {
-		h.Del(ExhaustedHeader)
+		w.Header().Del(ExhaustedHeader)
 	}
-	w.WriteHeader(p.Status)
-	_, _ = w.Write(body)
+	problem.Write(w, p, 0)
 }

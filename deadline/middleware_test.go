@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/retrysafe/retrysafe/internal/problem"
 )
 
 func TestParseBudget(t *testing.T) {
@@ -161,7 +163,7 @@ func TestMiddlewareSpent(t *testing.T) {
 			if ct := w.Header().Get("Content-Type"); ct != "application/problem+json" {
 				t.Errorf("Content-Type = %q, want application/problem+json", ct)
 			}
-			var p problem
+			var p problem.Details
 			if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil {
 				t.Fatalf("body %q: %v", w.Body.String(), err)
 			}
@@ -230,7 +232,7 @@ func checkProblem(t *testing.T, a reply, typ string) {
 	if a.status != http.StatusGatewayTimeout || a.header.Get("Content-Type") != "application/problem+json" {
 		t.Fatalf("got %d %q %q, want a 504 application/problem+json", a.status, a.header.Get("Content-Type"), a.body)
 	}
-	var p problem
+	var p problem.Details
 	if err := json.Unmarshal([]byte(a.body), &p); err != nil {
 		t.Fatalf("body %q: %v", a.body, err)
 	}

@@ -1,9 +1,9 @@
 package idempotency
 
 import (
-	"encoding/json"
 	"net/http"
-	"strconv"
+
+	"github.com/retrysafe/retrysafe/internal/problem"
 )
 
 // Problem is an RFC 9457 problem details object. Every error the middleware answers
@@ -30,17 +30,8 @@ const (
 	ProblemDeadlineExceeded = "urn:retrysafe:problem:deadline-exceeded"
 )
 
-// WriteProblem writes p as application/problem+json. retryAfter > 0 adds a Retry-After
-// header in seconds.
+// WriteProblem writes p as application/problem+json, with Cache-Control: no-store and
+// its Content-Length. retryAfter > 0 adds a Retry-After header in seconds.
 func WriteProblem(w http.ResponseWriter, p Problem, retryAfter int) {
-	h := w.Header()
-	h.Set("Content-Type", "application/problem+json")
-	h.Set("Cache-Control", "no-store")
-	if retryAfter > 0 {
-		h.Set("Retry-After", strconv.Itoa(retryAfter))
-	}
-	body, _ := json.Marshal(p) // a struct of strings and an int always marshals
-	h.Set("Content-Length", strconv.Itoa(len(body)+1))
-	w.WriteHeader(p.Status)
-	_, _ = w.Write(append(body, '\n'))
+	problem.Write(w, problem.Details(p), retryAfter)
 }
