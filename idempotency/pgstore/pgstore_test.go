@@ -65,20 +65,17 @@ func unmigrated(t *testing.T, pool *pgxpool.Pool) (*pgstore.Store, string) {
 	return unmigratedConfig(t, pgstore.Config{Pool: pool})
 }
 
+// unmigratedConfig is unmigrated with cfg (its Schema is replaced). The schema is dropped
+// on a connection of its own, so cfg.Pool may be shared by stores of many schemas; its
+// idle connections hold no lock that the drop would wait for.
 func unmigratedConfig(t *testing.T, cfg pgstore.Config) (*pgstore.Store, string) {
 	t.Helper()
-	pool := cfg.Pool
-	schema := testenv.Name("rs")
+	schema := testenv.Schema(t, "rs")
 	cfg.Schema = schema
 	st, err := pgstore.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
-	})
 	return st, schema
 }
 
