@@ -102,7 +102,7 @@ func leanClaims(t *testing.T, batch bool) {
 					Fingerprint: fp, Lease: time.Minute, TTL: time.Hour})
 			}
 		}
-		together(t, st, pool, batch, calls)
+		together(t, st, pool, tracer, batch, calls)
 		for i := range fps {
 			if errs[i] != nil || results[i].Claimed || results[i].Existing == nil {
 				t.Fatalf("claim %d: %+v, %v; want the existing record", i, results[i], errs[i])

@@ -22,9 +22,21 @@ import (
 )
 
 // batchTracer sees the batched statements (those that unnest arrays): how many ran,
-// and the most calls one of them carried.
+// and the most calls one of them carried. It also counts the acquisitions of a pool
+// connection in progress, which, while the test holds the pool's only connection, are
+// calls waiting for it.
 type batchTracer struct {
-	n, most atomic.Int64
+	n, most   atomic.Int64
+	acquiring atomic.Int64
+}
+
+func (c *batchTracer) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
+	c.acquiring.Add(1)
+	return ctx
+}
+
+func (c *batchTracer) TraceAcquireEnd(context.Context, *pgxpool.Pool, pgxpool.TraceAcquireEndData) {
+	c.acquiring.Add(-1)
 }
 
 func (c *batchTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
@@ -48,11 +60,13 @@ func (c *batchTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEn
 func (c *batchTracer) reset() { c.n.Store(0); c.most.Store(0) }
 
 // together runs calls at once. With hold set (st a Batch store on a pool of one
-// connection), the calls go out while that connection is held: two claims on keys of
-// their own go first, take both of the claim batch slots and wait for it, so that
-// claims among the calls arrive while no slot is free and go together in one batch
-// once the connection is released (of other calls, the first two go alone).
-func together(t *testing.T, st *pgstore.Store, pool *pgxpool.Pool, hold bool, calls []func()) {
+// connection, traced by tracer), the calls go out while that connection is held: two
+// claims on keys of their own go first, take both of the claim batch slots and wait for
+// it, so that claims among the calls arrive while no slot is free and go together in
+// one batch once the connection is released (of other calls, the first two go alone).
+// The connection is released once every call is queued in a batch or waits for the
+// connection, as the store's batches and the tracer's count of acquisitions show.
+func together(t *testing.T, st *pgstore.Store, pool *pgxpool.Pool, tracer *batchTracer, hold bool, calls []func()) {
 	t.Helper()
 	var wg sync.WaitGroup
 	if hold {
@@ -60,7 +74,8 @@ func together(t *testing.T, st *pgstore.Store, pool *pgxpool.Pool, hold bool, ca
 		if err != nil {
 			t.Fatal(err)
 		}
-		for range 2 {
+		const leaders = 2
+		for range leaders {
 			wg.Go(func() {
 				r := idempotency.ClaimRequest{Scope: "lead", Key: testenv.Name("k"), Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
 				if _, err := st.Claim(t.Context(), r); err != nil {
@@ -68,10 +83,17 @@ func together(t *testing.T, st *pgstore.Store, pool *pgxpool.Pool, hold bool, ca
 				}
 			})
 		}
-		time.Sleep(50 * time.Millisecond) // the two leaders wait for the connection
+		if !eventually(func() bool { return tracer.acquiring.Load() == leaders }) {
+			t.Errorf("the %d leading claims did not wait for the connection: %d acquisitions in progress", leaders, tracer.acquiring.Load())
+		}
 		defer func() {
-			time.Sleep(100 * time.Millisecond) // the calls are pending
-			conn.Release()
+			// Each call is then queued in a batch, or leads one and waits for the
+			// connection; the leaders wait too.
+			queued := func() int { return st.Queued() + int(tracer.acquiring.Load()) }
+			if !eventually(func() bool { return queued() == leaders+len(calls) }) {
+				t.Errorf("%d of %d calls queued", queued()-leaders, len(calls))
+			}
+			conn.Release() // even after a failure: the calls must end
 			wg.Wait()
 		}()
 	}
@@ -86,6 +108,20 @@ func together(t *testing.T, st *pgstore.Store, pool *pgxpool.Pool, hold bool, ca
 	if !hold {
 		wg.Wait()
 	}
+}
+
+// eventually reports whether cond holds within 10 s, polling it. It is for states only
+// another process or goroutine can reach, with no event to wait for: PostgreSQL's view
+// of its backends, calls parked in a pool or a batch.
+func eventually(cond func() bool) bool {
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
 }
 
 // ruleCase is one record's history and the claim made on it afterwards.
@@ -239,7 +275,7 @@ func claimRules(t *testing.T, batch bool) {
 		for i, c := range cases {
 			calls[i] = func() { results[i], errs[i] = pg.Claim(ctx, request(c)) }
 		}
-		together(t, pg, pool, batch, calls)
+		together(t, pg, pool, tracer, batch, calls)
 		most := tracer.most.Load()
 		for i, c := range cases {
 			if errs[i] != nil {
@@ -294,7 +330,7 @@ func claimRules(t *testing.T, batch bool) {
 		})
 	}
 	tracer.reset()
-	together(t, pg, pool, batch, calls)
+	together(t, pg, pool, tracer, batch, calls)
 	t.Logf("%d completions, at most %d in one statement", len(calls), tracer.most.Load())
 	for _, c := range cases {
 		rec, err := pg.Get(ctx, "s", c.name)
@@ -434,17 +470,15 @@ func TestRunningLeaseIsKept(t *testing.T) {
 // waitForLockWait waits until a statement on schema waits for a lock.
 func waitForLockWait(t *testing.T, pool *pgxpool.Pool, schema string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	waiting := func() bool {
 		var n int
 		if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
 			WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, schema).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n > 0 {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
+		return n > 0
 	}
-	t.Fatal("no statement waited for the row lock")
+	if !eventually(waiting) {
+		t.Fatal("no statement waited for the row lock")
+	}
 }
