@@ -9,8 +9,7 @@ package memstore
 
 import (
 	"context"
-	"encoding/base64"
-	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/internal/listcursor"
 )
 
 type id struct{ scope, key string }
@@ -239,9 +239,13 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 	if limit <= 0 {
 		limit = 100
 	}
-	after, err := decodeCursor(f.After)
-	if err != nil {
-		return idempotency.ListPage{}, err
+	var after *id
+	if f.After != "" {
+		scope, key, err := listcursor.Decode(f.After)
+		if err != nil {
+			return idempotency.ListPage{}, fmt.Errorf("memstore: %w", err)
+		}
+		after = &id{scope, key}
 	}
 	var ids []id
 	for k, r := range s.records {
@@ -259,7 +263,7 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 	for i, k := range ids {
 		if i == limit {
 			last := ids[i-1]
-			page.Next = encodeCursor(last)
+			page.Next = listcursor.Encode(last.scope, last.key)
 			break
 		}
 		page.Records = append(page.Records, *clone(s.records[k]))
@@ -282,25 +286,6 @@ func less(after *id, k id) bool {
 	}
 	return k.scope > after.scope || (k.scope == after.scope && k.key > after.key)
 }
-
-func encodeCursor(k id) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(k.scope)) + "." + base64.RawURLEncoding.EncodeToString([]byte(k.key))
-}
-
-func decodeCursor(s string) (*id, error) {
-	if s == "" {
-		return nil, nil
-	}
-	a, b, ok := strings.Cut(s, ".")
-	scope, err1 := base64.RawURLEncoding.DecodeString(a)
-	key, err2 := base64.RawURLEncoding.DecodeString(b)
-	if !ok || err1 != nil || err2 != nil {
-		return nil, errBadCursor
-	}
-	return &id{string(scope), string(key)}, nil
-}
-
-var errBadCursor = errors.New("memstore: invalid list cursor")
 
 func clone(r *idempotency.Record) *idempotency.Record {
 	c := *r

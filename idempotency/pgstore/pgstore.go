@@ -127,8 +127,6 @@ import (
 	"cmp"
 	"context"
 	_ "embed"
-	"encoding/base64"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -143,6 +141,7 @@ import (
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/batch"
 	"github.com/retrysafe/retrysafe/internal/headercodec"
+	"github.com/retrysafe/retrysafe/internal/listcursor"
 	"github.com/retrysafe/retrysafe/internal/pgddl"
 	"github.com/retrysafe/retrysafe/internal/sqlname"
 )
@@ -545,11 +544,11 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 		where = append(where, "state = "+arg(string(f.State)))
 	}
 	if f.After != "" {
-		scope, key, err := decodeCursor(f.After)
+		scope, key, err := listcursor.Decode(f.After)
 		if err != nil {
 			return idempotency.ListPage{}, fmt.Errorf("pgstore: list: %w", err)
 		}
-		where = append(where, "(scope, key) > ("+arg(scope)+", "+arg(key)+")")
+		where = append(where, "(scope, key) > ("+arg([]byte(scope))+", "+arg([]byte(key))+")")
 	}
 	q := "SELECT " + recordColumns + " FROM " + s.table
 	if len(where) > 0 {
@@ -566,7 +565,7 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 	for rows.Next() {
 		if len(page.Records) == limit {
 			last := page.Records[limit-1]
-			page.Next = encodeCursor(last.Scope, last.Key)
+			page.Next = listcursor.Encode(last.Scope, last.Key)
 			break
 		}
 		rec, err := scanRecord(rows)
@@ -587,26 +586,6 @@ func (s *Store) Ping(ctx context.Context) error {
 		return fmt.Errorf("pgstore: ping: %w", err)
 	}
 	return nil
-}
-
-// encodeCursor returns the opaque cursor after (scope, key): base64url of the scope's
-// length, the scope and the key.
-func encodeCursor(scope, key string) string {
-	b := binary.AppendUvarint(nil, uint64(len(scope)))
-	return base64.RawURLEncoding.EncodeToString(append(append(b, scope...), key...))
-}
-
-func decodeCursor(cursor string) (scope, key []byte, err error) {
-	b, err := base64.RawURLEncoding.DecodeString(cursor)
-	if err != nil {
-		return nil, nil, fmt.Errorf("invalid cursor: %w", err)
-	}
-	n, size := binary.Uvarint(b)
-	if size <= 0 || n > uint64(len(b)-size) {
-		return nil, nil, errors.New("invalid cursor")
-	}
-	b = b[size:]
-	return b[:n], b[n:], nil
 }
 
 // scanRecord scans lead, then recordColumns. A done record gets its Response when its

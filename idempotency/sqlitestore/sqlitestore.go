@@ -111,7 +111,6 @@ import (
 	"context"
 	"database/sql"
 	_ "embed"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -130,6 +129,7 @@ import (
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/batch"
 	"github.com/retrysafe/retrysafe/internal/headercodec"
+	"github.com/retrysafe/retrysafe/internal/listcursor"
 	"github.com/retrysafe/retrysafe/internal/sqlname"
 )
 
@@ -694,8 +694,8 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 	var afterScope, afterKey string
 	if f.After != "" {
 		var err error
-		if afterScope, afterKey, err = decodeCursor(f.After); err != nil {
-			return idempotency.ListPage{}, err
+		if afterScope, afterKey, err = listcursor.Decode(f.After); err != nil {
+			return idempotency.ListPage{}, fmt.Errorf("sqlitestore: %w", err)
 		}
 	}
 	rows, err := s.st.list.QueryContext(ctx, f.Scope, string(f.State),
@@ -708,7 +708,7 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 	for rows.Next() {
 		if len(page.Records) == limit {
 			last := page.Records[limit-1]
-			page.Next = encodeCursor(last.Scope, last.Key)
+			page.Next = listcursor.Encode(last.Scope, last.Key)
 			break
 		}
 		rec, err := scanRecord(rows)
@@ -849,18 +849,4 @@ func scanRecord(row interface{ Scan(...any) error }) (*idempotency.Record, error
 		r.Response = resp
 	}
 	return &r, nil
-}
-
-func encodeCursor(scope, key string) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(scope)) + "." + base64.RawURLEncoding.EncodeToString([]byte(key))
-}
-
-func decodeCursor(c string) (scope, key string, err error) {
-	a, b, ok := strings.Cut(c, ".")
-	s, err1 := base64.RawURLEncoding.DecodeString(a)
-	k, err2 := base64.RawURLEncoding.DecodeString(b)
-	if !ok || err1 != nil || err2 != nil {
-		return "", "", fmt.Errorf("sqlitestore: invalid list cursor %q", c)
-	}
-	return string(s), string(k), nil
 }
