@@ -13,9 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
 )
@@ -83,17 +80,8 @@ func openPostgres(t *testing.T, cfg Config) *Server {
 	t.Helper()
 	testLogger(t, &cfg)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.PostgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	schema := testenv.Name("ledger")
-	t.Cleanup(func() {
-		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
-	})
+	schema := testenv.Schema(t, "ledger") // before the pool: dropped after it is closed
+	pool := testenv.PostgresPool(t, 0)
 	s, err := NewPostgres(ctx, PostgresConfig{Config: cfg, Pool: pool, Schema: schema})
 	if err != nil {
 		t.Fatal(err)

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
@@ -102,7 +100,7 @@ func TestSQLiteDefault(t *testing.T) {
 func TestPostgres(t *testing.T) {
 	t.Parallel()
 	base := testenv.PostgresURL(t)
-	schema := testenv.Name("dsn")
+	schema := testenv.Schema(t, "dsn") // before the store: dropped after it is closed
 	u, _ := url.Parse(base)
 	q := u.Query()
 	q.Set("schema", schema)
@@ -112,13 +110,7 @@ func TestPostgres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = o.Close()
-		if pool, err := pgxpool.New(ctx, base); err == nil {
-			_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
-			pool.Close()
-		}
-	})
+	t.Cleanup(func() { _ = o.Close() })
 	if o.Kind != storedsn.KindPostgres || o.Janitor == nil || strings.Contains(o.Name, "schema=") {
 		t.Fatalf("%+v", o)
 	}
@@ -127,11 +119,7 @@ func TestPostgres(t *testing.T) {
 	}
 	roundTrip(t, o.Store)
 	// The table is in the schema asked for.
-	pool, err := pgxpool.New(ctx, base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := testenv.PostgresPool(t, 1)
 	var n int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".retrysafe_idempotency").Scan(&n); err != nil || n != 1 {
 		t.Fatalf("rows in %s: %d %v", schema, n, err)
