@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/retrysafe/retrysafe/gateway"
@@ -95,8 +94,10 @@ func BenchmarkGateway(b *testing.B) {
 	} {
 		gw, err := gateway.New(gateway.Config{
 			Upstream: upURL,
-			Store:    s.open(b),
 			Logger:   logger,
+			Idempotency: idempotency.Config{
+				Store: s.open(b),
+			},
 		})
 		if err != nil {
 			b.Fatal(err)
@@ -193,20 +194,8 @@ func gwSQLite(b *testing.B) idempotency.Store {
 
 func gwPostgres(b *testing.B) idempotency.Store {
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(b))
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.MaxConns = gwClients
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	schema := testenv.Name("gwbench")
-	b.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
-		pool.Close()
-	})
+	schema := testenv.Schema(b, "gwbench") // before the pool: dropped after it is closed
+	pool := testenv.PostgresPool(b, gwClients)
 	s, err := pgstore.New(pgstore.Config{Pool: pool, Schema: schema})
 	if err != nil {
 		b.Fatal(err)

@@ -16,9 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/retrysafe/retrysafe/examples/payments/ledger"
 	"github.com/retrysafe/retrysafe/harness/testenv"
 )
@@ -114,22 +111,8 @@ func (e *statusError) Error() string {
 func openPostgres(b *testing.B, cfg ledger.Config) *ledger.Server {
 	b.Helper()
 	ctx := context.Background()
-	pcfg, err := pgxpool.ParseConfig(testenv.PostgresURL(b))
-	if err != nil {
-		b.Fatal(err)
-	}
-	pcfg.MaxConns = pgMaxConns
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(pool.Close)
-	schema := testenv.Name("bench")
-	b.Cleanup(func() {
-		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			b.Errorf("dropping schema %s: %v", schema, err)
-		}
-	})
+	schema := testenv.Schema(b, "bench") // before the pool: dropped after it is closed
+	pool := testenv.PostgresPool(b, pgMaxConns)
 	srv, err := ledger.NewPostgres(ctx, ledger.PostgresConfig{Config: cfg, Pool: pool, Schema: schema})
 	if err != nil {
 		b.Fatal(err)

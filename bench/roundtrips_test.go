@@ -38,22 +38,8 @@ func BenchmarkRoundTrips(b *testing.B) {
 	for _, name := range []string{"insert", "autocommit", "claim-then-tx", "claim-in-tx", "claim-in-tx-pipelined", "one-batch"} {
 		b.Run(name, func(b *testing.B) {
 			ctx := context.Background()
-			pcfg, err := pgxpool.ParseConfig(testenv.PostgresURL(b))
-			if err != nil {
-				b.Fatal(err)
-			}
-			pcfg.MaxConns = pgMaxConns
-			pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(pool.Close)
-			s := pgx.Identifier{testenv.Name("roundtrips")}.Sanitize()
-			b.Cleanup(func() {
-				if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+s+" CASCADE"); err != nil {
-					b.Error(err)
-				}
-			})
+			s := pgx.Identifier{testenv.Schema(b, "roundtrips")}.Sanitize() // before the pool: dropped after it is closed
+			pool := testenv.PostgresPool(b, pgMaxConns)
 			if _, err := pool.Exec(ctx, `CREATE SCHEMA `+s+`;
 CREATE SEQUENCE `+s+`.seq;
 CREATE TABLE `+s+`.idem (scope text, key text, fingerprint text NOT NULL, state text NOT NULL,
