@@ -125,7 +125,7 @@ func (cfg EndpointConfig) plan() (*plan, error) {
 		p.Timeout = DefaultEndpointTimeout
 	}
 	if len(p.Auth) > 2 {
-		return nil, fmt.Errorf("%w: at most two credentials (--auth), got %d", ErrEndpointConfig, len(p.Auth))
+		return nil, fmt.Errorf("%w: at most two credentials (Auth, --auth), got %d", ErrEndpointConfig, len(p.Auth))
 	}
 	for i, a := range p.Auth {
 		if strings.TrimSpace(a) == "" || strings.ContainsAny(a, "\r\n\x00") {

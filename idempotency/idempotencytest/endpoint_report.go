@@ -382,7 +382,7 @@ func (o *observations) scopes() EndpointResult {
 	res := EndpointResult{ID: CaseScopes, Name: "same key, two credentials", Expect: "two independent executions",
 		Source: "IETF draft, Stripe", Level: Required}
 	if !o.twoAuths {
-		res.Verdict, res.Observed = NotApplicable, "needs two credentials (--auth A --auth B)"
+		res.Verdict, res.Observed = NotApplicable, "needs two credentials (two Auth values; --auth twice)"
 		return res
 	}
 	a, b := o.scopeA, o.scopeB
