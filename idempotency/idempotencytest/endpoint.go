@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/retrysafe/retrysafe/internal/httpname"
 	"github.com/retrysafe/retrysafe/retry"
 )
 
@@ -109,7 +110,7 @@ func (cfg EndpointConfig) plan() (*plan, error) {
 		p.Method = DefaultEndpointMethod
 	}
 	p.Method = strings.ToUpper(p.Method)
-	if !validToken(p.Method) {
+	if !httpname.Valid(p.Method) {
 		return nil, fmt.Errorf("%w: %q is not an HTTP method", ErrEndpointConfig, cfg.Method)
 	}
 	if p.Concurrency == 0 {
@@ -149,7 +150,7 @@ func (cfg EndpointConfig) plan() (*plan, error) {
 	}
 	for k, vs := range p.Header {
 		for _, v := range vs {
-			if !validToken(k) || strings.ContainsAny(v, "\r\n\x00") {
+			if !httpname.Valid(k) || strings.ContainsAny(v, "\r\n\x00") {
 				return nil, fmt.Errorf("%w: header %q is not a valid header", ErrEndpointConfig, k)
 			}
 		}
@@ -222,23 +223,6 @@ func siblingURL(u *url.URL, other string) (*url.URL, error) {
 		return nil, fmt.Errorf("%w: the other route is the URL itself", ErrEndpointConfig)
 	}
 	return o, nil
-}
-
-// validToken reports whether s is an RFC 9110 token (a method, a header name).
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
 }
 
 // EndpointRequests returns how many requests CheckEndpoint sends with cfg, not counting
