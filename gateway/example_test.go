@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 
 	"github.com/retrysafe/retrysafe/gateway"
+	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/memstore"
 )
 
@@ -30,8 +31,10 @@ func Example() {
 	upstream, _ := url.Parse(api.URL)
 	gw, err := gateway.New(gateway.Config{
 		Upstream: upstream,
-		Store:    memstore.New(),
 		Logger:   slog.New(slog.DiscardHandler),
+		Idempotency: idempotency.Config{
+			Store: memstore.New(),
+		},
 	})
 	if err != nil {
 		fmt.Println(err)
@@ -66,7 +69,7 @@ func ExampleGateway_Run() {
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer api.Close()
 	upstream, _ := url.Parse(api.URL)
-	gw, err := gateway.New(gateway.Config{Upstream: upstream, Store: memstore.New(), Logger: slog.New(slog.DiscardHandler)})
+	gw, err := gateway.New(gateway.Config{Upstream: upstream, Logger: slog.New(slog.DiscardHandler), Idempotency: idempotency.Config{Store: memstore.New()}})
 	if err != nil {
 		fmt.Println(err)
 		return

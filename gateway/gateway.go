@@ -2,11 +2,15 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"slices"
 	"strconv"
@@ -21,15 +25,20 @@ import (
 	"github.com/retrysafe/retrysafe/idempotency"
 )
 
+// This file is the request path, in the order a request takes it: ServeHTTP makes the
+// request's exchange (all the gateway's state of one request), deadline.Middleware
+// gives it its budget, the idempotency middleware (Serve) claims its key or answers it
+// from the store, forward sends it upstream once through the ReverseProxy, and finish
+// logs and counts it with the outcome Serve returned.
+
 // Gateway is the idempotency reverse proxy. Make one with New; it is an http.Handler.
 type Gateway struct {
 	cfg      Config
-	store    idempotency.Store // cfg.Store, instrumented
+	mw       *idempotency.Middleware
 	metrics  *metrics
 	gatherer prometheus.Gatherer // nil: no /metrics
 	proxy    *httputil.ReverseProxy
-	mw       *idempotency.Middleware
-	handler  http.Handler
+	handler  http.Handler // deadline.Middleware, then serve
 	// protected are the request headers the upstream must receive as the gateway saw
 	// them: the key, the scope's source and the content type (both fingerprinted).
 	protected []string
@@ -56,35 +65,28 @@ func New(cfg Config) (*Gateway, error) {
 	if g.metrics, err = newMetrics(reg); err != nil {
 		return nil, err
 	}
-	g.store = instrument(cfg.Store, g.metrics)
 
-	var scope func(*http.Request) string
+	mcfg := cfg.Idempotency
 	g.protected = []string{"Idempotency-Key", "Authorization", "Content-Type"}
 	if h := cfg.ScopeHeader; h != "" {
-		scope = func(r *http.Request) string { return r.Header.Get(h) }
+		mcfg.Scope = func(r *http.Request) string { return r.Header.Get(h) }
 		g.protected[1] = http.CanonicalHeaderKey(h)
 	}
-	g.mw, err = idempotency.New(idempotency.Config{
-		Store:         g.store,
-		Methods:       cfg.Methods,
-		KeyOptional:   cfg.KeyOptional,
-		Scope:         scope,
-		Lease:         cfg.Lease,
-		TTL:           cfg.TTL,
-		MaxBody:       cfg.MaxBody,
-		BodyTimeout:   cfg.BodyTimeout,
-		MaxBodyMemory: cfg.MaxBodyMemory,
-		MaxResponse:   cfg.MaxResponse,
-		FailOpen:      cfg.FailOpen,
-		Logger:        cfg.Logger,
-		OnOutcome: func(r *http.Request, o idempotency.Outcome) {
-			if ex := exchangeFrom(r.Context()); ex != nil {
-				ex.setOutcome(string(o))
-			}
-		},
-	})
+	userObserver := mcfg.OnStoreCall
+	mcfg.OnStoreCall = func(op idempotency.StoreOp, took time.Duration, err error) {
+		g.metrics.observeStore(string(op), took, err)
+		if userObserver != nil {
+			userObserver(op, took, err)
+		}
+	}
+	if g.mw, err = idempotency.New(mcfg); err == nil {
+		err = checkTTL(g.mw.Config(), cfg.UpstreamTimeout)
+	}
 	if err != nil {
 		g.metrics.unregister(reg) // so that a corrected Config can register them again
+		if g.mw != nil {
+			_ = g.mw.Shutdown(context.Background())
+		}
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	g.proxy = &httputil.ReverseProxy{
@@ -97,7 +99,9 @@ func New(cfg Config) (*Gateway, error) {
 		Transport:      deadline.Transport{Base: cfg.Transport},
 		ModifyResponse: g.modifyResponse,
 		ErrorHandler:   g.upstreamError,
-		ErrorLog:       log.New(slogWriter{cfg.Logger}, "", 0),
+		// What the proxy logs of a failed round trip or body copy, the request's own
+		// line says (upstream_error): the proxy's lines are for debugging.
+		ErrorLog: log.New(slogWriter{cfg.Logger, slog.LevelDebug}, "", 0),
 		// Without a pool ReverseProxy allocates a 32 KiB copy buffer per request: over
 		// half the bytes a proxied request allocated in BenchmarkGateway's profile.
 		BufferPool: &bufferPool{},
@@ -106,8 +110,8 @@ func New(cfg Config) (*Gateway, error) {
 	// upstream: a caller whose own budget (Request-Budget-Ms) is already spent is
 	// answered 504 before anything is claimed, and one whose budget runs out while its
 	// body arrives is answered 504 too; a body slower than BodyTimeout is a 408.
-	g.handler = deadline.Middleware(deadline.Config{Budget: cfg.BodyTimeout + cfg.UpstreamTimeout, Logger: cfg.Logger})(
-		g.mw.Handler(http.HandlerFunc(g.forward)))
+	budget := g.mw.Config().BodyTimeout + cfg.UpstreamTimeout
+	g.handler = deadline.Middleware(deadline.Config{Budget: budget, Logger: cfg.Logger})(http.HandlerFunc(g.serve))
 	return g, nil
 }
 
@@ -115,6 +119,13 @@ func New(cfg Config) (*Gateway, error) {
 // must receive — the Idempotency-Key, the header its scope comes from, or its content
 // type — which a proxy must drop as hop-by-hop.
 const ProblemHopByHop = "urn:retrysafe:problem:hop-by-hop-header"
+
+// Outcomes the gateway reports beyond the middleware's (idempotency.Outcome).
+const (
+	outcomeHopByHop        = "hop-by-hop"       // 400: Connection names a protected header
+	outcomeBudgetExhausted = "budget-exhausted" // 504 from deadline.Middleware: nothing ran
+	outcomeError           = "error"            // the request panicked before an outcome
+)
 
 // hopByHop returns the first protected header r's Connection header lists, or "".
 func (g *Gateway) hopByHop(r *http.Request) string {
@@ -129,14 +140,19 @@ func (g *Gateway) hopByHop(r *http.Request) string {
 	return ""
 }
 
-// exchange is one request's state, shared by the layers of the gateway through the
-// request's context.
+// exchange is the gateway's state of one request, made by ServeHTTP and read by finish.
+// The ReverseProxy's hooks (modifyResponse, upstreamError) are handed only the request,
+// so they find it in the request's context.
 type exchange struct {
+	start  time.Time
+	client *clientWriter
+
 	sent atomic.Bool // the upstream request's headers were written
 
 	mu          sync.Mutex
-	call        *upstreamCall
 	outcome     string
+	abort       bool // the answer broke off: the client's connection must be cut
+	call        *upstreamCall
 	failure     failure
 	upstreamErr error
 	upstreamDur time.Duration
@@ -161,22 +177,44 @@ func exchangeFrom(ctx context.Context) *exchange {
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.active.add()
 	defer g.active.done()
-	start := time.Now()
-	ex := &exchange{}
-	cw := &clientWriter{ResponseWriter: w}
-	defer func() { g.finish(r, ex, cw, start) }()
+	ex := &exchange{start: time.Now(), client: &clientWriter{ResponseWriter: w}}
+	defer g.finish(r, ex) // also when the request panics
 	if name := g.hopByHop(r); name != "" {
-		ex.setOutcome("hop-by-hop")
-		idempotency.WriteProblem(cw, idempotency.Problem{Type: ProblemHopByHop, Title: "Header listed as hop-by-hop",
+		ex.setOutcome(outcomeHopByHop)
+		idempotency.WriteProblem(ex.client, idempotency.Problem{Type: ProblemHopByHop, Title: "Header listed as hop-by-hop",
 			Status: http.StatusBadRequest,
 			Detail: "The Connection header lists " + name + ", which the upstream must receive (it is the key, the scope or fingerprinted): the request was not forwarded."}, 0)
 		return
 	}
-	g.handler.ServeHTTP(cw, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, ex)))
+	g.handler.ServeHTTP(ex.client, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, ex)))
+	ex.mu.Lock()
+	if ex.outcome == "" {
+		// serve never ran: deadline.Middleware answered, the caller's budget being spent.
+		ex.outcome = outcomeBudgetExhausted
+	}
+	abort := ex.abort
+	ex.mu.Unlock()
+	if abort && r.Context().Value(http.ServerContextKey) != nil {
+		// The answer broke off after its status was sent: cutting the client's
+		// connection is how net/http tells the client that it is not whole. (Served
+		// another way, as by a test's recorder, the handler just returns.)
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// serve runs the request through the idempotency middleware, with forward as the
+// handler, and keeps the outcome it returns.
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
+	o, err := g.mw.Serve(w, r, http.HandlerFunc(g.forward))
+	ex := exchangeFrom(r.Context())
+	ex.mu.Lock()
+	ex.outcome = string(o)
+	ex.abort = ex.abort || errors.Is(err, idempotency.ErrAborted)
+	ex.mu.Unlock()
 }
 
 // forward runs as the owner of the key (or for an unkeyed request) and sends the
-// request upstream.
+// request upstream, once.
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 	ex := exchangeFrom(r.Context())
 	claim, keyed := idempotency.ClaimFromContext(r.Context())
@@ -198,42 +236,49 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 	ex.mu.Lock()
 	ex.call = call
 	ex.mu.Unlock()
-	ctx := sentTrace(call.ctx, &ex.sent)
+	// The proxy does not see the server in the context, so a body that breaks off while
+	// it copies makes it return rather than panic: the break is then handled here, in
+	// the open, and the client's connection cut by ServeHTTP once it is accounted for.
+	ctx := sentTrace(withoutServer{call.ctx}, &ex.sent)
 	start := time.Now()
-	defer func() {
-		ex.mu.Lock()
-		defer ex.mu.Unlock()
-		ex.upstreamDur = time.Since(start)
-		if ex.body != nil && ex.failure == failNone {
-			if err := ex.body.failed(); err != nil {
-				ex.failure, ex.upstreamErr = failBody, err
-				if keyed {
-					claim.Abandon()
-				}
-				// The answer is incomplete: under an http.Server (which recovers this
-				// panic quietly) the client's connection is cut, so that it cannot take
-				// a truncated answer for a whole one — and the middleware, seeing the
-				// handler panic, sends nothing of what it held and keeps the key to its
-				// lease. ReverseProxy has panicked so already, under a server.
-				if v := recover(); v != nil && v != http.ErrAbortHandler {
-					panic(v)
-				}
-				if r.Context().Value(http.ServerContextKey) != nil {
-					panic(http.ErrAbortHandler)
-				}
+	g.proxy.ServeHTTP(w, r.WithContext(ctx))
+
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	ex.upstreamDur = time.Since(start)
+	if ex.body != nil && ex.failure == failNone {
+		if err := ex.body.failed(); err != nil {
+			// The answer is incomplete: the middleware sends nothing more of it and
+			// keeps the key to its lease (or stored, if it already was), and the
+			// client's connection is cut, so that it cannot take a truncated answer for
+			// a whole one.
+			ex.failure, ex.upstreamErr, ex.abort = failBody, err, true
+			if keyed {
+				claim.Abort()
 			}
 		}
-		result := ex.failure.String()
-		switch {
-		case result != "":
-		case ex.upstreamSt >= 100 && ex.upstreamSt <= 599:
-			result = strconv.Itoa(ex.upstreamSt/100) + "xx"
-		default:
-			result = "other"
-		}
-		g.metrics.upstreamDur.WithLabelValues(result).Observe(ex.upstreamDur.Seconds())
-	}()
-	g.proxy.ServeHTTP(w, r.WithContext(ctx))
+	}
+	result := ex.failure.String()
+	switch {
+	case result != "":
+	case ex.upstreamSt >= 100 && ex.upstreamSt <= 599:
+		result = strconv.Itoa(ex.upstreamSt/100) + "xx"
+	default:
+		result = "other"
+	}
+	g.metrics.upstreamDur.WithLabelValues(result).Observe(ex.upstreamDur.Seconds())
+}
+
+// withoutServer hides the http.Server from the context the ReverseProxy sees: under a
+// server the proxy panics with http.ErrAbortHandler when a body copy fails, and the
+// gateway handles that failure itself (forward).
+type withoutServer struct{ context.Context }
+
+func (c withoutServer) Value(key any) any {
+	if key == http.ServerContextKey {
+		return nil
+	}
+	return c.Context.Value(key)
 }
 
 // modifyResponse watches the upstream's body so that a body that breaks off is not
@@ -267,10 +312,11 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, out *http.Request, err er
 		ex.mu.Unlock()
 	}
 	claim, keyed := idempotency.ClaimFromContext(ctx)
-	lease := int(math.Ceil(g.cfg.Lease.Seconds()))
+	leaseDur := g.mw.Config().Lease
+	lease := int(math.Ceil(leaseDur.Seconds()))
 	retry := "Retry it with the same Idempotency-Key."
 	if keyed {
-		retry = fmt.Sprintf("Retry it with the same Idempotency-Key: until the key's lease ends (%s) a retry is answered 409; after it the request is forwarded again with the same key.", g.cfg.Lease)
+		retry = fmt.Sprintf("Retry it with the same Idempotency-Key: until the key's lease ends (%s) a retry is answered 409; after it the request is forwarded again with the same key.", leaseDur)
 	}
 	switch f {
 	case failUnreachable:
@@ -302,26 +348,23 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, out *http.Request, err er
 	}
 }
 
-// finish logs the request and counts it.
-func (g *Gateway) finish(r *http.Request, ex *exchange, cw *clientWriter, start time.Time) {
-	d := time.Since(start)
+// finish logs the request and counts it, under the outcome the middleware returned (or
+// the gateway's own: hop-by-hop, budget-exhausted, error).
+func (g *Gateway) finish(r *http.Request, ex *exchange) {
+	d := time.Since(ex.start)
 	ex.mu.Lock()
 	outcome, f, uerr, udur, upstreamSt := ex.outcome, ex.failure, ex.upstreamErr, ex.upstreamDur, ex.upstreamSt
 	ex.mu.Unlock()
+	if outcome == "" {
+		outcome = outcomeError // ServeHTTP did not get to the end: the request panicked
+	}
+	cw := ex.client
 	status := cw.status
 	switch {
 	case status == 0 && f == failBody:
 		status = upstreamSt // the answer that broke off; the client got none of it
 	case status == 0:
 		status = http.StatusOK // what net/http sends for a handler that wrote nothing
-	}
-	if outcome == "" {
-		// The middleware never saw it: deadline.Middleware answered (the caller's budget
-		// was spent), or the request panicked before.
-		outcome = "budget-exhausted"
-		if status != http.StatusGatewayTimeout {
-			outcome = "error"
-		}
 	}
 	g.metrics.requests.WithLabelValues(outcome).Inc()
 	g.metrics.requestDur.WithLabelValues(outcome).Observe(d.Seconds())
@@ -406,15 +449,19 @@ func (w *clientWriter) Flush() {
 // Unwrap lets http.ResponseController reach the server's writer.
 func (w *clientWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// slogWriter adapts a slog.Logger to the log.Logger that net/http wants for its errors.
-type slogWriter struct{ l *slog.Logger }
+// slogWriter adapts a slog.Logger to the log.Logger that net/http wants for its errors,
+// logging each line at level.
+type slogWriter struct {
+	l     *slog.Logger
+	level slog.Level
+}
 
 func (s slogWriter) Write(p []byte) (int, error) {
 	msg := string(p)
 	if n := len(msg); n > 0 && msg[n-1] == '\n' {
 		msg = msg[:n-1]
 	}
-	s.l.Warn(msg)
+	s.l.Log(context.Background(), s.level, msg)
 	return len(p), nil
 }
 
@@ -433,4 +480,190 @@ func (b *bufferPool) Put(buf []byte) {
 		buf = buf[:cap(buf)]
 		b.p.Put(&buf)
 	}
+}
+
+// Problem types of the gateway's own error answers (RFC 9457). The middleware's are in
+// package idempotency.
+const (
+	// ProblemUpstreamUnreachable (502): the request never reached the upstream; the key
+	// was released, so a retry forwards again.
+	ProblemUpstreamUnreachable = "urn:retrysafe:problem:upstream-unreachable"
+	// ProblemUpstreamTimeout (504): the request was sent and no answer came in time; the
+	// outcome is unknown and the key stays in progress until its lease ends.
+	ProblemUpstreamTimeout = "urn:retrysafe:problem:upstream-timeout"
+	// ProblemUpstreamFailed (502): the request was sent and the connection broke before
+	// an answer; the outcome is unknown and the key stays in progress until its lease
+	// ends.
+	ProblemUpstreamFailed = "urn:retrysafe:problem:upstream-failed"
+)
+
+// failure is what a failed upstream round trip means for the key.
+type failure int
+
+const (
+	failNone failure = iota
+	// failUnreachable: the upstream cannot have seen the request. Release the key.
+	failUnreachable
+	// failTimeout: the request was sent; no answer came before the deadline. Outcome
+	// unknown: keep the key in progress until its lease ends.
+	failTimeout
+	// failBroken: the request was sent; the connection failed before an answer. Outcome
+	// unknown, as for failTimeout.
+	failBroken
+	// failBody: the answer's status was passed on, then its body broke off. The upstream
+	// acted; the stored answer would be incomplete: keep the key in progress.
+	failBody
+)
+
+// String is the failure's name in logs and in the upstream metric's result label.
+func (f failure) String() string {
+	switch f {
+	case failUnreachable:
+		return "unreachable"
+	case failTimeout:
+		return "timeout"
+	case failBroken:
+		return "failed"
+	case failBody:
+		return "body-failed"
+	}
+	return ""
+}
+
+// classify tells a round trip that never reached the upstream from one whose outcome is
+// unknown. sent reports whether the request's headers were written to a connection
+// (httptrace's WroteHeaders, on any attempt: the transport may retry a request on a new
+// connection). An HTTP server cannot act on a request whose headers it has not
+// received, so an error before that point — dial, DNS, TLS, a budget spent before
+// sending — means the upstream never saw the request, whatever the error says. After
+// it, the upstream may have executed the request: a timeout (a context deadline or a
+// net.Error that says Timeout) is failTimeout, anything else failBroken. err nil is
+// failNone.
+func classify(err error, sent bool) failure {
+	if err == nil {
+		return failNone
+	}
+	if !sent {
+		return failUnreachable
+	}
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+		return failTimeout
+	}
+	return failBroken
+}
+
+// sentTrace returns a context whose round trips set *sent once a request's headers have
+// been written.
+func sentTrace(ctx context.Context, sent *atomic.Bool) context.Context {
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteHeaders: func() { sent.Store(true) },
+	})
+}
+
+// errUpstreamTimeout is the cause of an upstream call cut by the upstream timeout.
+var errUpstreamTimeout = fmt.Errorf("gateway: upstream timeout: %w", context.DeadlineExceeded)
+
+// upstreamCall bounds one upstream call. Until its answer is settled the whole call is
+// bounded by the upstream timeout; after, only each wait for the upstream's bytes is:
+// the copy to the client goes at the client's pace, and a slow client must not make
+// the upstream look late. A keyed call is settled when its answer is stored (the
+// middleware's Claim.Stored), which for an answer it keeps whole is after the upstream
+// sent all of it; another call when its response headers arrive.
+type upstreamCall struct {
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	timeout time.Duration
+	settled <-chan struct{} // nil: settle is called by the gateway
+
+	mu    sync.Mutex
+	total *time.Timer
+	done  bool // settled
+}
+
+func startUpstreamCall(parent context.Context, timeout time.Duration, settled <-chan struct{}) *upstreamCall {
+	ctx, cancel := context.WithCancelCause(parent)
+	deadline := time.Now().Add(timeout)
+	if d, ok := parent.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	c := &upstreamCall{cancel: cancel, timeout: timeout, settled: settled}
+	// The deadline the upstream is told of (Request-Budget-Ms): the gateway's wait.
+	c.ctx = deadlineContext{Context: ctx, deadline: deadline}
+	c.total = time.AfterFunc(timeout, c.expire)
+	return c
+}
+
+func (c *upstreamCall) expire() { c.cancel(errUpstreamTimeout) }
+
+// settle ends the bound on the whole call.
+func (c *upstreamCall) settle() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.done {
+		c.done = true
+		c.total.Stop()
+	}
+}
+
+// read runs one read of the upstream's body, bounded by the timeout once the call is
+// settled.
+func (c *upstreamCall) read(f func() (int, error)) (int, error) {
+	if c.settled != nil {
+		select {
+		case <-c.settled:
+			c.settle()
+		default:
+		}
+	}
+	c.mu.Lock()
+	done := c.done
+	c.mu.Unlock()
+	if !done {
+		return f()
+	}
+	t := time.AfterFunc(c.timeout, c.expire)
+	defer t.Stop()
+	return f()
+}
+
+func (c *upstreamCall) stop() {
+	c.total.Stop()
+	c.cancel(nil)
+}
+
+// deadlineContext reports deadline as its deadline while its cancellation is its own:
+// the upstream timeout can be lifted once the answer is settled.
+type deadlineContext struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c deadlineContext) Deadline() (time.Time, bool) { return c.deadline, true }
+
+// watchedBody wraps an upstream response body: it remembers a read error other than
+// io.EOF (the body broke off), and bounds each read as the call says.
+type watchedBody struct {
+	io.ReadCloser
+	call *upstreamCall
+	mu   sync.Mutex
+	err  error
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.call.read(func() (int, error) { return b.ReadCloser.Read(p) })
+	if err != nil && !errors.Is(err, io.EOF) {
+		b.mu.Lock()
+		if b.err == nil {
+			b.err = err
+		}
+		b.mu.Unlock()
+	}
+	return n, err
+}
+
+func (b *watchedBody) failed() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
 }

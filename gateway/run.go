@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync"
@@ -34,10 +35,13 @@ func (g *Gateway) Admin() http.Handler {
 			plain(w, http.StatusServiceUnavailable, "shutting down")
 			return
 		}
-		if p, ok := g.store.(idempotency.Pinger); ok {
+		if p, ok := g.cfg.Idempotency.Store.(idempotency.Pinger); ok {
 			ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 			defer cancel()
-			if err := p.Ping(ctx); err != nil {
+			start := time.Now()
+			err := p.Ping(ctx)
+			g.metrics.observeStore(string(idempotency.StorePing), time.Since(start), err)
+			if err != nil {
 				plain(w, http.StatusServiceUnavailable, "store: "+err.Error())
 				return
 			}
@@ -46,7 +50,7 @@ func (g *Gateway) Admin() http.Handler {
 	})
 	if g.gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(g.gatherer, promhttp.HandlerOpts{
-			ErrorLog: log.New(slogWriter{g.cfg.Logger}, "metrics: ", 0),
+			ErrorLog: log.New(slogWriter{g.cfg.Logger, slog.LevelWarn}, "metrics: ", 0),
 		}))
 	}
 	return mux
@@ -79,7 +83,7 @@ func (g *Gateway) Run(ctx context.Context, ln, adminLn net.Listener) error {
 	if !g.running.CompareAndSwap(false, true) {
 		return ErrRunning
 	}
-	errLog := log.New(slogWriter{g.cfg.Logger}, "", 0)
+	errLog := log.New(slogWriter{g.cfg.Logger, slog.LevelWarn}, "", 0)
 	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: errLog}
 	servers := []*http.Server{srv}
 	errc := make(chan error, 2)
@@ -92,10 +96,10 @@ func (g *Gateway) Run(ctx context.Context, ln, adminLn net.Listener) error {
 
 	jctx, stopJanitor := context.WithCancel(context.WithoutCancel(ctx))
 	janitorDone := make(chan struct{})
-	if j, ok := g.store.(idempotency.Janitor); ok {
+	if j, ok := g.cfg.Idempotency.Store.(idempotency.Janitor); ok {
 		go func() {
 			defer close(janitorDone)
-			idempotency.RunJanitor(jctx, j, idempotency.JanitorConfig{Logger: g.cfg.Logger})
+			idempotency.RunJanitor(jctx, timedJanitor{j, g.metrics}, idempotency.JanitorConfig{Logger: g.cfg.Logger})
 		}()
 	} else {
 		close(janitorDone)

@@ -6,14 +6,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/retrysafe/retrysafe/deadline"
 	"github.com/retrysafe/retrysafe/harness/testenv"
@@ -130,7 +136,6 @@ func listen(t *testing.T, handle func(c net.Conn, stop <-chan struct{})) string 
 	return ln.Addr().String()
 }
 
-type plainStore struct{ idempotency.Store }
 type pingStore struct {
 	idempotency.Store
 	err error
@@ -138,45 +143,56 @@ type pingStore struct {
 
 func (p pingStore) Ping(context.Context) error { return p.err }
 
-type listJanitorStore struct {
-	idempotency.Store
-	idempotency.Lister
-	idempotency.Janitor
-}
-
-func TestInstrumentKeepsOptionalInterfaces(t *testing.T) {
+// Every store call is timed under its operation, the middleware's (through
+// OnStoreCall) and the gateway's own (the readiness ping), and a failed one is counted
+// as an error: a store that cannot be pinged shows on the metrics.
+func TestStoreCallsAreTimed(t *testing.T) {
 	t.Parallel()
-	mem := memstore.New()
-	cases := []struct {
-		name    string
-		s       idempotency.Store
-		j, l, p bool
-	}{
-		{"memstore (all)", mem, true, true, true},
-		{"store only", plainStore{mem}, false, false, false},
-		{"pinger", pingStore{Store: mem}, false, false, true},
-		{"lister and janitor", listJanitorStore{mem, mem, mem}, true, true, false},
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(201) }))
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	reg := prometheus.NewRegistry()
+	down := errors.New("store down")
+	gw, err := New(Config{Upstream: u, Idempotency: idempotency.Config{Store: pingStore{Store: memstore.New(), err: down}},
+		Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, c := range cases {
-		m, err := newMetrics(newRegistry())
-		if err != nil {
-			t.Fatal(err)
+	t.Cleanup(func() { _ = gw.Shutdown(context.Background()) })
+	req := httptest.NewRequest("POST", "/pay", strings.NewReader("{}"))
+	req.Header.Set("Idempotency-Key", "k1")
+	gw.ServeHTTP(httptest.NewRecorder(), req)
+	rec := httptest.NewRecorder()
+	gw.Admin().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz = %d, want 503 from the failing ping", rec.Code)
+	}
+	counts := map[string]float64{}
+	errs := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			op := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "operation" {
+					op = l.GetValue()
+				}
+			}
+			switch mf.GetName() {
+			case "retrysafe_gateway_store_duration_seconds":
+				counts[op] = float64(m.GetHistogram().GetSampleCount())
+			case "retrysafe_gateway_store_errors_total":
+				errs[op] = m.GetCounter().GetValue()
+			}
 		}
-		s := instrument(c.s, m)
-		_, j := s.(idempotency.Janitor)
-		_, l := s.(idempotency.Lister)
-		_, p := s.(idempotency.Pinger)
-		if j != c.j || l != c.l || p != c.p {
-			t.Errorf("%s: instrumented is Janitor %v Lister %v Pinger %v, want %v %v %v", c.name, j, l, p, c.j, c.l, c.p)
-		}
 	}
-	// Errors pass through unchanged, matchable with errors.Is.
-	m, _ := newMetrics(newRegistry())
-	s := instrument(pingStore{Store: mem, err: idempotency.ErrClosed}, m)
-	if err := s.(idempotency.Pinger).Ping(context.Background()); !errors.Is(err, idempotency.ErrClosed) {
-		t.Fatalf("Ping = %v", err)
+	if counts["claim"] != 1 || counts["complete"] != 1 || counts["ping"] < 1 {
+		t.Errorf("store calls timed = %v, want claim 1, complete 1, ping ≥ 1", counts)
 	}
-	if _, err := s.Get(context.Background(), "", "nope"); !errors.Is(err, idempotency.ErrNotFound) {
-		t.Fatalf("Get = %v", err)
+	if errs["ping"] < 1 || errs["claim"] != 0 {
+		t.Errorf("store errors = %v, want the failed pings only", errs)
 	}
 }

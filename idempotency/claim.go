@@ -3,9 +3,14 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"net/http"
 	"sync"
 	"time"
 )
+
+// This file is the owner's side of a keyed request: the Claim the handler holds, and
+// execute, which runs the handler under it, renews its lease, and then stores, releases
+// or abandons the key.
 
 // Claim is the ownership of one key by the request being executed. The middleware puts
 // it in the request context; handlers reach it with ClaimFromContext. Transaction-mode
@@ -23,6 +28,7 @@ type Claim struct {
 	completed bool
 	release   bool
 	abandon   bool
+	abort     bool
 	stored    chan struct{} // closed once the response is stored or held to be stored
 
 	lease    context.Context // ends when the lease is lost, or the request is over
@@ -128,14 +134,209 @@ func (c *Claim) markStored() {
 	}
 }
 
-func (c *Claim) abandoned() bool {
+// Abort says the response the handler is writing is broken: its body broke off after
+// its status was written (an upstream's answer cut short). The key is left to its lease,
+// as with Abandon, unless the response was already stored; nothing more of the response
+// is sent, and the client's connection is cut (Serve returns ErrAborted), so that the
+// client cannot take a truncated answer for a whole one.
+func (c *Claim) Abort() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.abandon
+	c.abandon, c.abort = true, true
+	c.mu.Unlock()
 }
 
-func (c *Claim) flags() (completed, release bool) {
+// claimState is what the handler declared of its claim.
+type claimState struct{ completed, release, abandon, abort bool }
+
+func (c *Claim) state() claimState {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.completed, c.release
+	return claimState{c.completed, c.release, c.abandon, c.abort}
+}
+
+// execute runs the handler as the owner of the claim, then stores, releases or abandons
+// the key, and only then sends the response: a client never sees an answer its retry
+// might not get again. All the state of the owned request is here and in c (what the
+// handler declared) and rec (what it wrote).
+func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, c *Claim) (Outcome, error) {
+	hctx, cancel := context.WithCancelCause(NewContext(r.Context(), c))
+	defer cancel(nil)
+	defer c.endLease(errRequestOver)
+	stop := m.heartbeat(hctx, func(err error) {
+		c.endLease(err)
+		cancel(err)
+	}, c)
+
+	var early Outcome // set when the record was completed while the handler wrote
+	var rec *recorder
+	rec = newRecorder(w, m.cfg.MaxResponse, func() {
+		stop()
+		early = m.finish(r, c, rec.response())
+	})
+
+	panicked := true
+	defer func() {
+		if !panicked {
+			return
+		}
+		// A panic says the work was not done (or not finished): release the key so a
+		// retry runs again, then let the panic go on to the server. A handler that
+		// declared the outcome unknown (Abandon) keeps the key to its lease, and one
+		// whose response was already stored keeps it stored.
+		stop()
+		st := c.state()
+		switch {
+		case early != "" || st.completed:
+			m.report(r, OutcomeDoneAborted)
+		case st.abandon:
+			m.abandon(r, c)
+			m.report(r, OutcomeAbandoned)
+		default:
+			m.release(r, c, "handler panicked")
+			m.report(r, OutcomeReleased)
+		}
+	}()
+	next.ServeHTTP(rec, r.WithContext(hctx))
+	panicked = false
+	stop()
+
+	st := c.state()
+	switch {
+	case st.abort && (early != "" || st.completed):
+		// Stored, then the answer broke off on its way: a retry gets the replay; the
+		// client's connection is cut, and nothing more is sent on it.
+		return OutcomeDoneAborted, ErrAborted
+	case st.abort:
+		m.abandon(r, c)
+		return OutcomeAbandoned, ErrAborted
+	case early != "":
+		rec.send()
+		return early, nil
+	case st.completed: // in the handler's transaction; a renewal racing its commit is moot
+		rec.send()
+		return OutcomeExecuted, nil
+	case errors.Is(context.Cause(hctx), ErrLeaseLost):
+		rec.send()
+		return OutcomeLeaseLost, nil
+	case st.abandon, rec.incomplete():
+		m.abandon(r, c)
+		rec.send()
+		return OutcomeAbandoned, nil
+	case st.release, rec.wrote() && m.cfg.Release(rec.status):
+		m.release(r, c, "work not done")
+		rec.send()
+		return OutcomeReleased, nil
+	case !rec.wrote() && r.Context().Err() != nil: // client gone and the handler gave up
+		m.release(r, c, "client gone")
+		rec.send()
+		return OutcomeClientGone, nil
+	}
+	o := m.finish(r, c, rec.response())
+	rec.send()
+	return o, nil
+}
+
+// finish stores resp. When the store cannot take it, the response is held and stored
+// as soon as the store answers (see pending); the client gets it meanwhile.
+func (m *Middleware) finish(r *http.Request, c *Claim, resp Response) Outcome {
+	err := m.storeCall(context.WithoutCancel(r.Context()), StoreComplete, func(ctx context.Context) error {
+		return m.cfg.Store.Complete(ctx, c.Completion(resp))
+	})
+	switch {
+	case err == nil:
+		c.markStored()
+		return OutcomeExecuted
+	case errors.Is(err, ErrLeaseLost) && m.storedByUs(c):
+		// A client library sent the completion again after the first one's answer was
+		// lost (go-redis retries a script on a broken connection): it is stored.
+		c.markStored()
+		return OutcomeExecuted
+	case errors.Is(err, ErrLeaseLost):
+		m.cfg.Logger.WarnContext(r.Context(), "idempotency: response not stored, the key was taken over", "key", c.Key)
+		return OutcomeLeaseLost
+	}
+	m.cfg.Logger.WarnContext(r.Context(), "idempotency: the store did not take the response; it is held and stored when the store answers",
+		"key", c.Key, "err", err)
+	m.holdPending(c, resp)
+	c.markStored()
+	return OutcomeStoredLater
+}
+
+// heartbeat renews the lease every Lease/3 while the handler runs, and sooner after a
+// renewal failed, so that an owner cut off from the store renews as soon as it answers
+// again. When the lease is lost it cancels the handler's context with ErrLeaseLost. The
+// returned stop waits for a renewal in progress, so no renewal races the completion.
+func (m *Middleware) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, c *Claim) (stop func()) {
+	// A timer, not a goroutine and a ticker: most handlers finish long before the first
+	// renewal is due, and then the heartbeat cost one timer.
+	var (
+		mu      sync.Mutex
+		stopped bool
+		t       *time.Timer
+		renewal sync.WaitGroup // a renewal in flight
+	)
+	every := m.cfg.Lease / 3
+	renew := func() {
+		mu.Lock()
+		if stopped {
+			mu.Unlock()
+			return
+		}
+		renewal.Add(1)
+		mu.Unlock()
+		defer renewal.Done()
+		err := m.storeCall(context.WithoutCancel(ctx), StoreExtend, func(sctx context.Context) error {
+			return m.cfg.Store.Extend(sctx, c.Scope, c.Key, c.Token, m.cfg.Lease)
+		})
+		next := every
+		switch {
+		case errors.Is(err, ErrLeaseLost):
+			m.cfg.Logger.WarnContext(ctx, "idempotency: lease lost while the handler ran", "key", c.Key)
+			cancel(ErrLeaseLost)
+			return
+		case err != nil:
+			m.cfg.Logger.WarnContext(ctx, "idempotency: lease renewal failed", "key", c.Key, "err", err)
+			next = min(every, time.Second)
+		}
+		mu.Lock()
+		if !stopped {
+			t.Reset(next)
+		}
+		mu.Unlock()
+	}
+	mu.Lock()
+	t = time.AfterFunc(every, renew)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		if stopped {
+			mu.Unlock()
+			return
+		}
+		stopped = true
+		t.Stop()
+		mu.Unlock()
+		renewal.Wait() // a renewal in flight ends before the request is finished
+	}
+}
+
+func (m *Middleware) release(r *http.Request, c *Claim, why string) {
+	err := m.storeCall(context.WithoutCancel(r.Context()), StoreRelease, func(ctx context.Context) error {
+		return m.cfg.Store.Release(ctx, c.Scope, c.Key, c.Token)
+	})
+	if err != nil && !errors.Is(err, ErrLeaseLost) {
+		m.cfg.Logger.ErrorContext(r.Context(), "idempotency: release failed; the key stays in progress until its lease ends",
+			"key", c.Key, "why", why, "err", err)
+	}
+}
+
+// abandon marks the key abandoned, so that retries are told when its lease ends. The
+// key stays in progress whether or not this succeeds.
+func (m *Middleware) abandon(r *http.Request, c *Claim) {
+	err := m.storeCall(context.WithoutCancel(r.Context()), StoreAbandon, func(ctx context.Context) error {
+		return m.cfg.Store.Abandon(ctx, c.Scope, c.Key, c.Token)
+	})
+	if err != nil && !errors.Is(err, ErrLeaseLost) {
+		m.cfg.Logger.WarnContext(r.Context(), "idempotency: could not mark the key abandoned", "key", c.Key, "err", err)
+	}
 }

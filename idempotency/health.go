@@ -72,14 +72,7 @@ func (m *Middleware) probe(ctx context.Context, p Pinger) {
 	t := time.NewTicker(m.cfg.Lease / 3)
 	defer t.Stop()
 	for {
-		start := time.Now()
-		pctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
-		err := p.Ping(pctx)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		m.health.observe(start, err)
+		_ = m.storeCall(ctx, StorePing, p.Ping)
 		select {
 		case <-ctx.Done():
 			return

@@ -9,9 +9,12 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/retrysafe/retrysafe/internal/httpname"
 )
 
 // Outcome is what the middleware did with one request, for logs and metrics.
@@ -127,9 +130,36 @@ type Config struct {
 	// Logger receives store failures and lost leases. Default slog.Default().
 	Logger *slog.Logger
 
-	// OnOutcome, when set, is called once per request with what the middleware did.
+	// OnOutcome, when set, is called once per request with what the middleware did: the
+	// Outcome that Serve returns, or, when the handler panicked, the one of the cleanup
+	// the middleware did before the panic went on.
 	OnOutcome func(r *http.Request, o Outcome)
+
+	// OnStoreCall, when set, is called after every store call the middleware makes, with
+	// the operation (one of the StoreOp constants), how long it took and its error, so
+	// that a caller can time the store without wrapping it.
+	OnStoreCall func(op StoreOp, took time.Duration, err error)
 }
+
+// StoreOp names a store operation in Config.OnStoreCall.
+type StoreOp string
+
+// The store operations the middleware makes.
+const (
+	StoreClaim    StoreOp = "claim"
+	StoreExtend   StoreOp = "extend"
+	StoreComplete StoreOp = "complete"
+	StoreRelease  StoreOp = "release"
+	StoreAbandon  StoreOp = "abandon"
+	StoreGet      StoreOp = "get"
+	StorePing     StoreOp = "ping"
+)
+
+// ErrAborted is returned by Serve when the handler aborted its response (Claim.Abort):
+// its body broke off, so the client must not take what it received for a whole
+// answer. The caller must cut the client's connection; under net/http that is
+// panic(http.ErrAbortHandler), which is what Handler does.
+var ErrAborted = errors.New("idempotency: the response was aborted; the client's connection must be cut")
 
 // Middleware is the Idempotency-Key middleware. Make one with New, wrap handlers with
 // Handler, and call Shutdown when the server has stopped: it stores the responses the
@@ -171,6 +201,11 @@ func New(cfg Config) (*Middleware, error) {
 	if len(cfg.Methods) == 0 {
 		cfg.Methods = DefaultMethods()
 	}
+	for _, meth := range cfg.Methods {
+		if !httpname.Valid(meth) {
+			return nil, fmt.Errorf("idempotency: Config.Methods: %q is not a method", meth)
+		}
+	}
 	if cfg.Scope == nil {
 		cfg.Scope = AuthorizationScope
 	}
@@ -200,6 +235,12 @@ func New(cfg Config) (*Middleware, error) {
 	for _, meth := range cfg.Methods {
 		m.methods[asciiUpper(meth)] = true
 	}
+	cfg.Methods = make([]string, 0, len(m.methods))
+	for meth := range m.methods {
+		cfg.Methods = append(cfg.Methods, meth)
+	}
+	slices.Sort(cfg.Methods)
+	m.cfg.Methods = cfg.Methods
 	return m, nil
 }
 
@@ -210,11 +251,30 @@ func orDefault[T int64 | time.Duration](v, def T) T {
 	return v
 }
 
-// Handler returns next wrapped in the middleware.
+// Handler returns next wrapped in the middleware: Serve, and a cut connection when the
+// handler aborted its response.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		m.serve(w, r, next)
+		if _, err := m.Serve(w, r, next); errors.Is(err, ErrAborted) {
+			panic(http.ErrAbortHandler)
+		}
 	})
+}
+
+// Config returns the middleware's configuration with its defaults applied.
+func (m *Middleware) Config() Config { return m.cfg }
+
+// Serve handles one request: a request that needs no key goes to next as it is; a keyed
+// one is claimed, and next runs only as the owner of its key, or it is answered from the
+// store (a replay, 409, 422) or refused (400, 408, 413, 503, 504). It returns what it
+// did, which it also reports to Config.OnOutcome. The error is ErrAborted when the
+// handler aborted its response (nothing more of it was sent: the caller must cut the
+// client's connection), nil otherwise. A handler that panics has the key released (or
+// kept, if it was stored or abandoned) and the panic goes on.
+func (m *Middleware) Serve(w http.ResponseWriter, r *http.Request, next http.Handler) (Outcome, error) {
+	o, err := m.serve(w, r, next)
+	m.report(r, o)
+	return o, err
 }
 
 // Shutdown stops the store probe and waits, until ctx ends, for the responses held
@@ -255,7 +315,7 @@ func AuthorizationScope(r *http.Request) string {
 	return hex.EncodeToString(sum[:])
 }
 
-func (m *Middleware) outcome(r *http.Request, o Outcome) {
+func (m *Middleware) report(r *http.Request, o Outcome) {
 	if m.cfg.OnOutcome != nil {
 		m.cfg.OnOutcome(r, o)
 	}
@@ -277,13 +337,17 @@ func (m *Middleware) startProbe() {
 	})
 }
 
-// storeCall runs one store operation bounded by StoreTimeout and records what it says
-// of the store's health. A call cut short by ctx (the client left) records nothing.
-func (m *Middleware) storeCall(ctx context.Context, f func(context.Context) error) error {
+// storeCall runs one store operation bounded by StoreTimeout, reports it to
+// OnStoreCall, and records what it says of the store's health. A call cut short by ctx
+// (the client left) says nothing of the store's health.
+func (m *Middleware) storeCall(ctx context.Context, op StoreOp, f func(context.Context) error) error {
 	start := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 	err := f(sctx)
 	cancel()
+	if m.cfg.OnStoreCall != nil {
+		m.cfg.OnStoreCall(op, time.Since(start), err)
+	}
 	if ctx.Err() == nil {
 		m.health.observe(start, err)
 	}
@@ -306,38 +370,34 @@ func asciiUpper(s string) string {
 	return s
 }
 
-func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+// serve is Serve without the report. Each of its answers is one Outcome.
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) (Outcome, error) {
 	if !m.methods[r.Method] {
 		if upper := asciiUpper(r.Method); upper != r.Method && m.methods[upper] {
-			m.outcome(r, OutcomeInvalidMethod)
 			WriteProblem(w, Problem{Type: ProblemInvalidMethod, Title: "Method not in canonical case", Status: http.StatusBadRequest,
 				Detail: fmt.Sprintf("Method names are case-sensitive: send %s, not %s. Many servers would run %s as %s, so it is refused rather than forwarded without its Idempotency-Key check.", upper, r.Method, r.Method, upper)}, 0)
-			return
+			return OutcomeInvalidMethod, nil
 		}
-		m.outcome(r, OutcomePassThrough)
 		next.ServeHTTP(w, r)
-		return
+		return OutcomePassThrough, nil
 	}
 	values := r.Header.Values("Idempotency-Key")
 	if len(values) == 0 {
 		if m.cfg.KeyOptional {
-			m.outcome(r, OutcomePassThrough)
 			next.ServeHTTP(w, r)
-			return
+			return OutcomePassThrough, nil
 		}
-		m.outcome(r, OutcomeMissingKey)
 		WriteProblem(w, Problem{Type: ProblemMissingKey, Title: "Idempotency-Key required", Status: http.StatusBadRequest,
 			Detail: r.Method + " requests to this endpoint need an Idempotency-Key header: a unique value (such as a UUID) generated once per operation and sent again on every retry."}, 0)
-		return
+		return OutcomeMissingKey, nil
 	}
 	key, err := ParseKey(values[0])
 	if err == nil && len(values) > 1 {
 		err = errKeyMany
 	}
 	if err != nil {
-		m.outcome(r, OutcomeInvalidKey)
 		WriteProblem(w, Problem{Type: ProblemInvalidKey, Title: "Invalid Idempotency-Key", Status: http.StatusBadRequest, Detail: err.Error() + "."}, 0)
-		return
+		return OutcomeInvalidKey, nil
 	}
 
 	body, reserved, err := m.readBody(w, r)
@@ -346,42 +406,36 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		err = r.Context().Err()
 	}
 	if err != nil {
-		m.refuse(w, r, err)
-		return
+		return m.refuse(w, r, err), nil
 	}
 
 	m.startProbe()
 	scope := m.cfg.Scope(r)
 	fp := Fingerprint(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"), body, m.cfg.CanonicalJSON)
 	if p := m.pendingFor(scope, key); p != nil {
-		m.answerHeld(w, r, p, fp)
-		return
+		return m.answerHeld(w, p, fp), nil
 	}
 	req := ClaimRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: m.cfg.Lease, TTL: m.cfg.TTL, NoTakeover: true}
 	res, wait, err := m.claim(r.Context(), req)
 	if err != nil {
 		if r.Context().Err() != nil { // the client left, or the deadline passed: not the store's fault
-			m.refuse(w, r, r.Context().Err())
-			return
+			return m.refuse(w, r, r.Context().Err()), nil
 		}
 		m.cfg.Logger.ErrorContext(r.Context(), "idempotency: claim failed", "key", key, "err", err, "fail_open", m.cfg.FailOpen)
 		if m.cfg.FailOpen {
-			m.outcome(r, OutcomeFailedOpen)
 			setBody(r, body)
 			next.ServeHTTP(w, r)
-			return
+			return OutcomeFailedOpen, nil
 		}
-		m.outcome(r, OutcomeStoreError)
 		WriteProblem(w, Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable,
 			Detail: "The request was not executed. Retry it with the same Idempotency-Key."}, 1)
-		return
+		return OutcomeStoreError, nil
 	}
 	if !res.Claimed {
-		m.existing(w, r, res, fp, wait)
-		return
+		return m.existing(w, res, fp, wait), nil
 	}
 	setBody(r, body)
-	m.execute(w, r, next, NewClaim(scope, key, fp, res.Token, m.cfg.TTL))
+	return m.execute(w, r, next, NewClaim(scope, key, fp, res.Token, m.cfg.TTL))
 }
 
 // claim claims req's key. A key whose owner's lease ran out is taken over only by a
@@ -394,7 +448,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // still held back.
 func (m *Middleware) claim(ctx context.Context, req ClaimRequest) (res ClaimResult, wait time.Duration, err error) {
 	call := func() error {
-		return m.storeCall(ctx, func(sctx context.Context) (err error) {
+		return m.storeCall(ctx, StoreClaim, func(sctx context.Context) (err error) {
 			res, err = m.cfg.Store.Claim(sctx, req)
 			return err
 		})
@@ -416,247 +470,71 @@ func (m *Middleware) claim(ctx context.Context, req ClaimRequest) (res ClaimResu
 
 // refuse answers a request that could not be claimed for a reason of its own: its
 // body, its deadline or its client.
-func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, err error) {
+func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, err error) Outcome {
 	switch {
 	case errors.Is(err, errTooLarge):
-		m.outcome(r, OutcomeTooLarge)
 		WriteProblem(w, Problem{Type: ProblemBodyTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
 			Detail: fmt.Sprintf("The request body is larger than %d bytes.", m.cfg.MaxBody)}, 0)
+		return OutcomeTooLarge
 	case errors.Is(err, errOverloaded):
-		m.outcome(r, OutcomeOverloaded)
 		WriteProblem(w, Problem{Type: ProblemOverloaded, Title: "Too many request bodies in memory", Status: http.StatusServiceUnavailable,
 			Detail: "The request was not executed: the server holds as many request bodies as it allows. Retry it with the same Idempotency-Key."}, 1)
+		return OutcomeOverloaded
 	case errors.Is(err, errBodyTimeout):
-		m.outcome(r, OutcomeBodyTimeout)
 		w.Header().Set("Connection", "close")
 		WriteProblem(w, Problem{Type: ProblemBodyTimeout, Title: "Request body timeout", Status: http.StatusRequestTimeout,
 			Detail: fmt.Sprintf("The request body did not arrive within %s; the request was not executed. Retry it with the same Idempotency-Key.", m.cfg.BodyTimeout)}, 0)
+		return OutcomeBodyTimeout
 	case errors.Is(err, errDeadline), errors.Is(err, context.DeadlineExceeded):
-		m.outcome(r, OutcomeDeadline)
 		WriteProblem(w, Problem{Type: ProblemDeadlineExceeded, Title: "Request deadline exceeded", Status: http.StatusGatewayTimeout,
 			Detail: "The request's deadline passed before it could be executed; it was not executed."}, 0)
+		return OutcomeDeadline
 	case r.Context().Err() != nil: // the client left: nobody reads an answer
-		m.outcome(r, OutcomeClientGone)
+		return OutcomeClientGone
 	default:
-		m.outcome(r, OutcomeBadBody)
 		WriteProblem(w, Problem{Type: ProblemBodyUnreadable, Title: "Request body could not be read", Status: http.StatusBadRequest, Detail: err.Error()}, 0)
+		return OutcomeBadBody
 	}
 }
 
 // answerHeld answers a retry from a response this process holds for its key.
-func (m *Middleware) answerHeld(w http.ResponseWriter, r *http.Request, p *pending, fp string) {
+func (m *Middleware) answerHeld(w http.ResponseWriter, p *pending, fp string) Outcome {
 	if p.claim.Fingerprint != fp {
-		m.mismatch(w, r)
-		return
+		return mismatch(w)
 	}
-	m.outcome(r, OutcomeReplayed)
 	Replay(w, &p.resp)
+	return OutcomeReplayed
 }
 
-func (m *Middleware) mismatch(w http.ResponseWriter, r *http.Request) {
-	m.outcome(r, OutcomeMismatch)
+func mismatch(w http.ResponseWriter) Outcome {
 	WriteProblem(w, Problem{Type: ProblemMismatch, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
 		Detail: "This Idempotency-Key was already used with a different request (method, path, query or body). Use a new key for a new operation."}, 0)
+	return OutcomeMismatch
 }
 
 // existing answers a request that lost its claim to res.Existing. wait is how long
 // takeovers were held back (see health).
-func (m *Middleware) existing(w http.ResponseWriter, r *http.Request, res ClaimResult, fp string, wait time.Duration) {
+func (m *Middleware) existing(w http.ResponseWriter, res ClaimResult, fp string, wait time.Duration) Outcome {
 	rec := res.Existing
 	switch {
 	case rec.Fingerprint != fp:
-		m.mismatch(w, r)
+		return mismatch(w)
 	case rec.State == StateDone && rec.Response != nil:
-		m.outcome(r, OutcomeReplayed)
 		Replay(w, rec.Response)
-	default:
-		// While the owner works, it may finish any moment: retry soon. When the owner is
-		// known to be gone (abandoned), or its lease ran out and takeovers are held back,
-		// the key cannot move before that time.
-		after := time.Second
-		switch left := rec.LeaseUntil.Sub(res.Now); {
-		case rec.Abandoned && left > 0:
-			after = left
-		case left <= 0 && wait > 0:
-			after = wait
-		}
-		m.outcome(r, OutcomeConflict)
-		WriteProblem(w, Problem{Type: ProblemInFlight, Title: "Request in flight", Status: http.StatusConflict,
-			Detail: "A request with this Idempotency-Key is still being processed. Retry later with the same key to get its result."},
-			int(math.Ceil(after.Seconds())))
+		return OutcomeReplayed
 	}
-}
-
-// execute runs the handler as the owner of the claim, stores or releases the key, and
-// then sends the response.
-func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, c *Claim) {
-	hctx, cancel := context.WithCancelCause(NewContext(r.Context(), c))
-	defer cancel(nil)
-	defer c.endLease(errRequestOver)
-	stop := m.heartbeat(hctx, func(err error) {
-		c.endLease(err)
-		cancel(err)
-	}, c)
-
-	var early Outcome // set when the record was completed while the handler wrote
-	var rec *recorder
-	rec = newRecorder(w, m.cfg.MaxResponse, func() {
-		stop()
-		early = m.finish(r, c, rec.response())
-	})
-
-	panicked := true
-	defer func() {
-		if !panicked {
-			return
-		}
-		// A panic says the work was not done (or not finished): release the key so a
-		// retry runs again, then let the panic go on to the server. A handler that
-		// declared the outcome unknown (Abandon) keeps the key to its lease, and one
-		// whose response was already stored keeps it stored.
-		stop()
-		completed, _ := c.flags()
-		switch {
-		case early != "" || completed:
-			m.outcome(r, OutcomeDoneAborted)
-		case c.abandoned():
-			m.abandon(r, c)
-			m.outcome(r, OutcomeAbandoned)
-		default:
-			m.release(r, c, "handler panicked")
-			m.outcome(r, OutcomeReleased)
-		}
-	}()
-	next.ServeHTTP(rec, r.WithContext(hctx))
-	panicked = false
-	stop()
-
-	completed, release := c.flags()
-	var o Outcome
-	switch {
-	case early != "":
-		o = early
-	case completed: // in the handler's transaction; a renewal racing its commit is moot
-		o = OutcomeExecuted
-	case errors.Is(context.Cause(hctx), ErrLeaseLost):
-		o = OutcomeLeaseLost
-	case c.abandoned(), rec.incomplete():
-		m.abandon(r, c)
-		o = OutcomeAbandoned
-	case release, rec.wrote() && m.cfg.Release(rec.status):
-		m.release(r, c, "work not done")
-		o = OutcomeReleased
-	case !rec.wrote() && r.Context().Err() != nil: // client gone and the handler gave up
-		m.release(r, c, "client gone")
-		o = OutcomeClientGone
-	default:
-		o = m.finish(r, c, rec.response())
+	// While the owner works, it may finish any moment: retry soon. When the owner is
+	// known to be gone (abandoned), or its lease ran out and takeovers are held back, the
+	// key cannot move before that time.
+	after := time.Second
+	switch left := rec.LeaseUntil.Sub(res.Now); {
+	case rec.Abandoned && left > 0:
+		after = left
+	case left <= 0 && wait > 0:
+		after = wait
 	}
-	rec.send()
-	m.outcome(r, o)
-}
-
-// finish stores resp. When the store cannot take it, the response is held and stored
-// as soon as the store answers (see pending); the client gets it meanwhile.
-func (m *Middleware) finish(r *http.Request, c *Claim, resp Response) Outcome {
-	err := m.storeCall(context.WithoutCancel(r.Context()), func(ctx context.Context) error {
-		return m.cfg.Store.Complete(ctx, c.Completion(resp))
-	})
-	switch {
-	case err == nil:
-		c.markStored()
-		return OutcomeExecuted
-	case errors.Is(err, ErrLeaseLost) && m.storedByUs(c):
-		// A client library sent the completion again after the first one's answer was
-		// lost (go-redis retries a script on a broken connection): it is stored.
-		c.markStored()
-		return OutcomeExecuted
-	case errors.Is(err, ErrLeaseLost):
-		m.cfg.Logger.WarnContext(r.Context(), "idempotency: response not stored, the key was taken over", "key", c.Key)
-		return OutcomeLeaseLost
-	}
-	m.cfg.Logger.WarnContext(r.Context(), "idempotency: the store did not take the response; it is held and stored when the store answers",
-		"key", c.Key, "err", err)
-	m.holdPending(c, resp)
-	c.markStored()
-	return OutcomeStoredLater
-}
-
-// heartbeat renews the lease every Lease/3 while the handler runs, and sooner after a
-// renewal failed, so that an owner cut off from the store renews as soon as it answers
-// again. When the lease is lost it cancels the handler's context with ErrLeaseLost. The
-// returned stop waits for a renewal in progress, so no renewal races the completion.
-func (m *Middleware) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, c *Claim) (stop func()) {
-	// A timer, not a goroutine and a ticker: most handlers finish long before the first
-	// renewal is due, and then the heartbeat cost one timer.
-	var (
-		mu      sync.Mutex
-		stopped bool
-		t       *time.Timer
-		renewal sync.WaitGroup // a renewal in flight
-	)
-	every := m.cfg.Lease / 3
-	renew := func() {
-		mu.Lock()
-		if stopped {
-			mu.Unlock()
-			return
-		}
-		renewal.Add(1)
-		mu.Unlock()
-		defer renewal.Done()
-		err := m.storeCall(context.WithoutCancel(ctx), func(sctx context.Context) error {
-			return m.cfg.Store.Extend(sctx, c.Scope, c.Key, c.Token, m.cfg.Lease)
-		})
-		next := every
-		switch {
-		case errors.Is(err, ErrLeaseLost):
-			m.cfg.Logger.WarnContext(ctx, "idempotency: lease lost while the handler ran", "key", c.Key)
-			cancel(ErrLeaseLost)
-			return
-		case err != nil:
-			m.cfg.Logger.WarnContext(ctx, "idempotency: lease renewal failed", "key", c.Key, "err", err)
-			next = min(every, time.Second)
-		}
-		mu.Lock()
-		if !stopped {
-			t.Reset(next)
-		}
-		mu.Unlock()
-	}
-	mu.Lock()
-	t = time.AfterFunc(every, renew)
-	mu.Unlock()
-	return func() {
-		mu.Lock()
-		if stopped {
-			mu.Unlock()
-			return
-		}
-		stopped = true
-		t.Stop()
-		mu.Unlock()
-		renewal.Wait() // a renewal in flight ends before the request is finished
-	}
-}
-
-func (m *Middleware) release(r *http.Request, c *Claim, why string) {
-	err := m.storeCall(context.WithoutCancel(r.Context()), func(ctx context.Context) error {
-		return m.cfg.Store.Release(ctx, c.Scope, c.Key, c.Token)
-	})
-	if err != nil && !errors.Is(err, ErrLeaseLost) {
-		m.cfg.Logger.ErrorContext(r.Context(), "idempotency: release failed; the key stays in progress until its lease ends",
-			"key", c.Key, "why", why, "err", err)
-	}
-}
-
-// abandon marks the key abandoned, so that retries are told when its lease ends. The
-// key stays in progress whether or not this succeeds.
-func (m *Middleware) abandon(r *http.Request, c *Claim) {
-	err := m.storeCall(context.WithoutCancel(r.Context()), func(ctx context.Context) error {
-		return m.cfg.Store.Abandon(ctx, c.Scope, c.Key, c.Token)
-	})
-	if err != nil && !errors.Is(err, ErrLeaseLost) {
-		m.cfg.Logger.WarnContext(r.Context(), "idempotency: could not mark the key abandoned", "key", c.Key, "err", err)
-	}
+	WriteProblem(w, Problem{Type: ProblemInFlight, Title: "Request in flight", Status: http.StatusConflict,
+		Detail: "A request with this Idempotency-Key is still being processed. Retry later with the same key to get its result."},
+		int(math.Ceil(after.Seconds())))
+	return OutcomeConflict
 }

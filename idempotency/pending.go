@@ -56,7 +56,7 @@ func (m *Middleware) flush(p *pending) {
 			return
 		case <-time.After(wait):
 		}
-		err := m.storeCall(m.flushCtx, func(ctx context.Context) error {
+		err := m.storeCall(m.flushCtx, StoreComplete, func(ctx context.Context) error {
 			return m.cfg.Store.Complete(ctx, c.Completion(p.resp))
 		})
 		switch {
@@ -90,7 +90,7 @@ func (m *Middleware) dropPending(p *pending) {
 // storedByUs reports whether the record of c is done under c's token.
 func (m *Middleware) storedByUs(c *Claim) bool {
 	var rec *Record
-	err := m.storeCall(m.flushCtx, func(ctx context.Context) (err error) {
+	err := m.storeCall(m.flushCtx, StoreGet, func(ctx context.Context) (err error) {
 		rec, err = m.cfg.Store.Get(ctx, c.Scope, c.Key)
 		return err
 	})

@@ -175,20 +175,22 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	gw, err := gateway.New(gateway.Config{
 		Upstream:        upstream,
-		Store:           store.Store,
-		Methods:         methods,
-		KeyOptional:     !f.requireKey,
 		ScopeHeader:     f.scopeHeader,
-		TTL:             f.ttl,
-		Lease:           f.lease,
-		MaxBody:         int64(f.maxBody),
-		BodyTimeout:     f.bodyTimeout,
-		MaxBodyMemory:   int64(f.maxBodyMemory),
-		MaxResponse:     int64(f.maxResponse),
 		UpstreamTimeout: f.upstreamTimeout,
 		ShutdownTimeout: f.shutdownTimeout,
-		FailOpen:        f.failOpen,
 		Logger:          logger,
+		Idempotency: idempotency.Config{
+			Store:         store.Store,
+			Methods:       methods,
+			KeyOptional:   !f.requireKey,
+			TTL:           f.ttl,
+			Lease:         f.lease,
+			MaxBody:       int64(f.maxBody),
+			BodyTimeout:   f.bodyTimeout,
+			MaxBodyMemory: int64(f.maxBodyMemory),
+			MaxResponse:   int64(f.maxResponse),
+			FailOpen:      f.failOpen,
+		},
 	})
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)

@@ -27,10 +27,12 @@ func newGateway(upstream *url.URL, store idempotency.Store, tr *http.Transport, 
 	}
 	return gateway.New(gateway.Config{
 		Upstream: upstream,
-		Store:    store,
-		// Short, so that a key abandoned to an upstream failure (none is injected
-		// between the gateway and the upstream) would not hold a payment up for long.
-		Lease:           5 * time.Second,
+		Idempotency: idempotency.Config{
+			Store: store,
+			// Short, so that a key abandoned to an upstream failure (none is injected
+			// between the gateway and the upstream) would not hold a payment up for long.
+			Lease: 5 * time.Second,
+		},
 		UpstreamTimeout: 5 * time.Second,
 		Transport:       tr,
 		Logger:          logger,
