@@ -42,8 +42,9 @@ type Config struct {
 	// Several Consumers may share one: the collectors are registered once and labelled
 	// by queue. Default nil: no metrics.
 	Registerer prometheus.Registerer
-	// Now is the clock. Default time.Now.
-	Now func() time.Time
+	// Clock is the time source of received and failure times and of handler durations.
+	// Nil means time.Now.
+	Clock func() time.Time
 }
 
 // Defaults of Config.
@@ -85,8 +86,8 @@ func New(cfg Config) (*Consumer, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
 	}
 	beat := cfg.Heartbeat
 	if beat == 0 {
@@ -180,7 +181,7 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 		m.Header = map[string]string{}
 	}
 	if m.Received.IsZero() {
-		m.Received = c.cfg.Now()
+		m.Received = c.cfg.Clock()
 	}
 	m.Attempt = AttemptOf(m.Header, c.policy.Header, m.DeliveryCount)
 	if m.FirstFailure.IsZero() {
@@ -192,7 +193,7 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 	if m.Attempt > c.policy.MaxAttempts {
 		// The broker delivered it more often than the policy allows (crashes before a
 		// republish): the handler already had its attempts.
-		now := c.cfg.Now()
+		now := c.cfg.Clock()
 		info := c.deadInfo(m, ReasonMaxAttempts, ClassTransient,
 			"delivered "+strconv.Itoa(m.Attempt)+" times, more than max attempts", m.Attempt-1, now)
 		c.logMsg(slog.LevelWarn, "redeliver: dead-lettering a message delivered more often than max attempts", m,
@@ -214,7 +215,7 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 		c.m.released(q)
 		return
 	}
-	now := c.cfg.Now()
+	now := c.cfg.Clock()
 	if !class.Retryable() || m.Attempt >= c.policy.MaxAttempts {
 		reason := ReasonMaxAttempts
 		switch class {
@@ -265,7 +266,7 @@ func (c *Consumer) call(work context.Context, d Delivery, m *Message) (err error
 		stop := c.heartbeat(ctx, d, m)
 		defer stop()
 	}
-	start := c.cfg.Now()
+	start := c.cfg.Clock()
 	func() {
 		defer func() {
 			if p := recover(); p != nil {
@@ -277,7 +278,7 @@ func (c *Consumer) call(work context.Context, d Delivery, m *Message) (err error
 		}()
 		err = c.cfg.Handler(ctx, m)
 	}()
-	c.m.observe(m.Queue, c.cfg.Now().Sub(start))
+	c.m.observe(m.Queue, c.cfg.Clock().Sub(start))
 	if err == nil {
 		return nil, "", false
 	}

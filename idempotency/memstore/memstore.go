@@ -42,12 +42,12 @@ var (
 func New() *Store { return NewWithClock(nil) }
 
 // NewWithClock returns an empty store whose lease and expiry decisions read the time
-// from now (nil: time.Now). Tests use it to move time on.
-func NewWithClock(now func() time.Time) *Store {
-	if now == nil {
-		now = time.Now
+// from clock (nil: time.Now). Tests use it to move time on.
+func NewWithClock(clock func() time.Time) *Store {
+	if clock == nil {
+		clock = time.Now
 	}
-	return &Store{now: now, records: make(map[id]*idempotency.Record)}
+	return &Store{now: clock, records: make(map[id]*idempotency.Record)}
 }
 
 // Close makes every later call fail with idempotency.ErrClosed and drops the records.

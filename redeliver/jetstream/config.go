@@ -104,8 +104,9 @@ type Config struct {
 	SweepInterval time.Duration
 	// Logger receives the backend's logs. Default slog.Default().
 	Logger *slog.Logger
-	// Now is the clock for the failure times of rescued orphans. Default time.Now.
-	Now func() time.Time
+	// Clock is the time source of received times and of the failure times of rescued
+	// orphans. Nil means time.Now.
+	Clock func() time.Time
 }
 
 // Defaults of Config.
@@ -195,8 +196,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	if c.Now == nil {
-		c.Now = time.Now
+	if c.Clock == nil {
+		c.Clock = time.Now
 	}
 	return c, nil
 }

@@ -32,11 +32,11 @@ func TestConfigDefaults(t *testing.T) {
 		DLQDuplicates: time.Hour, SweepInterval: time.Minute,
 	}
 	got := c
-	got.Policy, got.Logger, got.Now = redeliver.Policy{}, nil, nil
+	got.Policy, got.Logger, got.Clock = redeliver.Policy{}, nil, nil
 	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
 		t.Errorf("defaults\n got %+v\nwant %+v", got, want)
 	}
-	if c.Policy.MaxAttempts != 5 || c.Policy.Header != "x-retry-count" || c.Logger == nil || c.Now == nil {
+	if c.Policy.MaxAttempts != 5 || c.Policy.Header != "x-retry-count" || c.Logger == nil || c.Clock == nil {
 		t.Errorf("policy %+v", c.Policy)
 	}
 	c, _ = Config{Queue: "q", Policy: redeliver.Policy{MaxAttempts: 2}, MaxDeliver: -5, AckWait: time.Millisecond}.withDefaults()

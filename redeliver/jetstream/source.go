@@ -357,7 +357,7 @@ func (s *Source) newDelivery(ctx context.Context, msg js.Msg) *delivery {
 		Body:        msg.Data(),
 		ContentType: h.Get(HeaderContentType),
 		Header:      appHeader(h),
-		Received:    s.cfg.Now(),
+		Received:    s.cfg.Clock(),
 	}
 	if md, err := msg.Metadata(); err == nil {
 		d.seq = md.Sequence.Stream
@@ -607,7 +607,7 @@ func (s *Source) rescue(ctx context.Context, seq, deliveries uint64) (bool, erro
 
 func (s *Source) rescueMsg(ctx context.Context, raw *js.RawStreamMsg, deliveries uint64) error {
 	id := messageID(raw.Header, s.cfg.Stream, raw.Sequence)
-	now := s.cfg.Now()
+	now := s.cfg.Clock()
 	published := publishedAt(raw.Header)
 	if published.IsZero() {
 		published = raw.Time

@@ -39,8 +39,8 @@ type InboxConfig struct {
 	// the handler again. Make it longer than any redelivery can take (the retry delays,
 	// a consumer outage, a DLQ replay of a duplicate). Default 7 days.
 	TTL time.Duration
-	// Now is the clock. Default time.Now.
-	Now func() time.Time
+	// Clock is the time source of processing and expiry times. Nil means time.Now.
+	Clock func() time.Time
 }
 
 // DefaultTTL is InboxConfig.TTL's default.
@@ -69,7 +69,7 @@ func NewInbox(cfg InboxConfig) (*Inbox, error) {
 	i := &Inbox{
 		pool:      cfg.Pool,
 		ttl:       cmp.Or(cfg.TTL, DefaultTTL),
-		now:       cfg.Now,
+		now:       cfg.Clock,
 		schemaSQL: r.Replace(inboxSQL),
 		insert: r.Replace(`INSERT INTO {table} (queue, message_id, processed_at, expires_at)
 VALUES ($1, $2, $3, $4) ON CONFLICT (queue, message_id) DO NOTHING`),

@@ -41,8 +41,9 @@ type OutboxConfig struct {
 	Backoff retry.Policy
 	// Logger receives the relay's failures. Default slog.Default().
 	Logger *slog.Logger
-	// Now is the clock. Default time.Now.
-	Now func() time.Time
+	// Clock is the time source of when messages are added and fall due. Nil means
+	// time.Now.
+	Clock func() time.Time
 }
 
 // Outbox is the producer side of a safe retry chain: messages are written in the
@@ -77,8 +78,8 @@ func NewOutbox(cfg OutboxConfig) (*Outbox, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
 	}
 	o := &Outbox{pool: cfg.Pool, cfg: cfg, log: cfg.Logger, batch: cfg.Batch}
 	o.sql.schema = r.Replace(outboxSQL)
@@ -124,7 +125,7 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, queue string, m *redeliver.
 	if body == nil {
 		body = []byte{}
 	}
-	if _, err := tx.Exec(ctx, o.sql.insert, queue, m.ID, m.ContentType, h, body, o.cfg.Now()); err != nil {
+	if _, err := tx.Exec(ctx, o.sql.insert, queue, m.ID, m.ContentType, h, body, o.cfg.Clock()); err != nil {
 		return fmt.Errorf("pgbox: outbox: adding message %q: %w", m.ID, err)
 	}
 	return nil
@@ -142,7 +143,7 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, queue string, m *redeliver.
 func (o *Outbox) RelayOnce(ctx context.Context, pub redeliver.Publisher) (int, error) {
 	published := 0
 	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
-		now := o.cfg.Now()
+		now := o.cfg.Clock()
 		rows, err := tx.Query(ctx, o.sql.lock, now, o.batch)
 		if err != nil {
 			return fmt.Errorf("pgbox: outbox: locking batch: %w", err)

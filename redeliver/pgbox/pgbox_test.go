@@ -155,7 +155,7 @@ func TestInboxExpiry(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	in := newInbox(t, pgbox.InboxConfig{Pool: pool, Schema: schema, Table: "inbox", TTL: time.Hour, Now: clock})
+	in := newInbox(t, pgbox.InboxConfig{Pool: pool, Schema: schema, Table: "inbox", TTL: time.Hour, Clock: clock})
 	noop := func(context.Context, pgx.Tx) error { return nil }
 	for i := range 5 {
 		if _, err := in.Do(t.Context(), &redeliver.Message{ID: strconv.Itoa(i), Queue: "q"}, noop); err != nil {
@@ -257,7 +257,7 @@ func TestOutbox(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	o := newOutbox(t, pgbox.OutboxConfig{Pool: pool, Schema: schema, Now: clock,
+	o := newOutbox(t, pgbox.OutboxConfig{Pool: pool, Schema: schema, Clock: clock,
 		Backoff: retry.Policy{Base: time.Minute, Cap: time.Minute, Jitter: retry.JitterNone}})
 
 	// Committed: relayed. Rolled back: never.

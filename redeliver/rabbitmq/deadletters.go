@@ -27,8 +27,8 @@ type DeadLettersConfig struct {
 	Quorum bool
 	// AMQP configures the connection. Default: amqp091's defaults.
 	AMQP amqp.Config
-	// Now is the clock. Default time.Now.
-	Now func() time.Time
+	// Clock is the time source of the replayed messages' times. Nil means time.Now.
+	Clock func() time.Time
 }
 
 // DeadLetters implements redeliver.DeadLetters on a RabbitMQ dead-letter queue.
@@ -72,8 +72,8 @@ func OpenDeadLetters(ctx context.Context, cfg DeadLettersConfig) (*DeadLetters, 
 	if cfg.Header == "" {
 		cfg.Header = redeliver.DefaultHeader
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
 	}
 	conn, err := dial(ctx, cfg.URL, withConnectionName(cfg.AMQP, "retrysafe-dlq "+cfg.Queue))
 	if err != nil {
@@ -167,7 +167,7 @@ func (d *DeadLetters) scan(ctx context.Context, max int, visit func(*amqp.Delive
 }
 
 func (d *DeadLetters) deadLetter(m *amqp.Delivery) redeliver.DeadLetter {
-	msg := toMessage(m, d.dlq, d.cfg.Quorum, d.cfg.Now())
+	msg := toMessage(m, d.dlq, d.cfg.Quorum, d.cfg.Clock())
 	dead, _ := time.Parse(time.RFC3339Nano, msg.Header[HeaderDeadLettered])
 	return redeliver.DeadLetter{Message: *msg, Info: redeliver.ParseDeadInfo(msg.Header), DeadLettered: dead}
 }

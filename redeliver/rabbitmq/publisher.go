@@ -20,8 +20,8 @@ type PublisherConfig struct {
 	// AMQP configures the connection. Its Properties get a "connection_name" of
 	// "retrysafe-publisher" unless they have one. Default: amqp091's defaults.
 	AMQP amqp.Config
-	// Now is the clock, for the messages' timestamp. Default time.Now.
-	Now func() time.Time
+	// Clock is the time source of the messages' timestamp. Nil means time.Now.
+	Clock func() time.Time
 }
 
 // Publisher is a redeliver.Publisher on RabbitMQ: it publishes persistent messages to a
@@ -45,8 +45,8 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) 
 	if cfg.URL == "" {
 		return nil, fmt.Errorf("%w: PublisherConfig.URL is required", ErrConfig)
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
 	}
 	cfg.AMQP = withConnectionName(cfg.AMQP, "retrysafe-publisher")
 	p := &Publisher{cfg: cfg}
@@ -92,7 +92,7 @@ func (p *Publisher) Publish(ctx context.Context, queue string, m *redeliver.Mess
 	if err != nil {
 		return err
 	}
-	return ch.publish(ctx, queue, publishingOf(m, p.cfg.Now()))
+	return ch.publish(ctx, queue, publishingOf(m, p.cfg.Clock()))
 }
 
 // Close closes the connection.

@@ -55,8 +55,8 @@ type Config struct {
 	AMQP amqp.Config
 	// Logger receives connection events. Default slog.Default().
 	Logger *slog.Logger
-	// Now is the clock. Default time.Now.
-	Now func() time.Time
+	// Clock is the time source of received and dead-lettering times. Nil means time.Now.
+	Clock func() time.Time
 
 	// hook, when set (by this package's tests only), is called at the named points: "retry-confirmed" after
 	// a retry copy's confirm and before the original's ack, "dead-confirmed" likewise
@@ -120,8 +120,8 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
 	}
 	cfg.AMQP = withConnectionName(cfg.AMQP, "retrysafe-redeliver "+cfg.Queue)
 	s := &Source{cfg: cfg, topo: topo, log: cfg.Logger.With(slog.String("queue", cfg.Queue))}
@@ -287,7 +287,7 @@ func (s *Source) Receive(ctx context.Context) (redeliver.Delivery, error) {
 				}
 				continue
 			}
-			return &delivery{s: s, sess: sess, d: d, m: toMessage(&d, s.topo.Work, s.topo.Quorum, s.cfg.Now())}, nil
+			return &delivery{s: s, sess: sess, d: d, m: toMessage(&d, s.topo.Work, s.topo.Quorum, s.cfg.Clock())}, nil
 		}
 	}
 }
@@ -357,7 +357,7 @@ func (d *delivery) Retry(ctx context.Context, r redeliver.RetryInfo) error {
 // the DLQ, waits for the confirm and acks the original.
 func (d *delivery) DeadLetter(ctx context.Context, info redeliver.DeadInfo) error {
 	h := info.Header()
-	h[HeaderDeadLettered] = d.s.cfg.Now().UTC().Format(time.RFC3339Nano)
+	h[HeaderDeadLettered] = d.s.cfg.Clock().UTC().Format(time.RFC3339Nano)
 	if err := d.sess.pub.publish(ctx, d.s.topo.DLQ, copyOf(&d.d, h, info.CountHeader)); err != nil {
 		_ = d.d.Nack(false, true)
 		return err

@@ -49,8 +49,8 @@ type InboxConfig struct {
 	Table string
 	// TTL is how long a processed id is remembered. Default 7 days.
 	TTL time.Duration
-	// Now is the clock. Default time.Now.
-	Now func() time.Time
+	// Clock is the time source of processing and expiry times. Nil means time.Now.
+	Clock func() time.Time
 }
 
 // DefaultTTL is InboxConfig.TTL's default.
@@ -77,7 +77,7 @@ func NewInbox(cfg InboxConfig) (*Inbox, error) {
 	i := &Inbox{
 		db:     cfg.DB,
 		ttl:    cmp.Or(cfg.TTL, DefaultTTL),
-		now:    cfg.Now,
+		now:    cfg.Clock,
 		schema: r.Replace(inboxSQL),
 		insert: r.Replace(`INSERT INTO {table} (queue, message_id, processed_at, expires_at)
 VALUES (?, ?, ?, ?) ON CONFLICT (queue, message_id) DO NOTHING`),

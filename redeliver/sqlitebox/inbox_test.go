@@ -116,7 +116,7 @@ func TestInboxExpiry(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	in := newInbox(t, sqlitebox.InboxConfig{DB: db, Table: "inbox", TTL: time.Hour,
-		Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
+		Clock: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
 	noop := func(context.Context, *sql.Tx) error { return nil }
 	for i := range 3 {
 		if _, err := in.Do(t.Context(), &redeliver.Message{ID: strconv.Itoa(i), Queue: "q"}, noop); err != nil {
