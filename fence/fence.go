@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/retrysafe/retrysafe/internal/clock"
 	"github.com/retrysafe/retrysafe/internal/pgddl"
 	"github.com/retrysafe/retrysafe/internal/sqlname"
 	"github.com/retrysafe/retrysafe/retry"
@@ -122,7 +123,7 @@ func New(cfg Config) (*Store, error) {
 	}
 	s := &Store{pool: cfg.Pool, clock: cfg.Clock, logger: cfg.Logger, manual: cfg.ManualRenew}
 	if s.clock == nil {
-		s.clock = realClock{}
+		s.clock = clock.Real{}
 	}
 	if s.logger == nil {
 		s.logger = slog.Default()
@@ -264,12 +265,4 @@ func (s *Store) Check(ctx context.Context, tx pgx.Tx, name string, token int64) 
 		return fmt.Errorf("fence: check %q token %d: lease expired or released: %w", name, token, ErrStaleToken)
 	}
 	return nil
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
-func (realClock) After(d time.Duration) (<-chan time.Time, func() bool) {
-	t := time.NewTimer(d)
-	return t.C, t.Stop
 }

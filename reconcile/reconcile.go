@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/retrysafe/retrysafe/fence"
+	"github.com/retrysafe/retrysafe/internal/clock"
 	"github.com/retrysafe/retrysafe/retry"
 )
 
@@ -172,7 +173,7 @@ func New[T any](cfg Config[T]) (*Reconciler[T], error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = realClock{}
+		cfg.Clock = clock.Real{}
 	}
 	if cfg.Rand == nil {
 		cfg.Rand = mrand.Float64
@@ -249,7 +250,7 @@ func (r *Reconciler[T]) Run(ctx context.Context) error {
 				_, _ = r.pass(lease.Context(), lease.Token())
 			}
 		}
-		if err := r.sleep(ctx, r.interval()); err != nil {
+		if err := clock.Sleep(ctx, r.cfg.Clock, r.interval()); err != nil {
 			return context.Cause(ctx)
 		}
 	}
@@ -398,26 +399,4 @@ func (r *Reconciler[T]) repair(ctx context.Context, d Drift[T]) (int, error) {
 func (r *Reconciler[T]) interval() time.Duration {
 	f := 1 + r.cfg.Jitter*(2*r.cfg.Rand()-1)
 	return time.Duration(float64(r.cfg.Interval) * f)
-}
-
-func (r *Reconciler[T]) sleep(ctx context.Context, d time.Duration) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	c, stop := r.cfg.Clock.After(d)
-	defer stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-c:
-		return nil
-	}
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
-func (realClock) After(d time.Duration) (<-chan time.Time, func() bool) {
-	t := time.NewTimer(d)
-	return t.C, t.Stop
 }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/retrysafe/retrysafe/internal/clock"
 )
 
 // Reasons a retry loop stopped before success. An *ExhaustedError matches its reason with
@@ -180,7 +182,7 @@ func (p Policy) run(ctx context.Context, attempt func(ctx context.Context, n int
 		if retrying != nil {
 			retrying(a)
 		}
-		if p.sleep(ctx, wait) != nil {
+		if clock.Sleep(ctx, p.Clock, wait) != nil {
 			return &ExhaustedError{Attempts: n, Last: err, Reason: context.Cause(ctx)}
 		}
 	}
@@ -228,18 +230,4 @@ func (p Policy) upward(d time.Duration) time.Duration {
 		spread = p.Base / 10
 	}
 	return d + time.Duration(p.Rand()*float64(spread))
-}
-
-func (p Policy) sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	c, stop := p.Clock.After(d)
-	defer stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-c:
-		return nil
-	}
 }

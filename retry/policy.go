@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"time"
+
+	"github.com/retrysafe/retrysafe/internal/clock"
 )
 
 // Jitter is how a Policy randomizes its waits. The zero value is JitterFull.
@@ -87,7 +89,8 @@ type Policy struct {
 
 	// Rand returns a float in [0, 1). Default math/rand/v2's Float64. Tests inject one.
 	Rand func() float64
-	// Clock is the time source. Default the real clock. Tests inject one.
+	// Clock is the time source and the timer of the waits. Default (nil) the real
+	// clock: time.Now and time.Timer. Tests inject one.
 	Clock Clock
 }
 
@@ -96,14 +99,6 @@ type Clock interface {
 	Now() time.Time
 	// After returns a channel that receives after d, and a function that stops the timer.
 	After(d time.Duration) (<-chan time.Time, func() bool)
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
-func (realClock) After(d time.Duration) (<-chan time.Time, func() bool) {
-	t := time.NewTimer(d)
-	return t.C, t.Stop
 }
 
 // DefaultPolicy is a client's policy, the zero Policy's: DefaultMaxAttempts (5)
@@ -148,7 +143,7 @@ func (p Policy) withDefaults() Policy {
 		p.Rand = rand.Float64
 	}
 	if p.Clock == nil {
-		p.Clock = realClock{}
+		p.Clock = clock.Real{}
 	}
 	return p
 }
