@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/retrysafe/retrysafe/gateway"
+	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/memstore"
 )
 
@@ -102,7 +103,7 @@ func TestGatewayPassesEverything(t *testing.T) {
 	upURL, _ := url.Parse(upSrv.URL)
 	store := memstore.New()
 	defer store.Close()
-	gw, err := gateway.New(gateway.Config{Upstream: upURL, Store: store, Logger: slog.New(slog.DiscardHandler)})
+	gw, err := gateway.New(gateway.Config{Upstream: upURL, Logger: slog.New(slog.DiscardHandler), Idempotency: idempotency.Config{Store: store}})
 	if err != nil {
 		t.Fatal(err)
 	}
