@@ -1,10 +1,11 @@
 package reconcile
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/retrysafe/retrysafe/internal/promreg"
 )
 
 // metrics are a reconciler's Prometheus collectors; a nil *metrics records nothing.
@@ -20,6 +21,8 @@ type metrics struct {
 
 const namespace, subsystem = "retrysafe", "reconcile"
 
+// newMetrics returns the collectors, labelled reconciler=name, registered with reg, or
+// nil (no metrics) when reg is nil.
 func newMetrics(reg prometheus.Registerer, name string) (*metrics, error) {
 	if reg == nil {
 		return nil, nil
@@ -52,10 +55,11 @@ func newMetrics(reg prometheus.Registerer, name string) (*metrics, error) {
 		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts(opts("last_success_timestamp_seconds",
 			"Unix time of the end of the last pass of this replica that succeeded."))),
 	}
-	for _, c := range []prometheus.Collector{m.passes, m.found, m.drift, m.repaired, m.failed, m.duration, m.lastSuccess} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("reconcile: registering metrics: %w", err)
-		}
+	err := promreg.Register(reg, "reconcile", false,
+		promreg.Field(&m.passes), promreg.Field(&m.found), promreg.Field(&m.drift), promreg.Field(&m.repaired),
+		promreg.Field(&m.failed), promreg.Field(&m.duration), promreg.Field(&m.lastSuccess))
+	if err != nil {
+		return nil, err
 	}
 	// Export every series from the start, so that rates and alerts see zeros.
 	for _, r := range []string{"ok", "failed", "skipped"} {

@@ -96,13 +96,11 @@ func New(cfg Config) (*Consumer, error) {
 		}
 	}
 	c := &Consumer{cfg: cfg, policy: cfg.Policy.WithDefaults(), log: cfg.Logger, beat: beat}
-	if cfg.Registerer != nil {
-		m, err := newMetrics(cfg.Registerer)
-		if err != nil {
-			return nil, err
-		}
-		c.m = m
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
 	}
+	c.m = m
 	return c, nil
 }
 

@@ -1,11 +1,11 @@
 package redeliver
 
 import (
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/retrysafe/retrysafe/internal/promreg"
 )
 
 // metrics are a Consumer's Prometheus collectors. A nil *metrics records nothing.
@@ -21,75 +21,41 @@ type metrics struct {
 
 const namespace, subsystem = "retrysafe", "redeliver"
 
+// newMetrics returns the collectors registered with reg, or nil (no metrics) when reg is
+// nil. Several Consumers may share a registry: the collectors already there are used.
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Subsystem: subsystem, Name: name, Help: help,
+		}, labels)
+	}
 	m := &metrics{
-		receivedC: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Subsystem: subsystem, Name: "received_total",
-			Help: "Deliveries received, by queue.",
-		}, []string{"queue"}),
-		succeededC: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Subsystem: subsystem, Name: "succeeded_total",
-			Help: "Messages handled successfully, by queue.",
-		}, []string{"queue"}),
-		retriedC: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Subsystem: subsystem, Name: "retried_total",
-			Help: "Messages scheduled for another attempt, by queue and error class.",
-		}, []string{"queue", "error_class"}),
-		deadC: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Subsystem: subsystem, Name: "dead_lettered_total",
-			Help: "Messages moved to the dead-letter queue, by queue and error class.",
-		}, []string{"queue", "error_class"}),
-		releasedC: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Subsystem: subsystem, Name: "released_total",
-			Help: "Messages handed back unprocessed at shutdown, by queue.",
-		}, []string{"queue"}),
-		settleErrC: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Subsystem: subsystem, Name: "settle_errors_total",
-			Help: "Acks, retries, dead-letterings and releases that failed (the broker redelivers), by queue and operation.",
-		}, []string{"queue", "op"}),
+		receivedC:  counter("received_total", "Deliveries received, by queue.", "queue"),
+		succeededC: counter("succeeded_total", "Messages handled successfully, by queue.", "queue"),
+		retriedC: counter("retried_total",
+			"Messages scheduled for another attempt, by queue and error class.", "queue", "error_class"),
+		deadC: counter("dead_lettered_total",
+			"Messages moved to the dead-letter queue, by queue and error class.", "queue", "error_class"),
+		releasedC: counter("released_total", "Messages handed back unprocessed at shutdown, by queue.", "queue"),
+		settleErrC: counter("settle_errors_total",
+			"Acks, retries, dead-letterings and releases that failed (the broker redelivers), by queue and operation.",
+			"queue", "op"),
 		handlerSecond: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, Name: "handler_duration_seconds",
 			Help: "Time spent in the handler, by queue.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
 		}, []string{"queue"}),
 	}
-	// Several consumers may share a registry: reuse the collectors already there.
-	var err error
-	if m.receivedC, err = register(reg, m.receivedC); err != nil {
-		return nil, err
-	}
-	if m.succeededC, err = register(reg, m.succeededC); err != nil {
-		return nil, err
-	}
-	if m.retriedC, err = register(reg, m.retriedC); err != nil {
-		return nil, err
-	}
-	if m.deadC, err = register(reg, m.deadC); err != nil {
-		return nil, err
-	}
-	if m.releasedC, err = register(reg, m.releasedC); err != nil {
-		return nil, err
-	}
-	if m.settleErrC, err = register(reg, m.settleErrC); err != nil {
-		return nil, err
-	}
-	if m.handlerSecond, err = register(reg, m.handlerSecond); err != nil {
+	err := promreg.Register(reg, "redeliver", true,
+		promreg.Field(&m.receivedC), promreg.Field(&m.succeededC), promreg.Field(&m.retriedC),
+		promreg.Field(&m.deadC), promreg.Field(&m.releasedC), promreg.Field(&m.settleErrC),
+		promreg.Field(&m.handlerSecond))
+	if err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		var zero C
-		return zero, fmt.Errorf("redeliver: registering metrics: %w", err)
-	}
-	return c, nil
 }
 
 func (m *metrics) received(q string) {
