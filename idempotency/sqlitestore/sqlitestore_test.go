@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -328,93 +327,52 @@ func openDB(t *testing.T, path string) *sql.DB {
 	return db
 }
 
-// WithTx commits the business write and the completion together, or neither.
-func TestWithTx(t *testing.T) {
+// The transaction-mode contract, on a store sharing the application's database (New),
+// limited to one connection as New advises for concurrent writers.
+func TestTx(t *testing.T) {
+	for _, b := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%t", b), func(t *testing.T) {
+			idempotencytest.RunTx(t, idempotencytest.TxHarness{New: func(t *testing.T, clock func() time.Time) idempotencytest.TxStore {
+				return txStore(t, b, clock)
+			}})
+		})
+	}
+}
+
+// txStore returns a store made with New on a fresh database that also holds a business
+// table, payments, whose rows WithTx writes through the transaction.
+func txStore(t *testing.T, batch bool, clock func() time.Time) idempotencytest.TxStore {
+	t.Helper()
 	ctx := context.Background()
 	db := openDB(t, filepath.Join(t.TempDir(), "app.db"))
 	db.SetMaxOpenConns(1)
-	s, err := sqlitestore.New(ctx, db, sqlitestore.Config{})
+	s, err := sqlitestore.New(ctx, db, sqlitestore.Config{Batch: batch, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	if _, err := db.Exec(`CREATE TABLE payments (key TEXT PRIMARY KEY)`); err != nil {
+	if _, err := db.ExecContext(ctx, `CREATE TABLE payments (name TEXT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	pay := func(key string, fail error) func(context.Context, *sql.Tx) (idempotency.Response, error) {
-		return func(ctx context.Context, tx *sql.Tx) (idempotency.Response, error) {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO payments (key) VALUES (?)`, key); err != nil {
-				return idempotency.Response{}, err
+	return idempotencytest.TxStore{
+		Store: s,
+		WithTx: func(ctx context.Context, work idempotencytest.TxWork) (idempotency.Response, error) {
+			return s.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) (idempotency.Response, error) {
+				return work(ctx, func(row string) error {
+					_, err := tx.ExecContext(ctx, `INSERT INTO payments (name) VALUES (?)`, row)
+					return err
+				})
+			})
+		},
+		Rows: func(t *testing.T, row string) int {
+			t.Helper()
+			var n int
+			if err := db.QueryRowContext(ctx, `SELECT count(*) FROM payments WHERE name = ?`, row).Scan(&n); err != nil {
+				t.Fatal(err)
 			}
-			return idempotency.Response{Status: 201, Body: []byte(key)}, fail
-		}
+			return n
+		},
 	}
-	paid := func(key string) bool {
-		var n int
-		if err := db.QueryRow(`SELECT count(*) FROM payments WHERE key = ?`, key).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n == 1
-	}
-	withClaim := func(key string) (context.Context, *idempotency.Claim) {
-		res := claim(t, s, key)
-		c := idempotency.NewClaim("s", key, "fp", res.Token, time.Hour)
-		return idempotency.NewContext(ctx, c), c
-	}
-
-	t.Run("the client leaves mid-work", func(t *testing.T) {
-		// A client that gives up while the handler's transaction runs: the work and its
-		// completion still commit, for the client's retry to replay.
-		_, c := withClaim("left")
-		cctx, leave := context.WithCancel(idempotency.NewContext(ctx, c))
-		if _, err := s.WithTx(cctx, func(ctx context.Context, tx *sql.Tx) (idempotency.Response, error) {
-			leave()
-			return pay("left", nil)(ctx, tx)
-		}); err != nil {
-			t.Fatalf("WithTx after the client left: %v", err)
-		}
-		if rec, err := s.Get(ctx, "s", "left"); err != nil || rec.State != idempotency.StateDone || !paid("left") {
-			t.Errorf("the work or its completion was rolled back: record %+v, %v; paid %v", rec, err, paid("left"))
-		}
-	})
-	t.Run("commit", func(t *testing.T) {
-		cctx, _ := withClaim("ok")
-		if _, err := s.WithTx(cctx, pay("ok", nil)); err != nil {
-			t.Fatal(err)
-		}
-		rec, err := s.Get(ctx, "s", "ok")
-		if err != nil || rec.State != idempotency.StateDone || string(rec.Response.Body) != "ok" || !paid("ok") {
-			t.Fatalf("record %+v, %v; paid %v", rec, err, paid("ok"))
-		}
-	})
-	t.Run("fn fails", func(t *testing.T) {
-		cctx, _ := withClaim("fail")
-		boom := errors.New("boom")
-		if _, err := s.WithTx(cctx, pay("fail", boom)); !errors.Is(err, boom) {
-			t.Fatalf("err = %v", err)
-		}
-		rec, err := s.Get(ctx, "s", "fail")
-		if err != nil || rec.State != idempotency.StateInProgress || paid("fail") {
-			t.Fatalf("record %+v, %v; paid %v", rec, err, paid("fail"))
-		}
-	})
-	t.Run("lease lost", func(t *testing.T) {
-		cctx, _ := withClaim("lost")
-		if err := s.Delete(ctx, "s", "lost"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.WithTx(cctx, pay("lost", nil)); !errors.Is(err, idempotency.ErrLeaseLost) {
-			t.Fatalf("err = %v", err)
-		}
-		if paid("lost") {
-			t.Fatal("business write committed without the completion")
-		}
-	})
-	t.Run("no claim", func(t *testing.T) {
-		if _, err := s.WithTx(ctx, pay("plain", nil)); err != nil || !paid("plain") {
-			t.Fatalf("err %v, paid %v", err, paid("plain"))
-		}
-	})
 }
 
 func BenchmarkClaimComplete(b *testing.B) {
