@@ -234,20 +234,50 @@ func roundTrips(t *testing.T, batch bool) {
 	}
 }
 
-func TestWithTx(t *testing.T) {
+// The transaction-mode contract, on stores sharing a pool, each with its business table
+// in its own schema.
+func TestTx(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%t", batch), func(t *testing.T) {
+			t.Parallel()
+			pool := newPool(t, testenv.PostgresURL(t), func(c *pgxpool.Config) { c.MaxConns = 8 })
+			idempotencytest.RunTx(t, idempotencytest.TxHarness{New: func(t *testing.T, clock func() time.Time) idempotencytest.TxStore {
+				st, schema := newStoreConfig(t, pgstore.Config{Pool: pool, Batch: batch, Clock: clock})
+				ledger := pgx.Identifier{schema, "ledger"}.Sanitize()
+				if _, err := pool.Exec(t.Context(), "CREATE TABLE "+ledger+" (name text NOT NULL)"); err != nil {
+					t.Fatal(err)
+				}
+				return idempotencytest.TxStore{
+					Store: st,
+					WithTx: func(ctx context.Context, work idempotencytest.TxWork) (idempotency.Response, error) {
+						return st.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
+							return work(ctx, func(row string) error {
+								_, err := tx.Exec(ctx, "INSERT INTO "+ledger+" VALUES ($1)", row)
+								return err
+							})
+						})
+					},
+					Rows: func(t *testing.T, row string) int {
+						t.Helper()
+						var n int
+						if err := pool.QueryRow(t.Context(), "SELECT count(*) FROM "+ledger+" WHERE name = $1", row).Scan(&n); err != nil {
+							t.Fatal(err)
+						}
+						return n
+					},
+				}
+			}})
+		})
+	}
+}
+
+// A connection that fails during COMMIT leaves WithTx not knowing the outcome: it reads
+// the record on another connection, whose completion witnesses the commit.
+func TestWithTxCommitInterrupted(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t, testenv.PostgresURL(t), nil)
 	st, schema := newStore(t, pool) // on the server's clock
-	// newClocked returns a store on the same table whose clock the caller moves.
-	newClocked := func(t *testing.T) (*pgstore.Store, *idempotencytest.Clock) {
-		t.Helper()
-		clock := idempotencytest.NewClock()
-		st, err := pgstore.New(pgstore.Config{Pool: pool, Schema: schema, Clock: clock.Now})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st, clock
-	}
 	ledger := schema + ".ledger"
 	if _, err := pool.Exec(t.Context(), "CREATE TABLE "+ledger+" (key text PRIMARY KEY)"); err != nil {
 		t.Fatal(err)
@@ -291,115 +321,6 @@ func TestWithTx(t *testing.T) {
 		return rec
 	}
 
-	t.Run("the client leaves mid-work", func(t *testing.T) {
-		t.Parallel()
-		// A client that gives up (its context ends) while the handler's transaction runs:
-		// the work and its completion still commit, for the client's retry to replay.
-		claimed, _ := claim(t, st, "left")
-		c, _ := idempotency.ClaimFromContext(claimed)
-		ctx, leave := context.WithCancel(idempotency.NewContext(context.Background(), c))
-		resp, err := st.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
-			leave()
-			if _, err := tx.Exec(ctx, "SELECT pg_sleep(0.05)"); err != nil {
-				return idempotency.Response{}, err
-			}
-			return insert("left")(ctx, tx)
-		})
-		if err != nil || resp.Status != want.Status {
-			t.Fatalf("WithTx after the client left: %+v, %v", resp, err)
-		}
-		if !booked(t, "left") || record(t, "left").State != idempotency.StateDone {
-			t.Errorf("the work or its completion was rolled back: booked %v, record %+v", booked(t, "left"), record(t, "left"))
-		}
-	})
-	t.Run("completes in the transaction", func(t *testing.T) {
-		t.Parallel()
-		ctx, _ := claim(t, st, "done")
-		before := time.Now()
-		if got, err := st.WithTx(ctx, insert("done")); err != nil || !reflect.DeepEqual(got, want) {
-			t.Fatalf("WithTx = %+v, %v", got, err)
-		}
-		after := time.Now()
-		rec := record(t, "done")
-		if rec.State != idempotency.StateDone || !reflect.DeepEqual(*rec.Response, want) {
-			t.Errorf("record %+v, response %+v; want done with %+v", rec, rec.Response, want)
-		}
-		// Retention runs from the completion, on the server's clock (here near the
-		// process's).
-		if rec.ExpiresAt.Before(before.Add(ttl-time.Second)) || rec.ExpiresAt.After(after.Add(ttl+time.Second)) {
-			t.Errorf("ExpiresAt %v, want about %v", rec.ExpiresAt, before.Add(ttl))
-		}
-		if !booked(t, "done") {
-			t.Error("the business write is missing")
-		}
-	})
-
-	t.Run("completes on the store's clock", func(t *testing.T) {
-		t.Parallel()
-		clocked, clock := newClocked(t)
-		ctx, _ := claim(t, clocked, "clocked")
-		clock.Advance(time.Minute)
-		if _, err := clocked.WithTx(ctx, insert("clocked")); err != nil {
-			t.Fatal(err)
-		}
-		if got, want := record(t, "clocked").ExpiresAt, clock.Now().Add(ttl); !got.Equal(want) {
-			t.Errorf("ExpiresAt %v, want %v (the store's clock + the claim's TTL)", got, want)
-		}
-	})
-
-	t.Run("handler error rolls back", func(t *testing.T) {
-		t.Parallel()
-		ctx, _ := claim(t, st, "failed")
-		boom := errors.New("boom")
-		_, err := st.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
-			if _, err := insert("failed")(ctx, tx); err != nil {
-				return idempotency.Response{}, err
-			}
-			return idempotency.Response{}, boom
-		})
-		if !errors.Is(err, boom) {
-			t.Fatalf("WithTx error %v, want %v", err, boom)
-		}
-		if booked(t, "failed") {
-			t.Error("the business write committed")
-		}
-		// WithTx asks the middleware to release the key; it releases nothing itself.
-		if rec := record(t, "failed"); rec.State != idempotency.StateInProgress {
-			t.Errorf("record state %s, want in progress", rec.State)
-		}
-	})
-
-	t.Run("stale owner rolls back", func(t *testing.T) {
-		t.Parallel()
-		clocked, clock := newClocked(t)
-		stale, old := claim(t, clocked, "stale")
-		clock.Advance(time.Minute) // the lease runs out on the store's clock
-		res, err := clocked.Claim(t.Context(), idempotency.ClaimRequest{Scope: scope, Key: "stale", Fingerprint: "f",
-			Lease: time.Minute, TTL: time.Hour})
-		if err != nil || !res.Claimed || !res.TookOver || res.Token <= old {
-			t.Fatalf("takeover: %+v, %v (old token %d)", res, err, old)
-		}
-		if _, err := clocked.WithTx(stale, insert("stale")); !errors.Is(err, idempotency.ErrLeaseLost) {
-			t.Fatalf("WithTx error %v, want ErrLeaseLost", err)
-		}
-		if booked(t, "stale") {
-			t.Error("the stale owner's business write committed")
-		}
-		if rec := record(t, "stale"); rec.State != idempotency.StateInProgress || rec.Token != res.Token {
-			t.Errorf("record %+v, want the new owner's", rec)
-		}
-	})
-
-	t.Run("without a claim", func(t *testing.T) {
-		t.Parallel()
-		if _, err := st.WithTx(t.Context(), insert("unclaimed")); err != nil {
-			t.Fatal(err)
-		}
-		if !booked(t, "unclaimed") {
-			t.Error("the business write is missing")
-		}
-	})
-
 	t.Run("commit reply lost", func(t *testing.T) {
 		t.Parallel()
 		proxied, _ := commitProxy(t, false)
@@ -429,8 +350,11 @@ func TestWithTx(t *testing.T) {
 		}
 		// The release WithTx asked for waits for the open transaction, which rolls back
 		// when its connection ends.
-		time.AfterFunc(100*time.Millisecond, hangUp)
-		if err := st.Release(t.Context(), scope, "lost-commit", tok); err != nil {
+		released := make(chan error, 1)
+		go func() { released <- st.Release(t.Context(), scope, "lost-commit", tok) }()
+		waitForLockWait(t, pool, schema)
+		hangUp()
+		if err := <-released; err != nil {
 			t.Fatalf("Release: %v", err)
 		}
 		if booked(t, "lost-commit") {
