@@ -89,8 +89,23 @@ const (
 	DefaultShutdownGrace = 5 * time.Second
 )
 
+// Resolve returns cfg with the defaults applied, the middleware's by
+// idempotency.Config.Resolve, or the error New would return for it (but for a missing
+// Idempotency.Store): a command line can check its flags with it before it opens a
+// store.
+func (cfg Config) Resolve() (Config, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return cfg, err
+	}
+	if cfg.Idempotency, err = cfg.Idempotency.Resolve(); err != nil {
+		return cfg, fmt.Errorf("gateway: %w", err)
+	}
+	return cfg, checkTTL(cfg.Idempotency, cfg.UpstreamTimeout)
+}
+
 // withDefaults checks the gateway's own fields and fills in their defaults; the
-// middleware's are idempotency.New's to check and fill.
+// middleware's are idempotency.Config.Resolve's to check and fill.
 func (cfg Config) withDefaults() (Config, error) {
 	if cfg.Upstream == nil {
 		return cfg, errors.New("gateway: Config.Upstream is required")

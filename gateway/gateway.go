@@ -50,7 +50,10 @@ type Gateway struct {
 
 // New returns a Gateway, or an error when cfg is unusable.
 func New(cfg Config) (*Gateway, error) {
-	cfg, err := cfg.withDefaults()
+	if cfg.Idempotency.Store == nil {
+		return nil, errors.New("gateway: Config.Idempotency.Store is required")
+	}
+	cfg, err := cfg.Resolve()
 	if err != nil {
 		return nil, err
 	}
@@ -79,14 +82,8 @@ func New(cfg Config) (*Gateway, error) {
 			userObserver(op, took, err)
 		}
 	}
-	if g.mw, err = idempotency.New(mcfg); err == nil {
-		err = checkTTL(g.mw.Config(), cfg.UpstreamTimeout)
-	}
-	if err != nil {
+	if g.mw, err = idempotency.New(mcfg); err != nil {
 		g.metrics.unregister(reg) // so that a corrected Config can register them again
-		if g.mw != nil {
-			_ = g.mw.Shutdown(context.Background())
-		}
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	g.proxy = &httputil.ReverseProxy{

@@ -188,6 +188,24 @@ func New(cfg Config) (*Middleware, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("idempotency: Config.Store is nil")
 	}
+	cfg, err := cfg.Resolve()
+	if err != nil {
+		return nil, err
+	}
+	m := &Middleware{cfg: cfg, methods: map[string]bool{}, health: newHealth(cfg.Lease)}
+	for _, meth := range cfg.Methods {
+		m.methods[meth] = true
+	}
+	m.bodies.max = cfg.MaxBodyMemory
+	m.probeCtx, m.probeStop = context.WithCancel(context.Background())
+	m.flushCtx, m.flushStop = context.WithCancel(context.Background())
+	return m, nil
+}
+
+// Resolve returns cfg with the defaults applied, or the error New would return for it
+// (but for a missing Store): the one place the middleware's options are checked and
+// defaulted, which the gateway and the command line use too.
+func (cfg Config) Resolve() (Config, error) {
 	for _, d := range []struct {
 		name string
 		v    int64
@@ -195,15 +213,20 @@ func New(cfg Config) (*Middleware, error) {
 		{"BodyTimeout", int64(cfg.BodyTimeout)}, {"MaxBodyMemory", cfg.MaxBodyMemory},
 		{"MaxResponse", cfg.MaxResponse}, {"StoreTimeout", int64(cfg.StoreTimeout)}} {
 		if d.v < 0 {
-			return nil, fmt.Errorf("idempotency: Config.%s is negative", d.name)
+			return cfg, fmt.Errorf("idempotency: Config.%s is negative", d.name)
 		}
 	}
-	if len(cfg.Methods) == 0 {
-		cfg.Methods = DefaultMethods()
+	methods := cfg.Methods
+	if len(methods) == 0 {
+		methods = DefaultMethods()
 	}
-	for _, meth := range cfg.Methods {
+	cfg.Methods = make([]string, 0, len(methods))
+	for _, meth := range methods {
 		if !httpname.Valid(meth) {
-			return nil, fmt.Errorf("idempotency: Config.Methods: %q is not a method", meth)
+			return cfg, fmt.Errorf("idempotency: Config.Methods: %q is not a method", meth)
+		}
+		if meth = asciiUpper(meth); !slices.Contains(cfg.Methods, meth) {
+			cfg.Methods = append(cfg.Methods, meth)
 		}
 	}
 	if cfg.Scope == nil {
@@ -217,10 +240,10 @@ func New(cfg Config) (*Middleware, error) {
 	cfg.MaxResponse = orDefault(cfg.MaxResponse, DefaultMaxResponse)
 	cfg.StoreTimeout = orDefault(cfg.StoreTimeout, DefaultStoreTimeout)
 	if cfg.TTL <= cfg.Lease {
-		return nil, fmt.Errorf("idempotency: Config.TTL (%s) must be longer than Config.Lease (%s)", cfg.TTL, cfg.Lease)
+		return cfg, fmt.Errorf("idempotency: Config.TTL (%s) must be longer than Config.Lease (%s)", cfg.TTL, cfg.Lease)
 	}
 	if cfg.MaxBodyMemory < cfg.MaxBody {
-		return nil, fmt.Errorf("idempotency: Config.MaxBodyMemory (%d) is smaller than Config.MaxBody (%d)", cfg.MaxBodyMemory, cfg.MaxBody)
+		return cfg, fmt.Errorf("idempotency: Config.MaxBodyMemory (%d) is smaller than Config.MaxBody (%d)", cfg.MaxBodyMemory, cfg.MaxBody)
 	}
 	if cfg.Release == nil {
 		cfg.Release = func(s int) bool { return s == http.StatusTooManyRequests || s == http.StatusServiceUnavailable }
@@ -228,20 +251,7 @@ func New(cfg Config) (*Middleware, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	m := &Middleware{cfg: cfg, methods: map[string]bool{}, health: newHealth(cfg.Lease)}
-	m.bodies.max = cfg.MaxBodyMemory
-	m.probeCtx, m.probeStop = context.WithCancel(context.Background())
-	m.flushCtx, m.flushStop = context.WithCancel(context.Background())
-	for _, meth := range cfg.Methods {
-		m.methods[asciiUpper(meth)] = true
-	}
-	cfg.Methods = make([]string, 0, len(m.methods))
-	for meth := range m.methods {
-		cfg.Methods = append(cfg.Methods, meth)
-	}
-	slices.Sort(cfg.Methods)
-	m.cfg.Methods = cfg.Methods
-	return m, nil
+	return cfg, nil
 }
 
 func orDefault[T int64 | time.Duration](v, def T) T {

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // newFlagSet returns a flag set that reports nothing by itself: parse does.
@@ -139,4 +141,104 @@ func (b *byteSize) String() string {
 		return strconv.FormatInt(n>>10, 10) + "KiB"
 	}
 	return strconv.FormatInt(n, 10)
+}
+
+// flagDoc is one flag's entry in a command's --help. The default shown is the flag's
+// own default value (flag.Flag.DefValue), so the help cannot drift from what the flag
+// does; def replaces it where the default is computed, or is "-" for none.
+type flagDoc struct {
+	name, arg, help string
+	// field is the Config field the flag sets: the packages' errors name the field, and
+	// flagError shows the flag instead.
+	field string
+	def   string
+}
+
+// flagHelp writes the flags of docs, one entry each, the help wrapped beside the name.
+func flagHelp(fs *flag.FlagSet, docs []flagDoc) string {
+	const indent, width = 27, 88
+	var b strings.Builder
+	for _, d := range docs {
+		head := "  --" + d.name
+		if d.arg != "" {
+			head += " " + d.arg
+		}
+		text := d.help
+		def := d.def
+		if def == "" {
+			if fl := fs.Lookup(d.name); fl != nil {
+				def = formatDefault(fl.DefValue)
+			}
+		}
+		if def != "" && def != "-" {
+			if text != "" {
+				text += " "
+			}
+			text += "(default " + def + ")"
+		}
+		line := head
+		if len(line) >= indent-1 {
+			b.WriteString(line + "\n")
+			line = ""
+		}
+		line += strings.Repeat(" ", indent-len(line))
+		col := indent
+		for i, w := range strings.Fields(text) {
+			if i > 0 && col+1+len(w) > width {
+				b.WriteString(line + "\n")
+				line, col = strings.Repeat(" ", indent), indent
+			} else if i > 0 {
+				line += " "
+				col++
+			}
+			line += w
+			col += len(w)
+		}
+		b.WriteString(strings.TrimRight(line, " ") + "\n")
+	}
+	return b.String()
+}
+
+// formatDefault shows a flag's default value: durations without their zero units (24h,
+// not 24h0m0s), empty strings as nothing.
+func formatDefault(v string) string {
+	if d, err := time.ParseDuration(v); err == nil && strings.ContainsAny(v, "hms") {
+		return formatDuration(d)
+	}
+	return v
+}
+
+// formatDuration writes d without zero units: 24h, 1m30s, 5s.
+func formatDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// flagError rewrites an error of the packages' Config checks in the command line's
+// terms: "idempotency: Config.TTL (1s) must be longer than Config.Lease (30s)" becomes
+// "--ttl (1s) must be longer than --lease (30s)".
+func flagError(err error, docs []flagDoc) error {
+	msg := err.Error()
+	for _, prefix := range []string{"gateway: ", "idempotency: "} {
+		msg = strings.TrimPrefix(msg, prefix)
+	}
+	type rename struct{ from, to string }
+	var renames []rename
+	for _, d := range docs {
+		if d.field != "" {
+			renames = append(renames, rename{"Config.Idempotency." + d.field, "--" + d.name}, rename{"Config." + d.field, "--" + d.name})
+		}
+	}
+	// Longer names first, so that Config.MaxBodyMemory is not read as Config.MaxBody.
+	slices.SortFunc(renames, func(a, b rename) int { return len(b.from) - len(a.from) })
+	for _, r := range renames {
+		msg = strings.ReplaceAll(msg, r.from, r.to)
+	}
+	return errors.New(msg)
 }

@@ -3,8 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"flag"
 	"strings"
 	"testing"
+
+	"github.com/retrysafe/retrysafe/gateway"
+	"github.com/retrysafe/retrysafe/idempotency"
 )
 
 func TestParseSize(t *testing.T) {
@@ -50,5 +55,58 @@ func TestEnvAndFlags(t *testing.T) {
 	// The upstream from the environment is checked (and refused) before the store.
 	if code != exitUsage || !strings.Contains(stderr.String(), "ftp://wrong") {
 		t.Fatalf("%d %q", code, stderr.String())
+	}
+}
+
+// The gateway's --help lists every flag it defines, and no other, with the defaults the
+// flags really have — which are the packages' own: the help is written from the flag
+// set, and the flag set from idempotency's and gateway's defaults.
+func TestGatewayHelpIsTheFlags(t *testing.T) {
+	fs, _, docs := newGatewayFlags()
+	documented := map[string]bool{}
+	for _, d := range docs {
+		if fs.Lookup(d.name) == nil {
+			t.Errorf("--help documents --%s, which is not a flag", d.name)
+		}
+		documented[d.name] = true
+	}
+	fs.VisitAll(func(f *flag.Flag) {
+		if !documented[f.Name] {
+			t.Errorf("--%s is a flag that --help does not document", f.Name)
+		}
+	})
+	help := strings.Join(strings.Fields(gatewayHelp()), " ") // as read, across the wrapping
+	for flagName, want := range map[string]string{
+		"ttl":              formatDuration(idempotency.DefaultTTL),
+		"lease":            formatDuration(idempotency.DefaultLease),
+		"body-timeout":     formatDuration(idempotency.DefaultBodyTimeout),
+		"upstream-timeout": formatDuration(gateway.DefaultUpstreamTimeout),
+		"methods":          strings.Join(idempotency.DefaultMethods(), ","),
+	} {
+		if got := formatDefault(fs.Lookup(flagName).DefValue); got != want {
+			t.Errorf("--%s defaults to %s, the package's default is %s", flagName, got, want)
+		}
+	}
+	for _, want := range []string{
+		"(default " + formatDuration(idempotency.DefaultTTL) + ")",
+		"(default " + (*byteSize)(ptr(int64(idempotency.DefaultMaxBody))).String() + ")",
+		"(default " + (*byteSize)(ptr(int64(idempotency.DefaultMaxResponse))).String() + ")",
+		"(default " + (*byteSize)(ptr(int64(idempotency.DefaultMaxBodyMemory))).String() + ")",
+		"upstream timeout + " + formatDuration(gateway.DefaultShutdownGrace),
+	} {
+		if !strings.Contains(help, want) {
+			t.Errorf("--help lacks %q", want)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// The packages' errors about their Config are shown in the flags' names.
+func TestFlagErrorNamesTheFlags(t *testing.T) {
+	_, _, docs := newGatewayFlags()
+	err := flagError(errors.New("gateway: idempotency: Config.MaxBodyMemory (1) is smaller than Config.MaxBody (2); Config.Idempotency.Methods"), docs)
+	if want := "--max-body-memory (1) is smaller than --max-body (2); --methods"; err.Error() != want {
+		t.Errorf("flagError = %q, want %q", err, want)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -14,7 +15,7 @@ import (
 	"github.com/retrysafe/retrysafe/idempotency"
 )
 
-const gatewayHelp = `usage: retrysafe gateway --upstream URL [flags]
+const gatewayIntro = `usage: retrysafe gateway --upstream URL [flags]
 
 A reverse proxy that gives any HTTP API Idempotency-Key semantics. Keyed requests
 (POST and PATCH by default) are claimed in the store, forwarded, and their responses
@@ -34,43 +35,9 @@ expire while its request may still run.
 
 flags (each can also be set from the environment: --max-body from RETRYSAFE_MAX_BODY,
 --upstream from RETRYSAFE_UPSTREAM, and so on; a flag on the command line wins):
-  --upstream URL           the API to protect: http:// or https:// (required)
-  --listen ADDR            proxy address (default 127.0.0.1:8080; port 0 picks one, and
-                           the address is logged)
-  --admin ADDR             /healthz, /readyz, /metrics (default 127.0.0.1:9090; "off"
-                           disables)
-  --store DSN              sqlite:PATH (default sqlite:retrysafe.db), postgres://…
-                           (optional ?schema=NAME), redis://… (optional ?prefix=P),
-                           memory: — the schema is applied at start. SQLite and
-                           PostgreSQL batch the writes of concurrent requests into
-                           shared commits (group commit); ?batch=false turns it off
-  --ttl DURATION           how long responses are kept for replay (default 24h)
-  --lease DURATION         how long a key stays in progress without its owner, e.g.
-                           after a crash or an upstream timeout (default 30s)
-  --methods LIST           methods that need a key (default POST,PATCH)
-  --require-key BOOL       answer 400 to keyed methods without a key (default true;
-                           false forwards them unprotected)
-  --scope-header NAME      trust this header, set by the auth layer in front, as the
-                           principal whose keys these are (default: a hash of the
-                           Authorization header)
-  --max-body SIZE          largest request body on keyed methods, else 413 (default 1MiB)
-  --body-timeout DUR       time a keyed request's body gets to arrive, else 408
-                           (default 30s)
-  --max-body-memory SIZE   request-body bytes all keyed requests together may hold in
-                           memory; past it 503 with Retry-After (default 256MiB)
-  --max-response SIZE      largest response body stored (default 4MiB). Answers up to
-                           it are read whole from the upstream, stored, then sent at the
-                           client's pace; larger ones are passed on as they come and
-                           stored without their body
-  --upstream-timeout DUR   bound on each upstream call until its answer is stored
-                           (default 30s); then only each wait for the upstream's bytes
-  --shutdown-timeout DUR   time the requests in flight get at shutdown, and then the
-                           answers the store could not take get to be stored (default
-                           upstream timeout + 5s)
-  --fail-open              forward unprotected when the store fails (default: 503)
-  --log-format text|json   (default text)
-  --log-level LEVEL        debug, info, warn or error (default info)
+`
 
+const gatewayOutro = `
 Sizes: bytes, or 512KiB, 4MiB, 1GiB (also KB, MB, GB in powers of 1000).
 Bad flags, an unreachable store or an unparsable upstream: one line on stderr, exit 2.
 
@@ -89,18 +56,21 @@ type gatewayFlags struct {
 	maxBody, maxResponse, maxBodyMemory                                       byteSize
 }
 
-func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	const cmd = "retrysafe gateway"
-	f := gatewayFlags{maxBody: idempotency.DefaultMaxBody, maxResponse: idempotency.DefaultMaxResponse,
+// newGatewayFlags defines retrysafe gateway's flags, their defaults taken from the
+// packages that own them (idempotency.Default…, gateway.Default…), and returns them with
+// their documentation, from which --help is written: the defaults it shows are the
+// flags' own, so the two cannot drift.
+func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
+	f := &gatewayFlags{maxBody: idempotency.DefaultMaxBody, maxResponse: idempotency.DefaultMaxResponse,
 		maxBodyMemory: idempotency.DefaultMaxBodyMemory}
-	fs := newFlagSet(cmd)
+	fs := newFlagSet("retrysafe gateway")
 	fs.StringVar(&f.upstream, "upstream", "", "")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "")
 	fs.StringVar(&f.admin, "admin", "127.0.0.1:9090", "")
 	fs.StringVar(&f.store, "store", storedsn.Default, "")
 	fs.DurationVar(&f.ttl, "ttl", idempotency.DefaultTTL, "")
 	fs.DurationVar(&f.lease, "lease", idempotency.DefaultLease, "")
-	fs.StringVar(&f.methods, "methods", "POST,PATCH", "")
+	fs.StringVar(&f.methods, "methods", strings.Join(idempotency.DefaultMethods(), ","), "")
 	fs.BoolVar(&f.requireKey, "require-key", true, "")
 	fs.StringVar(&f.scopeHeader, "scope-header", "", "")
 	fs.Var(&f.maxBody, "max-body", "")
@@ -112,7 +82,40 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fs.BoolVar(&f.failOpen, "fail-open", false, "")
 	fs.StringVar(&f.logFormat, "log-format", "text", "")
 	fs.StringVar(&f.logLevel, "log-level", "info", "")
-	if ok, status := parse(fs, args, gatewayHelp, nil, false, stdout, stderr); !ok {
+	docs := []flagDoc{
+		{name: "upstream", arg: "URL", help: "the API to protect: http:// or https:// (required)", def: "-"},
+		{name: "listen", arg: "ADDR", help: "proxy address; port 0 picks one, and the address is logged"},
+		{name: "admin", arg: "ADDR", help: `/healthz, /readyz, /metrics; "off" disables`},
+		{name: "store", arg: "DSN", help: "sqlite:PATH, postgres://… (optional ?schema=NAME), redis://… (optional ?prefix=P), memory: — the schema is applied at start. SQLite and PostgreSQL batch the writes of concurrent requests into shared commits (group commit); ?batch=false turns it off"},
+		{name: "ttl", arg: "DURATION", field: "TTL", help: "how long responses are kept for replay"},
+		{name: "lease", arg: "DURATION", field: "Lease", help: "how long a key stays in progress without its owner, e.g. after a crash or an upstream timeout"},
+		{name: "methods", arg: "LIST", field: "Methods", help: "methods that need a key"},
+		{name: "require-key", arg: "BOOL", help: "answer 400 to keyed methods without a key; false forwards them unprotected"},
+		{name: "scope-header", arg: "NAME", field: "ScopeHeader", help: "trust this header, set by the auth layer in front, as the principal whose keys these are", def: "a hash of the Authorization header"},
+		{name: "max-body", arg: "SIZE", field: "MaxBody", help: "largest request body on keyed methods, else 413"},
+		{name: "body-timeout", arg: "DUR", field: "BodyTimeout", help: "time a keyed request's body gets to arrive, else 408"},
+		{name: "max-body-memory", arg: "SIZE", field: "MaxBodyMemory", help: "request-body bytes all keyed requests together may hold in memory; past it 503 with Retry-After"},
+		{name: "max-response", arg: "SIZE", field: "MaxResponse", help: "largest response body stored. Answers up to it are read whole from the upstream, stored, then sent at the client's pace; larger ones are passed on as they come and stored without their body"},
+		{name: "upstream-timeout", arg: "DUR", field: "UpstreamTimeout", help: "bound on each upstream call until its answer is stored; then only each wait for the upstream's bytes"},
+		{name: "shutdown-timeout", arg: "DUR", field: "ShutdownTimeout", help: "time the requests in flight get at shutdown, and then the answers the store could not take get to be stored",
+			def: "upstream timeout + " + formatDuration(gateway.DefaultShutdownGrace)},
+		{name: "fail-open", help: "forward unprotected when the store fails", def: "false: 503"},
+		{name: "log-format", arg: "text|json"},
+		{name: "log-level", arg: "LEVEL", help: "debug, info, warn or error"},
+	}
+	return fs, f, docs
+}
+
+// gatewayHelp is retrysafe gateway --help.
+func gatewayHelp() string {
+	fs, _, docs := newGatewayFlags()
+	return gatewayIntro + flagHelp(fs, docs) + gatewayOutro
+}
+
+func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	const cmd = "retrysafe gateway"
+	fs, f, docs := newGatewayFlags()
+	if ok, status := parse(fs, args, gatewayHelp(), nil, false, stdout, stderr); !ok {
 		return status
 	}
 
@@ -128,6 +131,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}
+	// Zero means "the default" to the packages; on the command line it is a mistake.
 	for _, d := range []struct {
 		name string
 		v    time.Duration
@@ -139,17 +143,8 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if f.shutdownTimeout < 0 {
 		return fail(stderr, cmd, fmt.Errorf("--shutdown-timeout must not be negative"), exitUsage)
 	}
-	if f.ttl <= f.lease {
-		return fail(stderr, cmd, fmt.Errorf("--ttl (%s) must be longer than --lease (%s)", f.ttl, f.lease), exitUsage)
-	}
-	if f.ttl <= f.upstreamTimeout {
-		return fail(stderr, cmd, fmt.Errorf("--ttl (%s) must be longer than --upstream-timeout (%s), or a record could expire while its request still runs", f.ttl, f.upstreamTimeout), exitUsage)
-	}
 	if f.maxBody <= 0 || f.maxResponse <= 0 || f.maxBodyMemory <= 0 {
 		return fail(stderr, cmd, errors.New("--max-body, --max-body-memory and --max-response must be positive"), exitUsage)
-	}
-	if f.maxBodyMemory < f.maxBody {
-		return fail(stderr, cmd, fmt.Errorf("--max-body-memory (%s) must be at least --max-body (%s)", &f.maxBodyMemory, &f.maxBody), exitUsage)
 	}
 	var methods []string
 	for m := range strings.SplitSeq(f.methods, ",") {
@@ -159,6 +154,30 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	if len(methods) == 0 {
 		return fail(stderr, cmd, errors.New("--methods is empty"), exitUsage)
+	}
+	cfg := gateway.Config{
+		Upstream:        upstream,
+		ScopeHeader:     f.scopeHeader,
+		UpstreamTimeout: f.upstreamTimeout,
+		ShutdownTimeout: f.shutdownTimeout,
+		Logger:          logger,
+		Idempotency: idempotency.Config{
+			Methods:       methods,
+			KeyOptional:   !f.requireKey,
+			TTL:           f.ttl,
+			Lease:         f.lease,
+			MaxBody:       int64(f.maxBody),
+			BodyTimeout:   f.bodyTimeout,
+			MaxBodyMemory: int64(f.maxBodyMemory),
+			MaxResponse:   int64(f.maxResponse),
+			FailOpen:      f.failOpen,
+		},
+	}
+	// The rules between options (the TTL longer than the lease and the upstream timeout,
+	// …) are the packages', checked once, here before any I/O; their errors name the
+	// Config fields, shown as the flags that set them.
+	if _, err := cfg.Resolve(); err != nil {
+		return fail(stderr, cmd, flagError(err, docs), exitUsage)
 	}
 	adminAddr := f.admin
 	if strings.EqualFold(adminAddr, "off") {
@@ -173,25 +192,8 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err := store.Migrate(ctx); err != nil {
 		return fail(stderr, cmd, fmt.Errorf("applying the schema of %s: %w", store.Name, err), exitUsage)
 	}
-	gw, err := gateway.New(gateway.Config{
-		Upstream:        upstream,
-		ScopeHeader:     f.scopeHeader,
-		UpstreamTimeout: f.upstreamTimeout,
-		ShutdownTimeout: f.shutdownTimeout,
-		Logger:          logger,
-		Idempotency: idempotency.Config{
-			Store:         store.Store,
-			Methods:       methods,
-			KeyOptional:   !f.requireKey,
-			TTL:           f.ttl,
-			Lease:         f.lease,
-			MaxBody:       int64(f.maxBody),
-			BodyTimeout:   f.bodyTimeout,
-			MaxBodyMemory: int64(f.maxBodyMemory),
-			MaxResponse:   int64(f.maxResponse),
-			FailOpen:      f.failOpen,
-		},
-	})
+	cfg.Idempotency.Store = store.Store
+	gw, err := gateway.New(cfg)
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}

@@ -90,7 +90,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func helps() map[string]string {
 	return map[string]string{
-		"gateway": gatewayHelp, "migrate": migrateHelp, "keys": keysHelp, "demo": demoHelp,
+		"gateway": gatewayHelp(), "migrate": migrateHelp, "keys": keysHelp, "demo": demoHelp,
 		"check": checkHelp, "sim": simHelp, "dlq": dlqHelp,
 		"version": "usage: retrysafe version\n\nPrints the module version the binary was built from (\"dev\" for a\nbuild from a work tree), and the Go version and platform.\n\nexamples:\n  retrysafe version\n",
 		"help":    usage,
