@@ -274,16 +274,41 @@ func streamName(subject string) string {
 	}, subject)
 }
 
-// conn returns the connection to use and whether it is ours to close.
-func (c Config) conn(ctx context.Context) (*nats.Conn, bool, error) {
-	if c.Conn != nil {
-		return c.Conn, false, nil
-	}
-	nc, err := Dial(ctx, c.URL, "retrysafe redeliver "+c.Queue)
+// session is a Config with its defaults applied, the connection it names and a
+// JetStream context on that connection.
+type session struct {
+	cfg Config
+	nc  *nats.Conn
+	own bool // nc was dialled for the session: close closes it
+	js  js.JetStream
+}
+
+// open applies cfg's defaults and connects: on cfg.Conn, or on a connection of its own
+// to cfg.URL.
+func (cfg Config) open(ctx context.Context) (*session, error) {
+	c, err := cfg.withDefaults()
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	return nc, true, nil
+	s := &session{cfg: c, nc: c.Conn}
+	if s.nc == nil {
+		if s.nc, err = Dial(ctx, c.URL, "retrysafe redeliver "+c.Queue); err != nil {
+			return nil, err
+		}
+		s.own = true
+	}
+	if s.js, err = js.New(s.nc); err != nil {
+		s.close()
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return s, nil
+}
+
+// close closes the session's connection when it is its own.
+func (s *session) close() {
+	if s.own {
+		s.nc.Close()
+	}
 }
 
 // Dial connects to the NATS server at url (default nats://127.0.0.1:4222) with a
@@ -373,22 +398,12 @@ func (c Config) consumerConfig() js.ConsumerConfig {
 // topology before the first publish (a message published before the work stream exists
 // is not stored).
 func Declare(ctx context.Context, cfg Config) error {
-	c, err := cfg.withDefaults()
+	s, err := cfg.open(ctx)
 	if err != nil {
 		return err
 	}
-	nc, own, err := c.conn(ctx)
-	if err != nil {
-		return err
-	}
-	if own {
-		defer nc.Close()
-	}
-	j, err := js.New(nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-	_, _, err = c.declare(ctx, j)
+	defer s.close()
+	_, _, err = s.cfg.declare(ctx, s.js)
 	return err
 }
 
@@ -396,21 +411,12 @@ func Declare(ctx context.Context, cfg Config) error {
 // the failure bucket of cfg; those that do not exist are skipped. It is meant for tests
 // and for decommissioning a queue.
 func DeleteTopology(ctx context.Context, cfg Config) error {
-	c, err := cfg.withDefaults()
+	s, err := cfg.open(ctx)
 	if err != nil {
 		return err
 	}
-	nc, own, err := c.conn(ctx)
-	if err != nil {
-		return err
-	}
-	if own {
-		defer nc.Close()
-	}
-	j, err := js.New(nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
+	defer s.close()
+	c, j := s.cfg, s.js
 	var errs []error
 	for _, s := range []string{c.Stream, c.DLQStream} {
 		if err := j.DeleteStream(ctx, s); err != nil && !errors.Is(err, js.ErrStreamNotFound) {

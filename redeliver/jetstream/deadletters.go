@@ -92,32 +92,20 @@ var _ redeliver.DeadLetters = (*DeadLetters)(nil)
 // exist (NewSource or Declare creates it): otherwise the error matches
 // redeliver.ErrNotFound.
 func NewDeadLetters(ctx context.Context, cfg Config) (*DeadLetters, error) {
-	c, err := cfg.withDefaults()
+	s, err := cfg.open(ctx)
 	if err != nil {
 		return nil, err
 	}
-	nc, own, err := c.conn(ctx)
+	c := s.cfg
+	dlq, err := s.js.Stream(ctx, c.DLQStream)
 	if err != nil {
-		return nil, err
-	}
-	fail := func(err error) (*DeadLetters, error) {
-		if own {
-			nc.Close()
+		s.close()
+		if errors.Is(err, js.ErrStreamNotFound) {
+			return nil, fmt.Errorf("jetstream: no DLQ stream %s for queue %s: %w (%w)", c.DLQStream, c.Queue, redeliver.ErrNotFound, err)
 		}
-		return nil, err
+		return nil, fmt.Errorf("jetstream: DLQ stream %s: %w", c.DLQStream, err)
 	}
-	j, err := js.New(nc)
-	if err != nil {
-		return fail(fmt.Errorf("jetstream: %w", err))
-	}
-	dlq, err := j.Stream(ctx, c.DLQStream)
-	if errors.Is(err, js.ErrStreamNotFound) {
-		return fail(fmt.Errorf("jetstream: no DLQ stream %s for queue %s: %w (%w)", c.DLQStream, c.Queue, redeliver.ErrNotFound, err))
-	}
-	if err != nil {
-		return fail(fmt.Errorf("jetstream: DLQ stream %s: %w", c.DLQStream, err))
-	}
-	return &DeadLetters{cfg: c, nc: nc, own: own, js: j, dlq: dlq, header: c.Policy.Header}, nil
+	return &DeadLetters{cfg: c, nc: s.nc, own: s.own, js: s.js, dlq: dlq, header: c.Policy.Header}, nil
 }
 
 // each calls fn on every dead letter, oldest first, until fn returns false.

@@ -52,23 +52,14 @@ var (
 // advisories and sweeps once for orphans. Close it, or let the redeliver.Consumer that
 // runs it close it.
 func NewSource(ctx context.Context, cfg Config) (*Source, error) {
-	c, err := cfg.withDefaults()
+	ss, err := cfg.open(ctx)
 	if err != nil {
 		return nil, err
 	}
-	nc, own, err := c.conn(ctx)
-	if err != nil {
-		return nil, err
-	}
+	c, nc, own, j := ss.cfg, ss.nc, ss.own, ss.js
 	fail := func(err error) (*Source, error) {
-		if own {
-			nc.Close()
-		}
+		ss.close()
 		return nil, err
-	}
-	j, err := js.New(nc)
-	if err != nil {
-		return fail(fmt.Errorf("jetstream: %w", err))
 	}
 	cons, kv, err := c.declare(ctx, j)
 	if err != nil {
@@ -212,12 +203,18 @@ func (s *Source) Receive(ctx context.Context) (redeliver.Delivery, error) {
 func (s *Source) sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
+	return s.wait(ctx, t.C)
+}
+
+// wait waits for c, or until ctx ends (its error) or the Source closes
+// (redeliver.ErrClosed).
+func (s *Source) wait(ctx context.Context, c <-chan time.Time) error {
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-s.closing:
 		return redeliver.ErrClosed
-	case <-t.C:
+	case <-c:
 		return nil
 	}
 }
@@ -231,12 +228,8 @@ func (s *Source) awaitConnected(ctx context.Context) error {
 		if s.nc.IsClosed() {
 			return fmt.Errorf("jetstream: receive: %w", nats.ErrConnectionClosed)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-s.closing:
-			return redeliver.ErrClosed
-		case <-t.C:
+		if err := s.wait(ctx, t.C); err != nil {
+			return err
 		}
 	}
 	return nil
