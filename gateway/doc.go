@@ -83,4 +83,47 @@
 // Several gateways sharing one PostgreSQL or Redis store behave as one: the claim is
 // atomic in the store, so of concurrent duplicates sent to different replicas exactly
 // one is forwarded.
+//
+// # One keyed request, file by file
+//
+// A POST with an Idempotency-Key, from the listener to a PostgreSQL store and back, is
+// read in eight files of four packages. Each request's state lives in two places only:
+// the gateway's exchange (gateway.go) and the middleware's Claim and recorder (claim.go,
+// recorder.go); what happened to it is the Outcome that Serve returns, never read back
+// from a status code.
+//
+//  1. gateway/run.go — Run serves the listener with an http.Server whose handler is the
+//     Gateway, and at shutdown waits for the requests in flight and the answers held.
+//  2. gateway/gateway.go — ServeHTTP makes the request's exchange, refuses a Connection
+//     header that names a protected header, and hands the request to the budget layer,
+//     then serve, which calls the middleware's Serve with forward as the handler and
+//     keeps the Outcome it returns. forward sends the request once through the
+//     ReverseProxy (retry.SendOnce under it), bounded by an upstreamCall; its hooks,
+//     modifyResponse and upstreamError, classify what the upstream did and Release,
+//     Abandon or Abort the claim accordingly. finish logs the request and counts it.
+//     When the answer broke off, ServeHTTP cuts the client's connection last.
+//  3. deadline/middleware.go — Middleware gives the request its deadline (the caller's
+//     Request-Budget-Ms and the server's budget), answers 504 when it is already spent,
+//     and marks failures once it is.
+//  4. idempotency/middleware.go — Serve checks the method and the key, reads the body
+//     within its limits, fingerprints it, and claims the key in the store (a takeover
+//     only on a second claim, bound to the store's clock). A lost claim is answered
+//     there: replay, 409 or 422.
+//  5. idempotency/claim.go — execute runs the handler as the owner of the Claim, renews
+//     its lease (heartbeat), and then completes the record (finish → Store.Complete),
+//     releases or abandons the key, and only then lets the recorder send the answer.
+//  6. idempotency/recorder.go — the recorder holds the handler's answer until it is
+//     stored, passes a too-large one through, and sends it; Replay writes a stored one.
+//  7. idempotency/pgstore/pgstore.go — Claim and Complete: one statement each, fenced by
+//     the token and decided on the database's clock.
+//  8. idempotency/pgstore/batch.go — with batching on (the command line's default), the
+//     claims and completions that arrive together share one statement: runClaims and
+//     runCompletes.
+//
+// On the way the request calls helpers whose names say what they return and which the
+// walk does not need to enter: ParseKey (idempotency/key.go), readBody
+// (idempotency/body.go), Fingerprint (idempotency/fingerprint.go), and batch.Group, the
+// generic grouping of calls under pgstore's batch.go (internal/batch). The answer to
+// a retry takes the same road and stops at step 4. With another store, steps 7 and 8 are
+// that store's file: sqlitestore.go and batch.go, redisstore.go, memstore.go.
 package gateway
