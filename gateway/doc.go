@@ -8,7 +8,7 @@
 // stored response again with Idempotent-Replayed: true, and the upstream does not see
 // it. Everything in the idempotency contract holds: 409 with Retry-After while the key
 // is in flight, 422 for a key reused with another request, 400 for a missing or
-// malformed key, 413 for a body over Config.MaxBody, 503 when the store is down (fail
+// malformed key, 413 for a body over Idempotency.MaxBody, 503 when the store is down (fail
 // closed). The Idempotency-Key header is forwarded unchanged, so an idempotency-aware
 // upstream dedupes too; X-Forwarded-For, -Host and -Proto are set; hop-by-hop headers
 // are stripped. Request-Budget-Ms (package deadline) tells the upstream how long the
@@ -18,8 +18,8 @@
 // A request whose Connection header names the Idempotency-Key, the header its scope comes
 // from or its Content-Type is answered 400: a proxy drops the headers Connection names,
 // and the upstream must receive those the gateway keyed and fingerprinted. Keyed bodies
-// are bounded in size (Config.MaxBody, 413), in time (Config.BodyTimeout, 408) and,
-// together, in memory (Config.MaxBodyMemory, 503 with Retry-After), before anything is
+// are bounded in size (Idempotency.MaxBody, 413), in time (Idempotency.BodyTimeout, 408) and,
+// together, in memory (Idempotency.MaxBodyMemory, 503 with Retry-After), before anything is
 // claimed.
 //
 // # The upstream call and what its failures mean
@@ -34,7 +34,7 @@
 // (context.WithoutCancel): a client that disconnects does not cancel it, so the
 // upstream's answer is still stored and the client's retry gets it. A lost response is
 // not lost work. Config.UpstreamTimeout bounds the call until its answer is stored
-// (answers up to Config.MaxResponse are read whole from the upstream first, then sent to
+// (answers up to Idempotency.MaxResponse are read whole from the upstream first, then sent to
 // the client at its pace); after that only each wait for the upstream's next bytes is
 // bounded by it, so a client that reads slowly is never cut off and its key is completed
 // whatever its pace.
