@@ -1,10 +1,18 @@
-// Package idempotencytest is the conformance suite every idempotency.Store runs.
+// Package idempotencytest holds the conformance checks of retrysafe's idempotency
+// contract, for stores and for endpoints.
 //
-// It is the only place store behaviour is specified by tests: a store's own test file
-// calls Run with a Harness and adds only what is specific to its backend (migrations,
-// round trips, durability). The suite drives each store's clock (the Harness passes it
-// a Clock the suite moves), so expiry and lease cases run instantly; one case runs the
-// store on its own clock.
+// Stores: Run is the suite every idempotency.Store runs, and RunTx the one of stores
+// that complete records in the handler's own transaction (WithTx). It is the only place
+// store behaviour is specified by tests: a store's own test file calls Run with a
+// Harness and adds only what is specific to its backend (migrations, round trips,
+// durability). The suite drives each store's clock (the Harness passes it a Clock the
+// suite moves), so expiry and lease cases run instantly; one case runs the store on its
+// own clock.
+//
+// Endpoints: CheckEndpoint is the battery behind `retrysafe check`, which sends real
+// requests to any HTTP endpoint — yours, in any language, behind any idempotency layer
+// — and says whether it honours Idempotency-Key. TestHandler and TestEndpoint run it
+// from a Go test, against an http.Handler or a URL.
 package idempotencytest
 
 import (
