@@ -39,6 +39,7 @@ type Gateway struct {
 	gatherer prometheus.Gatherer // nil: no /metrics
 	proxy    *httputil.ReverseProxy
 	handler  http.Handler // deadline.Middleware, then serve
+	forwardH http.Handler // forward, made once: the middleware's handler
 	// protected are the request headers the upstream must receive as the gateway saw
 	// them: the key, the scope's source and the content type (both fingerprinted).
 	protected []string
@@ -108,6 +109,7 @@ func New(cfg Config) (*Gateway, error) {
 	// answered 504 before anything is claimed, and one whose budget runs out while its
 	// body arrives is answered 504 too; a body slower than BodyTimeout is a 408.
 	budget := g.mw.Config().BodyTimeout + cfg.UpstreamTimeout
+	g.forwardH = http.HandlerFunc(g.forward)
 	g.handler = deadline.Middleware(deadline.Config{Budget: budget, Logger: cfg.Logger})(http.HandlerFunc(g.serve))
 	return g, nil
 }
@@ -202,7 +204,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // serve runs the request through the idempotency middleware, with forward as the
 // handler, and keeps the outcome it returns.
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
-	o, err := g.mw.Serve(w, r, http.HandlerFunc(g.forward))
+	o, err := g.mw.Serve(w, r, g.forwardH)
 	ex := exchangeFrom(r.Context())
 	ex.mu.Lock()
 	ex.outcome = string(o)
