@@ -704,20 +704,8 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 		return idempotency.ListPage{}, fmt.Errorf("sqlitestore: list: %w", err)
 	}
 	defer func() { _ = rows.Close() }()
-	var page idempotency.ListPage
-	for rows.Next() {
-		if len(page.Records) == limit {
-			last := page.Records[limit-1]
-			page.Next = listcursor.Encode(last.Scope, last.Key)
-			break
-		}
-		rec, err := scanRecord(rows)
-		if err != nil {
-			return idempotency.ListPage{}, fmt.Errorf("sqlitestore: list: %w", err)
-		}
-		page.Records = append(page.Records, *rec)
-	}
-	if err := rows.Err(); err != nil {
+	page, err := listcursor.Page(rows, limit, func(r *sql.Rows) (*idempotency.Record, error) { return scanRecord(r) })
+	if err != nil {
 		return idempotency.ListPage{}, fmt.Errorf("sqlitestore: list: %w", err)
 	}
 	return page, nil
