@@ -15,6 +15,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/pgddl"
 	"github.com/retrysafe/retrysafe/internal/sqlname"
 	"github.com/retrysafe/retrysafe/redeliver"
+	"github.com/retrysafe/retrysafe/redeliver/internal/inbox"
 	"github.com/retrysafe/retrysafe/retry"
 )
 
@@ -156,10 +157,7 @@ var errDuplicate = errors.New("pgbox: duplicate")
 // Handler returns a redeliver.Handler that runs fn through Do: exactly once per message
 // id, as far as the database's commits go.
 func (i *Inbox) Handler(fn func(ctx context.Context, tx pgx.Tx, m *redeliver.Message) error) redeliver.Handler {
-	return func(ctx context.Context, m *redeliver.Message) error {
-		_, err := i.Do(ctx, m, func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx, m) })
-		return err
-	}
+	return inbox.Handler(i.Do, fn)
 }
 
 // Seen reports whether the message id of queue is recorded.
@@ -176,7 +174,7 @@ func (i *Inbox) Seen(ctx context.Context, queue, id string) (bool, error) {
 // rows. Until it runs, an expired id still absorbs duplicates.
 func (i *Inbox) DeleteExpired(ctx context.Context, batch int) (int, error) {
 	if batch <= 0 {
-		batch = 1000
+		batch = inbox.DefaultDeleteBatch
 	}
 	tag, err := i.pool.Exec(ctx, i.deleteExpir, i.now(), batch)
 	if err != nil {

@@ -28,6 +28,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/sqlname"
 	"github.com/retrysafe/retrysafe/redeliver"
+	"github.com/retrysafe/retrysafe/redeliver/internal/inbox"
 	"github.com/retrysafe/retrysafe/retry"
 )
 
@@ -160,10 +161,7 @@ func (i *Inbox) Do(ctx context.Context, m *redeliver.Message, fn func(ctx contex
 
 // Handler returns a redeliver.Handler that runs fn through Do.
 func (i *Inbox) Handler(fn func(ctx context.Context, tx *sql.Tx, m *redeliver.Message) error) redeliver.Handler {
-	return func(ctx context.Context, m *redeliver.Message) error {
-		_, err := i.Do(ctx, m, func(ctx context.Context, tx *sql.Tx) error { return fn(ctx, tx, m) })
-		return err
-	}
+	return inbox.Handler(i.Do, fn)
 }
 
 // Seen reports whether the message id of queue is recorded.
@@ -179,7 +177,7 @@ func (i *Inbox) Seen(ctx context.Context, queue, id string) (bool, error) {
 // returns how many it deleted.
 func (i *Inbox) DeleteExpired(ctx context.Context, batch int) (int, error) {
 	if batch <= 0 {
-		batch = 1000
+		batch = inbox.DefaultDeleteBatch
 	}
 	res, err := i.db.ExecContext(ctx, i.deleteExpiredQ, i.now().UnixMilli(), batch)
 	if err != nil {
