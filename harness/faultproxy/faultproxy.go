@@ -88,6 +88,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/retrysafe/retrysafe/harness/internal/tcpconn"
 )
 
 // Kind is a kind of injected fault.
@@ -467,7 +469,7 @@ func (p *Proxy) serve(nc net.Conn) {
 	switch d := p.connDec.next(); d.kind {
 	case Refuse:
 		p.injected(Refuse, c, nil, nil)
-		reset(nc)
+		tcpconn.Reset(nc)
 		return
 	case BlackHole:
 		p.injected(BlackHole, c, nil, nil)
@@ -500,7 +502,7 @@ func (p *Proxy) serve(nc net.Conn) {
 		if up == nil {
 			if up = p.dial(); up == nil {
 				p.stats.upstreamErrors.Add(1)
-				reset(nc) // not forwarded: as if the server had refused
+				tcpconn.Reset(nc) // not forwarded: as if the server had refused
 				return
 			}
 		}
@@ -565,7 +567,7 @@ func (p *Proxy) exchange(c *clientConn, cr *bufio.Reader, cw *bufio.Writer, up *
 		}
 		p.injected(d.kind, c, req, resp)
 		if d.kind == ResponseReset {
-			reset(c.Conn)
+			tcpconn.Reset(c.Conn)
 		}
 		return false // serve closes c: FIN (ResponseLost), no response
 	case Reset:
@@ -582,7 +584,7 @@ func (p *Proxy) exchange(c *clientConn, cr *bufio.Reader, cw *bufio.Writer, up *
 		}
 		p.injected(Reset, c, req, resp)
 		_, _ = c.Write(b[:cut])
-		reset(c.Conn)
+		tcpconn.Reset(c.Conn)
 		return false
 	}
 
@@ -639,19 +641,11 @@ func (p *Proxy) tunnel(c net.Conn, cr *bufio.Reader, up *upstream) {
 		defer p.wg.Done()
 		defer close(done)
 		_, _ = io.Copy(up.conn, cr)
-		closeWrite(up.conn)
+		tcpconn.CloseWrite(up.conn)
 	}()
 	_, _ = io.Copy(c, up.r)
-	closeWrite(c)
+	tcpconn.CloseWrite(c)
 	<-done
-}
-
-func closeWrite(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.CloseWrite()
-		return
-	}
-	_ = c.Close()
 }
 
 func expectContinue(req *http.Request) bool {
@@ -674,14 +668,6 @@ func (p *Proxy) sleep(d time.Duration) bool {
 	case <-p.ctx.Done():
 		return false
 	}
-}
-
-// reset closes c with an RST instead of a FIN: SO_LINGER 0 discards unsent data.
-func reset(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0)
-	}
-	_ = c.Close()
 }
 
 // hold keeps c open without answering, discarding what the client sends, until the

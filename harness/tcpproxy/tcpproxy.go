@@ -35,6 +35,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/retrysafe/retrysafe/harness/internal/tcpconn"
 )
 
 // dialTimeout bounds the dial to the target of each accepted connection.
@@ -245,7 +247,7 @@ func (p *Proxy) accept() {
 		case p.mode == cut:
 			p.mu.Unlock()
 			p.stats.refused.Add(1)
-			reset(c)
+			tcpconn.Reset(c)
 			continue
 		}
 		l := &link{p: p, client: c, done: make(chan struct{})}
@@ -284,7 +286,7 @@ func (l *link) teardown(hard bool) {
 			continue
 		}
 		if hard {
-			reset(c)
+			tcpconn.Reset(c)
 		} else {
 			_ = c.Close()
 		}
@@ -342,7 +344,7 @@ func (l *link) dial() bool {
 	l.p.mu.Lock()
 	if l.down {
 		l.p.mu.Unlock()
-		reset(t)
+		tcpconn.Reset(t)
 		return false
 	}
 	l.target = t
@@ -405,7 +407,7 @@ func (l *link) pipe(src, dst net.Conn, count *atomic.Int64) (ok bool) {
 	if err := <-readErr; !errors.Is(err, io.EOF) {
 		return false
 	}
-	closeWrite(dst)
+	tcpconn.CloseWrite(dst)
 	return true
 }
 
@@ -437,20 +439,4 @@ func (l *link) wait(due time.Time) bool {
 			return false
 		}
 	}
-}
-
-// reset closes c with an RST instead of a FIN: SO_LINGER 0 discards unsent data.
-func reset(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0)
-	}
-	_ = c.Close()
-}
-
-func closeWrite(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.CloseWrite()
-		return
-	}
-	_ = c.Close()
 }
