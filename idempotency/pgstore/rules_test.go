@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -60,12 +61,13 @@ func (c *batchTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEn
 func (c *batchTracer) reset() { c.n.Store(0); c.most.Store(0) }
 
 // together runs calls at once. With hold set (st a Batch store on a pool of one
-// connection, traced by tracer), the calls go out while that connection is held: two
-// claims on keys of their own go first, take both of the claim batch slots and wait for
-// it, so that claims among the calls arrive while no slot is free and go together in
-// one batch once the connection is released (of other calls, the first two go alone).
-// The connection is released once every call is queued in a batch or waits for the
-// connection, as the store's batches and the tracer's count of acquisitions show.
+// connection, traced by tracer), the calls go out while that connection is held, so that
+// they go together in batches once it is released. Leaders go first, one after the
+// other, each waiting for the connection before the next starts (so that each leads a
+// batch of its own rather than joining the previous one): two claims and two
+// completions on keys of their own, which take both slots of the claim batches and
+// both of the completion batches. The calls then find no slot free and queue; the
+// connection is released once the store's batches hold all of them.
 func together(t *testing.T, st *pgstore.Store, pool *pgxpool.Pool, tracer *batchTracer, hold bool, calls []func()) {
 	t.Helper()
 	var wg sync.WaitGroup
@@ -74,24 +76,28 @@ func together(t *testing.T, st *pgstore.Store, pool *pgxpool.Pool, tracer *batch
 		if err != nil {
 			t.Fatal(err)
 		}
-		const leaders = 2
-		for range leaders {
-			wg.Go(func() {
-				r := idempotency.ClaimRequest{Scope: "lead", Key: testenv.Name("k"), Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
-				if _, err := st.Claim(t.Context(), r); err != nil {
-					t.Error(err)
-				}
-			})
+		claimLead := func() {
+			r := idempotency.ClaimRequest{Scope: "lead", Key: testenv.Name("k"), Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+			if _, err := st.Claim(t.Context(), r); err != nil {
+				t.Error(err)
+			}
 		}
-		if !eventually(func() bool { return tracer.acquiring.Load() == leaders }) {
-			t.Errorf("the %d leading claims did not wait for the connection: %d acquisitions in progress", leaders, tracer.acquiring.Load())
+		completeLead := func() { // of a key never claimed: refused, after its statement ran
+			c := idempotency.Completion{Scope: "lead", Key: testenv.Name("k"), Token: 1, TTL: time.Hour, Response: idempotency.Response{Status: 200}}
+			if err := st.Complete(t.Context(), c); !errors.Is(err, idempotency.ErrLeaseLost) {
+				t.Errorf("completion of a key never claimed: %v, want ErrLeaseLost", err)
+			}
+		}
+		leaders := []func(){claimLead, claimLead, completeLead, completeLead}
+		for i, lead := range leaders {
+			wg.Go(lead)
+			if !eventually(func() bool { return tracer.acquiring.Load() == int64(i+1) }) {
+				t.Errorf("leader %d did not wait for the connection: %d acquisitions in progress", i+1, tracer.acquiring.Load())
+			}
 		}
 		defer func() {
-			// Each call is then queued in a batch, or leads one and waits for the
-			// connection; the leaders wait too.
-			queued := func() int { return st.Queued() + int(tracer.acquiring.Load()) }
-			if !eventually(func() bool { return queued() == leaders+len(calls) }) {
-				t.Errorf("%d of %d calls queued", queued()-leaders, len(calls))
+			if !eventually(func() bool { return st.Queued() == len(calls) }) {
+				t.Errorf("%d of %d calls queued in a batch", st.Queued(), len(calls))
 			}
 			conn.Release() // even after a failure: the calls must end
 			wg.Wait()
