@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/retrysafe/retrysafe/internal/batch"
@@ -68,76 +69,80 @@ func TestLoneCallRunsAtOnce(t *testing.T) {
 // While the slots are busy, calls gather; they run together next, sorted, with no ID
 // twice in one batch, and each gets its own result.
 func TestCallsGatherWhileBusy(t *testing.T) {
-	r := recorder{block: make(chan struct{})}
-	g := &batch.Group[*item]{Run: r.run, InFlight: 1, Max: 4}
-	var wg sync.WaitGroup
-	first := &item{id: "first"}
-	wg.Go(func() { _ = g.Do(t.Context(), first) })
-	waitFor(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.batches) == 1 })
+	synctest.Test(t, func(t *testing.T) {
+		r := recorder{block: make(chan struct{})}
+		g := &batch.Group[*item]{Run: r.run, InFlight: 1, Max: 4}
+		var wg sync.WaitGroup
+		first := &item{id: "first"}
+		wg.Go(func() { _ = g.Do(t.Context(), first) })
+		settled(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.batches) == 1 })
 
-	ids := []string{"e", "d", "c", "b", "a", "c"} // 6 calls: "c" twice, Max 4
-	calls := make([]*item, len(ids))
-	for i, id := range ids {
-		calls[i] = &item{id: id}
-		wg.Go(func() {
-			if err := g.Do(t.Context(), calls[i]); err != nil {
-				t.Error(err)
+		ids := []string{"e", "d", "c", "b", "a", "c"} // 6 calls: "c" twice, Max 4
+		calls := make([]*item, len(ids))
+		for i, id := range ids {
+			calls[i] = &item{id: id}
+			wg.Go(func() {
+				if err := g.Do(t.Context(), calls[i]); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		settled(t, func() bool { return g.Pending() == len(ids) })
+		close(r.block)
+		wg.Wait()
+		for _, c := range append(calls, first) {
+			if c.result != strings.ToUpper(c.id) {
+				t.Errorf("call %q: result %q", c.id, c.result)
 			}
-		})
-	}
-	waitFor(t, func() bool { return g.Pending() == len(ids) })
-	close(r.block)
-	wg.Wait()
-	for _, c := range append(calls, first) {
-		if c.result != strings.ToUpper(c.id) {
-			t.Errorf("call %q: result %q", c.id, c.result)
 		}
-	}
-	if r.most != 1 {
-		t.Errorf("%d batches ran at once, InFlight is 1", r.most)
-	}
-	all := map[string]int{}
-	for _, b := range r.batches[1:] {
-		if len(b) > 4 || !slices.IsSorted(b) || len(slices.Compact(slices.Clone(b))) != len(b) {
-			t.Errorf("batch %v: want at most 4 distinct IDs, sorted", b)
+		if r.most != 1 {
+			t.Errorf("%d batches ran at once, InFlight is 1", r.most)
 		}
-		for _, id := range b {
-			all[id]++
+		all := map[string]int{}
+		for _, b := range r.batches[1:] {
+			if len(b) > 4 || !slices.IsSorted(b) || len(slices.Compact(slices.Clone(b))) != len(b) {
+				t.Errorf("batch %v: want at most 4 distinct IDs, sorted", b)
+			}
+			for _, id := range b {
+				all[id]++
+			}
 		}
-	}
-	// 4 + 2, or 4 + 1 + 1 when both "c"s arrived after the first four: the second "c"
-	// never shares a batch with the first.
-	if n := len(r.batches) - 1; n < 2 || n > 3 || all["c"] != 2 || len(all) != 5 {
-		t.Errorf("batches %v: want the 6 waiting calls in 2 or 3 batches", r.batches)
-	}
+		// 4 + 2, or 4 + 1 + 1 when both "c"s arrived after the first four: the second "c"
+		// never shares a batch with the first.
+		if n := len(r.batches) - 1; n < 2 || n > 3 || all["c"] != 2 || len(all) != 5 {
+			t.Errorf("batches %v: want the 6 waiting calls in 2 or 3 batches", r.batches)
+		}
+	})
 }
 
 // A call whose context ends while it waits returns the context's error and is not run.
 func TestCancelledWhileWaiting(t *testing.T) {
-	r := recorder{block: make(chan struct{})}
-	g := &batch.Group[*item]{Run: r.run, InFlight: 1}
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = g.Do(t.Context(), &item{id: "first"}) })
-	waitFor(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.batches) == 1 })
-	ctx, cancel := context.WithCancel(t.Context())
-	errc := make(chan error, 1)
-	go func() { errc <- g.Do(ctx, &item{id: "gone"}) }()
-	waitFor(t, func() bool { return g.Pending() == 1 })
-	cancel()
-	if err := <-errc; !errors.Is(err, context.Canceled) {
-		t.Errorf("Do = %v, want context.Canceled", err)
-	}
-	close(r.block)
-	wg.Wait()
-	last := &item{id: "last"}
-	if err := g.Do(t.Context(), last); err != nil || last.result != "LAST" {
-		t.Fatalf("a call after: %v, %q", err, last.result)
-	}
-	for _, b := range r.batches {
-		if slices.Contains(b, "gone") {
-			t.Errorf("the cancelled call ran: %v", r.batches)
+	synctest.Test(t, func(t *testing.T) {
+		r := recorder{block: make(chan struct{})}
+		g := &batch.Group[*item]{Run: r.run, InFlight: 1}
+		var wg sync.WaitGroup
+		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "first"}) })
+		settled(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.batches) == 1 })
+		ctx, cancel := context.WithCancel(t.Context())
+		errc := make(chan error, 1)
+		go func() { errc <- g.Do(ctx, &item{id: "gone"}) }()
+		settled(t, func() bool { return g.Pending() == 1 })
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Errorf("Do = %v, want context.Canceled", err)
 		}
-	}
+		close(r.block)
+		wg.Wait()
+		last := &item{id: "last"}
+		if err := g.Do(t.Context(), last); err != nil || last.result != "LAST" {
+			t.Fatalf("a call after: %v, %q", err, last.result)
+		}
+		for _, b := range r.batches {
+			if slices.Contains(b, "gone") {
+				t.Errorf("the cancelled call ran: %v", r.batches)
+			}
+		}
+	})
 }
 
 // Many callers at once: everyone gets an answer, never more than InFlight batches run.
@@ -162,46 +167,48 @@ func TestManyCallers(t *testing.T) {
 // A batch's context keeps the first call's values, ignores the calls' cancellation
 // and has the latest of their deadlines.
 func TestContext(t *testing.T) {
-	type key struct{}
-	soon, cancel1 := context.WithTimeout(context.WithValue(t.Context(), key{}, "v"), time.Minute)
-	defer cancel1()
-	later, cancel2 := context.WithTimeout(t.Context(), time.Hour)
-	defer cancel2()
+	synctest.Test(t, func(t *testing.T) {
+		type key struct{}
+		soon, cancel1 := context.WithTimeout(context.WithValue(t.Context(), key{}, "v"), time.Minute)
+		defer cancel1()
+		later, cancel2 := context.WithTimeout(t.Context(), time.Hour)
+		defer cancel2()
 
-	r := recorder{block: make(chan struct{})}
-	checked := make(chan struct{})
-	g := &batch.Group[*item]{InFlight: 1, Run: func(calls []*item) {
-		if len(calls) == 2 {
-			ctx, cancel := batch.Context(calls)
-			defer cancel()
-			if ctx.Value(key{}) != "v" {
-				t.Error("the batch's context lost the first call's values")
+		r := recorder{block: make(chan struct{})}
+		checked := make(chan struct{})
+		g := &batch.Group[*item]{InFlight: 1, Run: func(calls []*item) {
+			if len(calls) == 2 {
+				ctx, cancel := batch.Context(calls)
+				defer cancel()
+				if ctx.Value(key{}) != "v" {
+					t.Error("the batch's context lost the first call's values")
+				}
+				if d, ok := ctx.Deadline(); !ok || time.Until(d) < 59*time.Minute {
+					t.Errorf("deadline %v %v, want the latest (in an hour)", d, ok)
+				}
+				cancel1()
+				if ctx.Err() != nil {
+					t.Error("a call's cancellation ended the batch's context")
+				}
+				close(checked)
 			}
-			if d, ok := ctx.Deadline(); !ok || time.Until(d) < 59*time.Minute {
-				t.Errorf("deadline %v %v, want the latest (in an hour)", d, ok)
-			}
-			cancel1()
-			if ctx.Err() != nil {
-				t.Error("a call's cancellation ended the batch's context")
-			}
-			close(checked)
+			r.run(calls)
+		}}
+		var wg sync.WaitGroup
+		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "first"}) })
+		settled(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.batches) == 1 })
+		wg.Go(func() { _ = g.Do(soon, &item{id: "a"}) })
+		settled(t, func() bool { return g.Pending() == 1 })
+		wg.Go(func() { _ = g.Do(later, &item{id: "b"}) })
+		settled(t, func() bool { return g.Pending() == 2 })
+		close(r.block)
+		wg.Wait()
+		select {
+		case <-checked:
+		default:
+			t.Errorf("a and b did not run as one batch: %v", r.batches)
 		}
-		r.run(calls)
-	}}
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = g.Do(t.Context(), &item{id: "first"}) })
-	waitFor(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.batches) == 1 })
-	wg.Go(func() { _ = g.Do(soon, &item{id: "a"}) })
-	waitFor(t, func() bool { return g.Pending() == 1 })
-	wg.Go(func() { _ = g.Do(later, &item{id: "b"}) })
-	waitFor(t, func() bool { return g.Pending() == 2 })
-	close(r.block)
-	wg.Wait()
-	select {
-	case <-checked:
-	default:
-		t.Errorf("a and b did not run as one batch: %v", r.batches)
-	}
+	})
 }
 
 func TestRowIDOrder(t *testing.T) {
@@ -219,51 +226,53 @@ func TestRowIDOrder(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, cond func() bool) {
+// settled lets every goroutine of the test's bubble run until it blocks (a call waiting
+// for its batch, a batch held by the recorder), then requires cond: what the goroutines
+// were to do by then is done, with no time allowed for it.
+func settled(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 10s")
-		}
-		time.Sleep(time.Millisecond)
+	synctest.Wait()
+	if !cond() {
+		t.Fatal("condition not met once every goroutine was blocked")
 	}
 }
 
 // With Alone set, calls on an ID already in the batch being formed run alone at once,
 // instead of one batch after another.
 func TestAloneRunsDuplicates(t *testing.T) {
-	r := recorder{block: make(chan struct{})}
-	var alone atomic.Int64
-	g := &batch.Group[*item]{Run: r.run, InFlight: 1, Alone: func(c *item) {
-		alone.Add(1)
-		c.result = "alone " + c.id
-	}}
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = g.Do(t.Context(), &item{id: "first"}) })
-	waitFor(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.batches) == 1 })
-	calls := make([]*item, 50)
-	for i := range calls {
-		calls[i] = &item{id: "k"}
-		wg.Go(func() { _ = g.Do(t.Context(), calls[i]) })
-	}
-	waitFor(t, func() bool { return g.Pending() == len(calls) })
-	close(r.block)
-	wg.Wait()
-	if alone.Load() != 49 || len(r.batches) != 2 {
-		t.Errorf("%d alone, batches %v; want 49 alone and the first \"k\" in one batch", alone.Load(), r.batches)
-	}
-	inBatch := 0
-	for _, c := range calls {
-		switch c.result {
-		case "K":
-			inBatch++
-		case "alone k":
-		default:
-			t.Errorf("result %q", c.result)
+	synctest.Test(t, func(t *testing.T) {
+		r := recorder{block: make(chan struct{})}
+		var alone atomic.Int64
+		g := &batch.Group[*item]{Run: r.run, InFlight: 1, Alone: func(c *item) {
+			alone.Add(1)
+			c.result = "alone " + c.id
+		}}
+		var wg sync.WaitGroup
+		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "first"}) })
+		settled(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.batches) == 1 })
+		calls := make([]*item, 50)
+		for i := range calls {
+			calls[i] = &item{id: "k"}
+			wg.Go(func() { _ = g.Do(t.Context(), calls[i]) })
 		}
-	}
-	if inBatch != 1 {
-		t.Errorf("%d calls answered by the batch, want 1", inBatch)
-	}
+		settled(t, func() bool { return g.Pending() == len(calls) })
+		close(r.block)
+		wg.Wait()
+		if alone.Load() != 49 || len(r.batches) != 2 {
+			t.Errorf("%d alone, batches %v; want 49 alone and the first \"k\" in one batch", alone.Load(), r.batches)
+		}
+		inBatch := 0
+		for _, c := range calls {
+			switch c.result {
+			case "K":
+				inBatch++
+			case "alone k":
+			default:
+				t.Errorf("result %q", c.result)
+			}
+		}
+		if inBatch != 1 {
+			t.Errorf("%d calls answered by the batch, want 1", inBatch)
+		}
+	})
 }
