@@ -111,19 +111,9 @@ type dlqFlags struct {
 const dlqConnectTimeout = 10 * time.Second
 
 func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, "retrysafe dlq: want list, show, replay or purge (see retrysafe dlq --help)\n")
-		return exitUsage
-	}
-	action := args[0]
-	switch action {
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, dlqHelp)
-		return exitOK
-	case "list", "show", "replay", "purge":
-	default:
-		fmt.Fprintf(stderr, "retrysafe dlq: unknown action %q: want list, show, replay or purge (see retrysafe dlq --help)\n", action)
-		return exitUsage
+	action, status, ok := readAction(args, "dlq", []string{"list", "show", "replay", "purge"}, dlqHelp, stdout, stderr)
+	if !ok {
+		return status
 	}
 	cmd := "retrysafe dlq " + action
 	var f dlqFlags

@@ -84,19 +84,9 @@ type keysFlags struct {
 }
 
 func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, "retrysafe keys: want list, show or delete (see retrysafe keys --help)\n")
-		return exitUsage
-	}
-	action := args[0]
-	switch action {
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, keysHelp)
-		return exitOK
-	case "list", "show", "delete":
-	default:
-		fmt.Fprintf(stderr, "retrysafe keys: unknown action %q: want list, show or delete (see retrysafe keys --help)\n", action)
-		return exitUsage
+	action, status, ok := readAction(args, "keys", []string{"list", "show", "delete"}, keysHelp, stdout, stderr)
+	if !ok {
+		return status
 	}
 	cmd := "retrysafe keys " + action
 	var f keysFlags
@@ -206,11 +196,18 @@ func listKeys(ctx context.Context, s idempotency.Store, f keysFlags, scopeSet bo
 	return nil
 }
 
-func showKey(ctx context.Context, s idempotency.Store, f keysFlags, out io.Writer) error {
+// getKey returns the record of the --key in the --scope, or an error that names them
+// when there is none.
+func getKey(ctx context.Context, s idempotency.Store, f keysFlags) (*idempotency.Record, error) {
 	r, err := s.Get(ctx, f.scope, f.key)
 	if errors.Is(err, idempotency.ErrNotFound) {
-		return fmt.Errorf("no record for key %q in scope %s", f.key, showScope(f.scope))
+		return nil, fmt.Errorf("no record for key %q in scope %s", f.key, showScope(f.scope))
 	}
+	return r, err
+}
+
+func showKey(ctx context.Context, s idempotency.Store, f keysFlags, out io.Writer) error {
+	r, err := getKey(ctx, s, f)
 	if err != nil {
 		return err
 	}
@@ -265,10 +262,7 @@ func showKey(ctx context.Context, s idempotency.Store, f keysFlags, out io.Write
 }
 
 func deleteKey(ctx context.Context, s idempotency.Store, f keysFlags, out io.Writer) error {
-	r, err := s.Get(ctx, f.scope, f.key)
-	if errors.Is(err, idempotency.ErrNotFound) {
-		return fmt.Errorf("no record for key %q in scope %s", f.key, showScope(f.scope))
-	}
+	r, err := getKey(ctx, s, f)
 	if err != nil {
 		return err
 	}
@@ -291,4 +285,26 @@ func stamp(t time.Time) string {
 		return "-"
 	}
 	return t.UTC().Format(time.RFC3339)
+}
+
+// readAction reads the action of a command that has several (retrysafe keys, retrysafe
+// dlq): args[0], which must be one of actions. ok is true when it is; otherwise status
+// is the exit status, after help was printed on stdout (asked for) or the want on
+// stderr (no action, or an unknown one).
+func readAction(args []string, command string, actions []string, help string, stdout, stderr io.Writer) (action string, status int, ok bool) {
+	want := "want " + strings.Join(actions[:len(actions)-1], ", ") + " or " + actions[len(actions)-1] +
+		" (see retrysafe " + command + " --help)"
+	if len(args) == 0 {
+		fmt.Fprintf(stderr, "retrysafe %s: %s\n", command, want)
+		return "", exitUsage, false
+	}
+	switch action = args[0]; {
+	case action == "-h", action == "-help", action == "--help", action == "help":
+		fmt.Fprint(stdout, help)
+		return "", exitOK, false
+	case !slices.Contains(actions, action):
+		fmt.Fprintf(stderr, "retrysafe %s: unknown action %q: %s\n", command, action, want)
+		return "", exitUsage, false
+	}
+	return action, exitOK, true
 }
