@@ -27,6 +27,9 @@ type echo struct {
 	wg       sync.WaitGroup
 	mu       sync.Mutex
 	conns    map[net.Conn]struct{}
+	// closed receives a value each time a connection has been closed and removed from
+	// conns, so a test waits for the server's side to go instead of polling conns.
+	closed chan struct{}
 }
 
 func newEcho(t *testing.T) *echo {
@@ -35,7 +38,7 @@ func newEcho(t *testing.T) *echo {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &echo{ln: ln, conns: map[net.Conn]struct{}{}}
+	e := &echo{ln: ln, conns: map[net.Conn]struct{}{}, closed: make(chan struct{}, 64)}
 	e.wg.Go(func() {
 		for {
 			c, err := ln.Accept()
@@ -52,6 +55,10 @@ func newEcho(t *testing.T) *echo {
 					delete(e.conns, c)
 					e.mu.Unlock()
 					_ = c.Close()
+					select {
+					case e.closed <- struct{}{}:
+					default: // nobody counts this many closes
+					}
 				}()
 				buf := make([]byte, 32<<10)
 				for {
@@ -141,18 +148,6 @@ func isReset(err error) bool {
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
-// waitFor polls cond for up to 5s: the proxy's goroutines update what it checks.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestForward(t *testing.T) {
 	t.Parallel()
 	e := newEcho(t)
@@ -183,11 +178,14 @@ func TestForward(t *testing.T) {
 	if !bytes.Equal(got, big) {
 		t.Fatalf("echo of %d bytes differs (got %d)", len(big), len(got))
 	}
+	// The counts are final: each direction counts a chunk before it writes the next,
+	// and passes the end of its stream on only after the last one. The client's EOF
+	// comes after both ends: the echo server closes once the proxy has passed the
+	// client's half-close on, and the proxy passes that close on to the client.
 	want := int64(len(big) + 5)
-	waitFor(t, "the counts", func() bool {
-		s := p.Stats()
-		return s.BytesToTarget == want && s.BytesFromTarget == want
-	})
+	if s := p.Stats(); s.BytesToTarget != want || s.BytesFromTarget != want {
+		t.Errorf("bytes forwarded %d to the target, %d from it; want %d each way", s.BytesToTarget, s.BytesFromTarget, want)
+	}
 	if s := p.Stats(); s.Accepted != 1 || s.Refused != 0 || s.Reset != 0 || s.Stalled != 0 || s.DialErrors != 0 {
 		t.Errorf("stats: %+v", s)
 	}
@@ -215,12 +213,17 @@ func TestCut(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("the reset took %s to arrive", d)
 	}
-	// The server's side is gone too.
-	waitFor(t, "the server's connection to close", func() bool {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		return len(e.conns) == 0
-	})
+	// The server's side is gone too: the Cut reset the proxy's connection to it.
+	select {
+	case <-e.closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the server's connection is still open 5s after the Cut")
+	}
+	e.mu.Lock()
+	if n := len(e.conns); n != 0 {
+		t.Errorf("the server holds %d connections after the Cut, want 0", n)
+	}
+	e.mu.Unlock()
 	// A new connection is accepted by the kernel and reset at once; nothing reaches
 	// the server.
 	if err := tryRoundTrip(p, []byte("during"), 5*time.Second); !isReset(err) {
@@ -371,7 +374,11 @@ func TestDialError(t *testing.T) {
 	if err := tryRoundTrip(p, []byte("x"), 5*time.Second); !isReset(err) {
 		t.Errorf("read through a proxy whose target refuses: %v, want ECONNRESET", err)
 	}
-	waitFor(t, "the dial error count", func() bool { return p.Stats().DialErrors == 1 })
+	// The proxy counts the failed dial before it resets the client's connection: the
+	// count is in by the time the client has seen the reset.
+	if n := p.Stats().DialErrors; n != 1 {
+		t.Errorf("%d dial errors counted, want 1", n)
+	}
 }
 
 // TestCloseReleasesEverything closes a proxy with a busy, a stalled and a latent
