@@ -116,74 +116,49 @@ func lean(r *idempotency.Record, fingerprint string) *idempotency.Record {
 	return &c
 }
 
-// owned returns the in-progress record owned by token, or ErrLeaseLost. s.mu is held.
-func (s *Store) owned(scope, key string, token int64) (*idempotency.Record, error) {
+// update runs fn, under the store's lock, on the in-progress record owned by token, or
+// returns ErrLeaseLost when the record is absent, done, or has another token.
+func (s *Store) update(ctx context.Context, scope, key string, token int64, fn func(r *idempotency.Record)) error {
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
 	r, ok := s.records[id{scope, key}]
 	if !ok || r.State != idempotency.StateInProgress || r.Token != token {
-		return nil, idempotency.ErrLeaseLost
+		return idempotency.ErrLeaseLost
 	}
-	return r, nil
+	fn(r)
+	return nil
 }
 
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
-	if err := s.lock(ctx); err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	r, err := s.owned(scope, key, token)
-	if err != nil {
-		return err
-	}
-	r.LeaseUntil = s.now().Add(lease)
-	if r.ExpiresAt.Before(r.LeaseUntil) {
-		r.ExpiresAt = r.LeaseUntil
-	}
-	return nil
+	return s.update(ctx, scope, key, token, func(r *idempotency.Record) {
+		r.LeaseUntil = s.now().Add(lease)
+		if r.ExpiresAt.Before(r.LeaseUntil) {
+			r.ExpiresAt = r.LeaseUntil
+		}
+	})
 }
 
 // Abandon implements idempotency.Store.
 func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) error {
-	if err := s.lock(ctx); err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	r, err := s.owned(scope, key, token)
-	if err != nil {
-		return err
-	}
-	r.Abandoned = true
-	return nil
+	return s.update(ctx, scope, key, token, func(r *idempotency.Record) { r.Abandoned = true })
 }
 
 // Complete implements idempotency.Store.
 func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
-	if err := s.lock(ctx); err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	r, err := s.owned(c.Scope, c.Key, c.Token)
-	if err != nil {
-		return err
-	}
-	r.State = idempotency.StateDone
-	r.Abandoned = false
-	r.Response = cloneResponse(&c.Response)
-	r.ExpiresAt = s.now().Add(c.TTL)
-	return nil
+	return s.update(ctx, c.Scope, c.Key, c.Token, func(r *idempotency.Record) {
+		r.State = idempotency.StateDone
+		r.Abandoned = false
+		r.Response = cloneResponse(&c.Response)
+		r.ExpiresAt = s.now().Add(c.TTL)
+	})
 }
 
 // Release implements idempotency.Store.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
-	if err := s.lock(ctx); err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	if _, err := s.owned(scope, key, token); err != nil {
-		return err
-	}
-	delete(s.records, id{scope, key})
-	return nil
+	return s.update(ctx, scope, key, token, func(*idempotency.Record) { delete(s.records, id{scope, key}) })
 }
 
 // Get implements idempotency.Store.
