@@ -80,11 +80,23 @@ func start(t *testing.T, s *server, cfg Config) *Proxy {
 	return p
 }
 
-// settled waits up to 10s for cond, for counters the proxy updates on its own
-// goroutines, which a client that timed out has no happens-before edge with.
-func settled(cond func() bool) {
-	for deadline := time.Now().Add(10 * time.Second); !cond() && time.Now().Before(deadline); {
-		time.Sleep(5 * time.Millisecond)
+// onFirstFault returns an OnFault that closes the returned channel at the first fault
+// injected. The proxy counts a fault before it reports it, so once the channel is
+// closed the count is in, with no poll of counters the proxy updates on its own
+// goroutines (which a client that timed out has no happens-before edge with).
+func onFirstFault() (func(Fault), <-chan struct{}) {
+	ch := make(chan struct{})
+	var once sync.Once
+	return func(Fault) { once.Do(func() { close(ch) }) }, ch
+}
+
+// awaitFault waits up to 10s for the channel of onFirstFault.
+func awaitFault(t *testing.T, faulted <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-faulted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no fault injected in 10s")
 	}
 }
 
@@ -204,7 +216,8 @@ func TestRefuse(t *testing.T) {
 func TestBlackHole(t *testing.T) {
 	t.Parallel()
 	s := newServer(t)
-	p := start(t, s, Config{BlackHole: 1})
+	onFault, faulted := onFirstFault()
+	p := start(t, s, Config{BlackHole: 1, OnFault: onFault})
 	c := client(t, 200*time.Millisecond, false)
 	begin := time.Now()
 	resp, err := c.Post(p.URL()+"/echo", "text/plain", strings.NewReader("x"))
@@ -222,7 +235,7 @@ func TestBlackHole(t *testing.T) {
 	if n := s.executed.Load(); n != 0 {
 		t.Errorf("server executed %d requests through a black hole", n)
 	}
-	settled(func() bool { return p.Stats().BlackHoled != 0 }) // a loaded machine may accept late
+	awaitFault(t, faulted) // a loaded machine may accept the connection after the client gave up
 	if st := p.Stats(); st.BlackHoled != 1 || st.Requests != 0 {
 		t.Errorf("stats %+v", st)
 	}
@@ -231,7 +244,8 @@ func TestBlackHole(t *testing.T) {
 func TestReadTimeout(t *testing.T) {
 	t.Parallel()
 	s := newServer(t)
-	p := start(t, s, Config{ReadTimeout: 1})
+	onFault, faulted := onFirstFault()
+	p := start(t, s, Config{ReadTimeout: 1, OnFault: onFault})
 	c := client(t, 2*time.Second, false) // long enough for the request to be forwarded
 	begin := time.Now()
 	resp, err := c.Post(p.URL()+"/echo", "text/plain", strings.NewReader("x"))
@@ -246,8 +260,9 @@ func TestReadTimeout(t *testing.T) {
 	if time.Since(begin) < 1500*time.Millisecond {
 		t.Errorf("failed after %v, before the client's timeout", time.Since(begin))
 	}
-	// The request was forwarded: the server executed it, the client saw a timeout.
-	settled(func() bool { return s.executed.Load() != 0 && p.Stats().ReadTimeouts != 0 })
+	// The request was forwarded: the server executed it, the client saw a timeout. The
+	// proxy withholds the response only once it has read it, after the server ran.
+	awaitFault(t, faulted)
 	if n := s.executed.Load(); n != 1 {
 		t.Errorf("server executed %d requests, want 1", n)
 	}
@@ -618,7 +633,8 @@ func TestSeedReproducible(t *testing.T) {
 func TestCloseReleasesHeldConnections(t *testing.T) {
 	t.Parallel()
 	s := newServer(t)
-	cfg := Config{Target: s.Listener.Addr().String(), ReadTimeout: 1}
+	onFault, faulted := onFirstFault()
+	cfg := Config{Target: s.Listener.Addr().String(), ReadTimeout: 1, OnFault: onFault}
 	p, err := Start(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -632,10 +648,7 @@ func TestCloseReleasesHeldConnections(t *testing.T) {
 		}
 		errc <- err
 	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for p.Stats().ReadTimeouts == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	awaitFault(t, faulted) // the request is held: only Close can end it
 	done := make(chan error, 1)
 	go func() { done <- p.Close() }()
 	select {
