@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -124,6 +125,8 @@ func TestMain(m *testing.M) {
 var childNow = time.UnixMilli(1_700_000_000_000)
 
 // child claims "k", claims and completes "done", reports "ready" and waits to be killed.
+// Its standard input is a pipe its parent holds open: it reads it to the end, so a child
+// whose parent died without killing it exits rather than lingering.
 func child(path string) {
 	ctx := context.Background()
 	fail := func(err error) {
@@ -146,7 +149,7 @@ func child(path string) {
 		fail(err)
 	}
 	fmt.Println("ready")
-	time.Sleep(time.Minute)
+	_, _ = io.Copy(io.Discard, os.Stdin)
 	os.Exit(1)
 }
 
@@ -160,6 +163,12 @@ func TestOtherProcessAndKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The child waits on its standard input; the pipe stays open until the test ends.
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = stdin.Close() })
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
