@@ -1,6 +1,6 @@
-// Command payments serves the seed's POST /payments endpoint done right: an
-// Idempotency-Key on every payment, and the ledger write and the stored response
-// committed in one transaction. The server itself is package ledger; this is the wiring.
+// Command payments serves a POST /payments endpoint that a retried request never pays
+// twice: an Idempotency-Key on every payment, and the ledger write and the stored
+// response committed in one transaction. The server itself is package ledger; this is the wiring.
 //
 //	go run ./examples/payments                     # SQLite file payments.db
 //	go run ./examples/payments --store postgres://postgres@127.0.0.1:5432/test?sslmode=disable

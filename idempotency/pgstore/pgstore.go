@@ -25,18 +25,19 @@
 //
 // # Migration from a jsonb header column
 //
-// Tables created before the headers and abandoned columns existed keep the response
-// header as JSON text in header (jsonb), which turns bytes that are not UTF-8 into
-// U+FFFD and has no trailer. Migrate adds headers (bytea, NULL) and abandoned (boolean,
-// default false) in place: neither rewrites the table, and once they exist Migrate
-// takes no lock on the table at all, so a replica starting beside running ones waits
-// for nothing. The header column stays, nullable. Records already in the table (they
-// live as long as their TTL) read as they were written: a completion writes the new
+// A table of version 1 of the schema, without the headers and abandoned columns, keeps
+// the response header as JSON text in header (jsonb), which turns bytes that are not
+// UTF-8 into U+FFFD and has no trailer. Migrate adds headers (bytea, NULL) and abandoned
+// (boolean, default false) in place: neither rewrites the table, and once they exist
+// Migrate takes no lock on the table at all, so a replica starting beside running ones
+// waits for nothing. The header column stays, nullable. Records already in the table
+// (they live as long as their TTL) read as they were written: a completion writes the
 // headers column and JSON null into header, and a record is read from headers when
-// header holds that JSON null, and from header otherwise. So a store built on the
-// previous schema, run against a migrated table (a rollback), still reads new records'
-// status and body (with no header: JSON null decodes to none), and a record it completes
-// afterwards is read from its header column, never from stale bytes in headers.
+// header holds that JSON null, and from header otherwise. So a store that knows only
+// version 1, run against a migrated table (during a rolling upgrade or after a
+// rollback), still reads these records' status and body (with no header: JSON null
+// decodes to none), and a record it completes is read from its header column, never
+// from stale bytes in headers.
 //
 // # Time
 //

@@ -24,19 +24,19 @@
 //
 // # Migration
 //
-// Migrate (which Open and New run) upgrades in place a table made by the earlier schema,
-// whose only header column was header (JSON text, which cannot hold a header value that
-// is not UTF-8 and had no trailers), live records included. In one transaction it adds
+// Migrate (which Open and New run) upgrades in place, live records included, a table of
+// version 1 of the schema, whose only header column is header (JSON text, which cannot
+// hold a header value that is not UTF-8, and no trailers). In one transaction it adds
 // the columns the table lacks, found with pragma table_info: headers BLOB (NULL) and
 // abandoned INTEGER NOT NULL DEFAULT 0; then it creates what is missing of the schema.
-// Nothing is rewritten: a record completed before the migration has a NULL headers and
-// is read from header; every completion since writes headers, and header too, so that a
-// rollback to the earlier binary still replays status, body and header (as JSON). An
-// earlier binary running on the migrated table writes header and leaves the new
-// columns alone; the trigger then clears headers and abandoned on the rows it wrote, so
-// that this store reads them from header, not from what the row held before. Migrating
-// is idempotent, and safe against another process doing it at the same time (the
-// transaction takes the write lock first).
+// Nothing is rewritten: a record whose headers is NULL is read from header; every
+// completion writes headers, and header too, so that a binary that knows only version 1
+// (one rolled back to, or one still running beside this one) replays status, body and
+// header (as JSON). Such a binary writes header and leaves the other columns alone; the
+// trigger then clears headers and abandoned on the rows it wrote, so that this store
+// reads them from header, not from what the row held before. Migrating is idempotent,
+// and safe against another process doing it at the same time (the transaction takes the
+// write lock first).
 //
 // # Durability
 //
@@ -371,8 +371,8 @@ func (s *Store) init(ctx context.Context, table string, batched bool) error {
 	return nil
 }
 
-// Migrate brings the store's schema up to date: it adds the columns a table made by an
-// earlier schema lacks, then creates the tables, index and trigger that do not exist
+// Migrate brings the store's schema up to date: it adds the columns a table of version 1
+// of the schema lacks, then creates the tables, index and trigger that do not exist
 // (see Migration in the package doc). Open and New call it; calling it again changes
 // nothing.
 func (s *Store) Migrate(ctx context.Context) error {
@@ -396,7 +396,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// addedColumns are the columns schema.sql has that earlier schemas lacked, in the order
+// addedColumns are the columns schema.sql has that version 1 of the schema lacks, in the order
 // schema.sql declares them (last), with their definitions there.
 var addedColumns = [...]struct{ name, definition string }{
 	{"headers", "BLOB"},
@@ -595,14 +595,14 @@ func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 // complete runs the completion statement stmt (on the write pool, or in a transaction)
 // for c, on the store's clock.
 func (s *Store) complete(ctx context.Context, stmt *sql.Stmt, c idempotency.Completion) error {
-	// header, the earlier schemas' JSON column, is written for an earlier binary only
-	// (see Migration); headers holds the exact bytes.
-	legacy, err := json.Marshal(c.Response.Header)
+	// header, version 1's JSON column, is written for the binaries that read only it (see
+	// Migration); headers holds the exact bytes.
+	jsonHeader, err := json.Marshal(c.Response.Header)
 	if err != nil {
 		return fmt.Errorf("sqlitestore: complete: header: %w", err)
 	}
 	headers := headercodec.Encode(c.Response.Header, c.Response.Trailer)
-	return s.owned1(ctx, "complete", stmt, c.Response.Status, string(legacy), headers, c.Response.Body,
+	return s.owned1(ctx, "complete", stmt, c.Response.Status, string(jsonHeader), headers, c.Response.Body,
 		c.Response.BodyOmitted, s.clock().Add(c.TTL).UnixMilli(), c.Scope, c.Key, c.Token)
 }
 
@@ -804,15 +804,15 @@ const replay = `state = 'done' AND fingerprint = ?3`
 // status was read: always with recordColumns, only for a replay with leanColumns.
 func scanRecord(row interface{ Scan(...any) error }) (*idempotency.Record, error) {
 	var (
-		r                       idempotency.Record
-		state                   string
-		created, lease, expires int64
-		status                  sql.NullInt64
-		legacy, headers, body   []byte
-		omitted                 bool
+		r                         idempotency.Record
+		state                     string
+		created, lease, expires   int64
+		status                    sql.NullInt64
+		jsonHeader, headers, body []byte
+		omitted                   bool
 	)
 	if err := row.Scan(&r.Scope, &r.Key, &r.Fingerprint, &state, &r.Token, &created, &lease, &expires,
-		&status, &legacy, &body, &omitted, &headers, &r.Abandoned); err != nil {
+		&status, &jsonHeader, &body, &omitted, &headers, &r.Abandoned); err != nil {
 		return nil, err
 	}
 	r.State = idempotency.State(state)
@@ -825,8 +825,9 @@ func scanRecord(row interface{ Scan(...any) error }) (*idempotency.Record, error
 		if headers != nil {
 			resp.Header, resp.Trailer, err = headercodec.Decode(headers)
 		} else {
-			// Completed before the migration: the header as JSON text, no trailers.
-			err = json.Unmarshal(legacy, &resp.Header)
+			// Written by a binary that knows only version 1: the header as JSON text, no
+			// trailers.
+			err = json.Unmarshal(jsonHeader, &resp.Header)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("record %q/%q: header: %w", r.Scope, r.Key, err)

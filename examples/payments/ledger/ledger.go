@@ -1,5 +1,5 @@
-// Package ledger is the seed's POST /payments endpoint done right, as a reusable
-// http.Handler for the payments example, its tests and the benchmarks.
+// Package ledger is a POST /payments endpoint that a retried request never pays twice,
+// as a reusable http.Handler for the payments example, its tests and the benchmarks.
 //
 // A Server keeps a ledger table of payments (id, user, idempotency key, amount,
 // currency, created_at) next to the idempotency records, in PostgreSQL (NewPostgres) or
@@ -23,8 +23,8 @@
 //     leaves the key in progress until its lease ends; the retry that takes it over then
 //     finds the payment by its idempotency key (the ledger's UNIQUE (user_id,
 //     idempotency_key)) instead of paying twice.
-//   - ModeUnprotected: no idempotency at all, the seed's endpoint before the fix and the
-//     benchmarks' baseline. A retried POST pays again.
+//   - ModeUnprotected: no idempotency at all: the baseline the benchmarks and the tests
+//     measure the other modes against. A retried POST pays again.
 package ledger
 
 import (
