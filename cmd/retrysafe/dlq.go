@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/url"
 	"slices"
 	"strconv"
@@ -271,12 +272,7 @@ func showDLQ(ctx context.Context, dl redeliver.DeadLetters, f dlqFlags, out io.W
 	if d.ContentType != "" {
 		fmt.Fprintf(tw, "content type:\t%s\n", d.ContentType)
 	}
-	names := make([]string, 0, len(d.Header))
-	for name := range d.Header {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(d.Header)) {
 		fmt.Fprintf(tw, "header:\t%s: %s\n", name, oneLine(d.Header[name]))
 	}
 	fmt.Fprintf(tw, "body:\t%d bytes\n", len(d.Body))

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -227,18 +228,13 @@ func showKey(ctx context.Context, s idempotency.Store, f keysFlags, out io.Write
 	fmt.Fprintf(tw, "expires:\t%s\n", stamp(r.ExpiresAt))
 	if resp := r.Response; resp != nil {
 		fmt.Fprintf(tw, "status:\t%d\n", resp.Status)
-		names := make([]string, 0, len(resp.Header))
-		for name := range resp.Header {
-			names = append(names, name)
-		}
-		slices.Sort(names)
-		for _, name := range names {
+		for _, name := range slices.Sorted(maps.Keys(resp.Header)) {
 			for _, v := range resp.Header[name] {
 				fmt.Fprintf(tw, "header:\t%s: %q\n", name, v)
 			}
 		}
-		for name, vs := range resp.Trailer {
-			for _, v := range vs {
+		for _, name := range slices.Sorted(maps.Keys(resp.Trailer)) {
+			for _, v := range resp.Trailer[name] {
 				fmt.Fprintf(tw, "trailer:\t%s: %q\n", name, v)
 			}
 		}
