@@ -57,3 +57,13 @@ func Register(reg prometheus.Registerer, pkg string, shared bool, slots ...Slot)
 	}
 	return nil
 }
+
+// Unregister unregisters the slots' collectors from reg: for a package whose
+// constructor fails after Register succeeded, so that a corrected configuration can
+// register them again. Not for collectors registered with shared, which other
+// instances count into.
+func Unregister(reg prometheus.Registerer, slots ...Slot) {
+	for _, s := range slots {
+		reg.Unregister(s.c)
+	}
+}

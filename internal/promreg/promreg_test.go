@@ -54,3 +54,15 @@ func TestShared(t *testing.T) {
 		t.Error("Register without shared accepted collectors already registered")
 	}
 }
+
+func TestUnregister(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := newMetrics()
+	if err := promreg.Register(reg, "pkg", false, m.slots()...); err != nil {
+		t.Fatal(err)
+	}
+	promreg.Unregister(reg, m.slots()...)
+	if err := promreg.Register(reg, "pkg", false, newMetrics().slots()...); err != nil {
+		t.Errorf("Register after Unregister = %v", err)
+	}
+}
