@@ -20,9 +20,9 @@ import (
 func TestAbortCutsTheConnection(t *testing.T) {
 	t.Parallel()
 	store := memstore.New()
-	var outcome idempotency.Outcome
+	outcomes := make(chan idempotency.Outcome, 2)
 	mw, err := idempotency.New(idempotency.Config{Store: store, Logger: slog.New(slog.DiscardHandler),
-		OnOutcome: func(_ *http.Request, o idempotency.Outcome) { outcome = o }})
+		OnOutcome: func(_ *http.Request, o idempotency.Outcome) { outcomes <- o }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func TestAbortCutsTheConnection(t *testing.T) {
 	if err != nil || rec.State != idempotency.StateInProgress || !rec.Abandoned {
 		t.Fatalf("record = %+v, %v; want in progress, abandoned", rec, err)
 	}
-	if outcome != idempotency.OutcomeAbandoned {
+	if outcome := <-outcomes; outcome != idempotency.OutcomeAbandoned {
 		t.Errorf("outcome = %q, want %q", outcome, idempotency.OutcomeAbandoned)
 	}
 
