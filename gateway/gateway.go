@@ -23,6 +23,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/deadline"
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/internal/promreg"
 )
 
 // This file is the request path, in the order a request takes it: ServeHTTP makes the
@@ -84,7 +85,7 @@ func New(cfg Config) (*Gateway, error) {
 		}
 	}
 	if g.mw, err = idempotency.New(mcfg); err != nil {
-		g.metrics.unregister(reg) // so that a corrected Config can register them again
+		promreg.Unregister(reg, g.metrics.slots()...) // so that a corrected Config can register them again
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	g.proxy = &httputil.ReverseProxy{

@@ -3,13 +3,13 @@ package gateway
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/internal/promreg"
 )
 
 // metrics are the gateway's Prometheus collectors.
@@ -54,25 +54,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Keys this gateway holds in progress while their requests are forwarded.",
 		}),
 	}
-	for i, c := range m.collectors() {
-		if err := reg.Register(c); err != nil {
-			for _, r := range m.collectors()[:i] {
-				reg.Unregister(r)
-			}
-			return nil, fmt.Errorf("gateway: registering metrics: %w", err)
-		}
+	if err := promreg.Register(reg, "gateway", false, m.slots()...); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
 
-func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.requestDur, m.upstreamDur, m.storeDur, m.storeErrs, m.inFlight}
-}
-
-func (m *metrics) unregister(reg prometheus.Registerer) {
-	for _, c := range m.collectors() {
-		reg.Unregister(c)
-	}
+func (m *metrics) slots() []promreg.Slot {
+	return []promreg.Slot{promreg.Field(&m.requests), promreg.Field(&m.requestDur), promreg.Field(&m.upstreamDur),
+		promreg.Field(&m.storeDur), promreg.Field(&m.storeErrs), promreg.Field(&m.inFlight)}
 }
 
 // newRegistry is the default registry: the gateway's own, with the Go runtime and
