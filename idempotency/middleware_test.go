@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/retrysafe/retrysafe/idempotency"
@@ -380,8 +381,14 @@ func TestInFlightConflict(t *testing.T) {
 
 func TestConcurrentDuplicates(t *testing.T) {
 	t.Parallel()
+	// The first run holds its key until the duplicates have been answered, so that they
+	// all arrive while it is in flight.
+	release := make(chan struct{})
+	var started atomic.Int64
 	e := newEnv(t, nil, func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(5 * time.Millisecond)
+		if started.Add(1) == 1 {
+			<-release
+		}
 		w.WriteHeader(http.StatusCreated)
 	})
 	var wg sync.WaitGroup
@@ -389,9 +396,27 @@ func TestConcurrentDuplicates(t *testing.T) {
 	for range 50 {
 		wg.Go(func() { codes <- e.do(http.MethodPost, "/pay", "{}", withKey("k")).Code })
 	}
+	// A duplicate of a key in flight is answered at once, so 49 answers come while the
+	// first run holds the key. Should they not come, the first run is let go after 10s
+	// and the statuses below say what the duplicates got.
+	var got []int
+	timeout := time.After(10 * time.Second)
+answers:
+	for len(got) < 49 {
+		select {
+		case c := <-codes:
+			got = append(got, c)
+		case <-timeout:
+			break answers
+		}
+	}
+	close(release)
 	wg.Wait()
 	close(codes)
 	for c := range codes {
+		got = append(got, c)
+	}
+	for _, c := range got {
 		if c != http.StatusCreated && c != http.StatusConflict {
 			t.Errorf("a duplicate got %d, want 201 (run or replay) or 409", c)
 		}
@@ -476,7 +501,11 @@ func TestClientDisconnects(t *testing.T) {
 			returned := make(chan struct{}, 1)
 			store := memstore.New()
 			var runs atomic.Int64
-			mw, _ := idempotency.New(idempotency.Config{Store: store})
+			// The middleware reports a request's outcome once it has stored or released
+			// its key.
+			outcomes := make(chan idempotency.Outcome, 2)
+			mw, _ := idempotency.New(idempotency.Config{Store: store,
+				OnOutcome: func(_ *http.Request, o idempotency.Outcome) { outcomes <- o }})
 			srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				defer func() { returned <- struct{}{} }()
 				n := runs.Add(1)
@@ -502,14 +531,12 @@ func TestClientDisconnects(t *testing.T) {
 			_ = conn.Close()
 			<-returned
 
-			// The completion or release runs after the handler; wait for it (up to 10 s).
-			var rec *idempotency.Record
-			for range 1000 {
-				rec, err = store.Get(context.Background(), "", "k")
-				if (finishes && err == nil && rec.State == idempotency.StateDone) || (!finishes && errors.Is(err, idempotency.ErrNotFound)) {
-					break
-				}
-				time.Sleep(10 * time.Millisecond)
+			// The completion or release runs after the handler; wait for the outcome,
+			// which is reported after it.
+			select {
+			case <-outcomes:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no outcome reported for the first request 10s after its handler returned")
 			}
 			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/pay", strings.NewReader("{}"))
 			req.Header.Set("Idempotency-Key", "k")
@@ -599,14 +626,22 @@ func TestLeaseTakeoverAfterCrash(t *testing.T) {
 
 // A handler slower than the lease keeps its key: the middleware renews the lease, so a
 // retry in the meantime is told 409, never executed a second time.
+//
+// The test runs in a synctest bubble: the lease, its renewals and the store's clock are
+// on the bubble's virtual time, so the handler outlasts three leases in no real time and
+// no stall of the machine can make a renewal late.
 func TestHeartbeatKeepsSlowHandlersLease(t *testing.T) {
 	t.Parallel()
+	synctest.Test(t, testHeartbeatKeepsSlowHandlersLease)
+}
+
+func testHeartbeatKeepsSlowHandlersLease(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	var runs atomic.Int64
 	store := memstore.New()
-	// A lease of a second, renewed every third of it, so that a stall of the machine
-	// (the race detector, parallel packages) cannot let it lapse between renewals.
+	// A lease of a second, renewed every third of it.
 	mw, _ := idempotency.New(idempotency.Config{Store: store, Lease: time.Second})
+	defer shutdown(t, mw) // the store probe's goroutine must end within the bubble
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if runs.Add(1) == 1 {
 			close(entered)
@@ -624,7 +659,7 @@ func TestHeartbeatKeepsSlowHandlersLease(t *testing.T) {
 	done := make(chan int)
 	go func() { done <- do() }()
 	<-entered
-	time.Sleep(3500 * time.Millisecond) // more than three leases
+	elapse(3500 * time.Millisecond) // more than three leases
 	if code := do(); code != http.StatusConflict {
 		t.Errorf("retry during a slow handler got %d, want 409", code)
 	}

@@ -22,6 +22,17 @@ import (
 
 var errDown = errors.New("store unreachable")
 
+// elapse lets d pass on the clock of the test's synctest bubble, then waits until every
+// goroutine of the bubble is blocked again. Inside a bubble time is virtual: the sleep
+// takes no real time and only moves the clock on, firing in order every timer due
+// meanwhile (renewals, probes, retries of held answers); once elapse returns, what those
+// timers started has run as far as it can. Call it from the bubble's one goroutine that
+// waits on synctest (the test's, or a store call the test makes on it).
+func elapse(d time.Duration) {
+	time.Sleep(d)
+	synctest.Wait()
+}
+
 // outage is a store whose every call fails while its network is down: the link
 // between the middleware and the store, cut.
 type outage struct {
@@ -178,7 +189,7 @@ func TestStoreDownAtCompletion(t *testing.T) {
 		if w := post(h, "k", "{}"); w.Code != http.StatusCreated || w.Body.String() != "payment 1" {
 			t.Fatalf("first: %d %q", w.Code, w.Body)
 		}
-		time.Sleep(10 * time.Second) // the outage lasts longer than the lease
+		elapse(10 * time.Second) // the outage lasts longer than the lease
 		w := post(h, "k", "{}")
 		if runs != 1 || w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" || w.Body.String() != "payment 1" {
 			t.Fatalf("retry during the outage: %d %q %v, %d runs", w.Code, w.Body, w.Header(), runs)
@@ -187,7 +198,7 @@ func TestStoreDownAtCompletion(t *testing.T) {
 			t.Errorf("another request under the held key: %d, want 422", w.Code)
 		}
 		down.Store(false)
-		time.Sleep(2 * time.Second) // the held answer is retried at least every second
+		elapse(2 * time.Second) // the held answer is retried at least every second
 		rec, err := store.Get(context.Background(), "", "k")
 		if err != nil || rec.State != idempotency.StateDone || string(rec.Response.Body) != "payment 1" {
 			t.Fatalf("after the store came back: %+v, %v; want the answer stored", rec, err)
@@ -284,7 +295,7 @@ func TestNoTakeoverAfterAnOutage(t *testing.T) {
 				go func() { first <- post(a, "k", "{}").Code }()
 				synctest.Wait()
 				down.Store(true)
-				time.Sleep(3 * lease)
+				elapse(3 * lease)
 				down.Store(false)
 				if w := post(b, "k", "{}"); w.Code != http.StatusConflict {
 					t.Errorf("retry on B after the outage: %d, want 409", w.Code)
@@ -303,7 +314,7 @@ func TestNoTakeoverAfterAnOutage(t *testing.T) {
 				if _, err := store.Claim(context.Background(), idempotency.ClaimRequest{Key: "dead", Fingerprint: fingerprintOf("{}"), Lease: time.Second, TTL: time.Hour}); err != nil {
 					t.Fatal(err)
 				}
-				time.Sleep(2 * lease)
+				elapse(2 * lease)
 				if w := post(b, "dead", "{}"); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
 					t.Errorf("takeover of a dead owner's key a lease after the outage: %d", w.Code)
 				}
@@ -515,7 +526,7 @@ type lateTakeover struct {
 
 func (s lateTakeover) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
 	if !r.NoTakeover {
-		time.Sleep(s.delay)
+		elapse(s.delay) // the claim reaches the store delay late
 	}
 	return s.Store.Claim(ctx, r)
 }
@@ -541,14 +552,14 @@ func TestLateTakeoverTakesNothing(t *testing.T) {
 		if _, err := store.Claim(context.Background(), idempotency.ClaimRequest{Key: "k", Fingerprint: fingerprintOf("{}"), Lease: lease, TTL: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(lease + time.Second)
+		elapse(lease + time.Second)
 		runs = 0
 		if w := post(h, "k", "{}"); w.Code != http.StatusConflict || runs != 0 {
 			t.Errorf("a takeover delivered a lease late: %d, %d runs; want 409 and none", w.Code, runs)
 		}
 		// Delivered in time, once the store has answered promptly for a lease, it takes over.
 		late.delay = 0
-		time.Sleep(2 * lease)
+		elapse(2 * lease)
 		if w := post(h, "k", "{}"); w.Code != http.StatusCreated || runs != 1 {
 			t.Errorf("a takeover in time: %d, %d runs; want 201 and 1", w.Code, runs)
 		}
@@ -614,9 +625,11 @@ func TestDetach(t *testing.T) {
 				t.Fatal(err)
 			}
 			var cause error
+			working := make(chan struct{}) // closed once the handler has detached its work
 			h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				ctx, cancel := idempotency.Detach(r.Context())
 				defer cancel()
+				close(working)
 				if ctx.Done() == r.Context().Done() {
 					t.Error("Detach returned the request's own context")
 				}
@@ -631,7 +644,7 @@ func TestDetach(t *testing.T) {
 			r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/pay", strings.NewReader("{}"))
 			r.Header.Set("Idempotency-Key", "k")
 			go func() {
-				time.Sleep(lease / 10)
+				<-working // the client leaves while the detached work runs
 				leave()
 			}()
 			h.ServeHTTP(httptest.NewRecorder(), r)
