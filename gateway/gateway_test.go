@@ -47,22 +47,28 @@ func TestMain(m *testing.M) {
 // path:
 //
 //	/pay          201 with a JSON body numbering the call
-//	/slow?ms=N    as /pay, after N milliseconds
-//	/slow-once?ms=N  as /slow on a key's first call, as /pay on the others
 //	/block        as /pay once the test calls release
+//	/held-once    as /pay once the test calls releaseKey, on a key's first call; as /pay
+//	              at once on the others
 //	/status/N     answers N
 //	/echo         200 with the request's method, path and headers as JSON
+//
+// arrived says when a key's first request has reached it, so a test waits for that
+// instead of polling the counts.
 type upstream struct {
 	*httptest.Server
-	calls   atomic.Int64
-	mu      sync.Mutex
-	perKey  map[string]int
-	uris    map[string]bool // request URIs seen
-	blocked chan struct{}
+	calls    atomic.Int64
+	mu       sync.Mutex
+	perKey   map[string]int
+	uris     map[string]bool          // request URIs seen
+	arrivals map[string]chan struct{} // closed at a key's first request
+	gates    map[string]chan struct{} // closed by releaseKey
+	blocked  chan struct{}            // closed by release, and when the test ends
 }
 
 func newUpstream(t *testing.T) *upstream {
-	u := &upstream{perKey: map[string]int{}, uris: map[string]bool{}, blocked: make(chan struct{})}
+	u := &upstream{perKey: map[string]int{}, uris: map[string]bool{}, arrivals: map[string]chan struct{}{},
+		gates: map[string]chan struct{}{}, blocked: make(chan struct{})}
 	u.Server = httptest.NewServer(http.HandlerFunc(u.serve))
 	t.Cleanup(func() {
 		u.release()
@@ -79,6 +85,30 @@ func (u *upstream) release() {
 	default:
 		close(u.blocked)
 	}
+}
+
+// arrived returns a channel closed once a request with key has reached the upstream.
+func (u *upstream) arrived(key string) <-chan struct{} {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return chanFor(u.arrivals, key)
+}
+
+// releaseKey lets the /held-once call on key answer.
+func (u *upstream) releaseKey(key string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	close(chanFor(u.gates, key))
+}
+
+// chanFor returns m's channel for key, made on first use; u.mu is held.
+func chanFor(m map[string]chan struct{}, key string) chan struct{} {
+	ch, ok := m[key]
+	if !ok {
+		ch = make(chan struct{})
+		m[key] = ch
+	}
+	return ch
 }
 
 func (u *upstream) callsFor(key string) int {
@@ -101,15 +131,19 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	u.perKey[key]++
 	nth := u.perKey[key]
 	u.uris[r.URL.RequestURI()] = true
+	if nth == 1 {
+		close(chanFor(u.arrivals, key))
+	}
+	gate := chanFor(u.gates, key)
 	u.mu.Unlock()
-	ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
 	switch {
-	case r.URL.Path == "/slow":
-		time.Sleep(time.Duration(ms) * time.Millisecond)
-	case r.URL.Path == "/slow-once" && nth == 1:
-		time.Sleep(time.Duration(ms) * time.Millisecond)
 	case r.URL.Path == "/block":
 		<-u.blocked
+	case r.URL.Path == "/held-once" && nth == 1:
+		select {
+		case <-gate:
+		case <-u.blocked:
+		}
 	case strings.HasPrefix(r.URL.Path, "/status/"):
 		code, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/status/"))
 		w.Header().Set("Retry-After", "7")
@@ -342,15 +376,13 @@ func (f *fixture) record(key string) (*idempotency.Record, error) {
 	return f.store.Get(context.Background(), "", key)
 }
 
-// waitFor polls cond every 10ms for up to 5s.
-func waitFor(t *testing.T, what string, cond func() bool) {
+// await waits up to 10s for ch, the signal of what.
+func await(t *testing.T, what string, ch <-chan struct{}) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 
@@ -412,7 +444,7 @@ var contractCases = []struct {
 		key := testenv.Name("inflight")
 		done := make(chan reply, 1)
 		go func() { done <- doAt(t, g.front.URL, "POST", "/block", key, `{}`) }()
-		waitFor(t, "the first request upstream", func() bool { return g.up.callsFor(key) == 1 })
+		await(t, "the first request upstream", g.up.arrived(key))
 		dup := g.do("POST", "/block", key, `{}`)
 		if dup.status != http.StatusConflict || dup.header.Get("Retry-After") == "" || dup.problemType() != idempotency.ProblemInFlight {
 			t.Fatalf("duplicate: %d %v %s", dup.status, dup.header, dup.body)
@@ -547,9 +579,18 @@ var contractCases = []struct {
 	{"client disconnect: upstream completes, retry replays", func(t *testing.T, f *fixture) {
 		// A gateway of its own, so that releasing its upstream blocks no one else. The
 		// client gives up once its request is upstream (held there): the key is claimed
-		// and the gateway's upstream call is under way.
-		g := newFixture(t, f.store, nil, nil)
+		// and the gateway's upstream call is under way. The middleware reports the
+		// request's outcome once it has stored the answer.
 		key := testenv.Name("gone")
+		stored := make(chan struct{})
+		var once sync.Once
+		g := newFixture(t, f.store, nil, func(c *gateway.Config) {
+			c.Idempotency.OnOutcome = func(r *http.Request, _ idempotency.Outcome) {
+				if r.Header.Get("Idempotency-Key") == key {
+					once.Do(func() { close(stored) })
+				}
+			}
+		})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		req, _ := http.NewRequestWithContext(ctx, "POST", g.front.URL+"/block", strings.NewReader(`{"a":1}`))
@@ -563,18 +604,15 @@ var contractCases = []struct {
 			}
 			gone <- err
 		}()
-		waitFor(t, "the request upstream", func() bool { return g.up.callsFor(key) == 1 })
+		await(t, "the request upstream", g.up.arrived(key))
 		cancel()
 		err := <-gone
 		g.up.release()
 		if err == nil {
 			t.Fatal("the client did not give up")
 		}
-		var r reply
-		waitFor(t, "the replay", func() bool {
-			r = g.do("POST", "/block", key, `{"a":1}`)
-			return r.status != http.StatusConflict
-		})
+		await(t, "the first request's outcome", stored)
+		r := g.do("POST", "/block", key, `{"a":1}`)
 		if r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "true" {
 			t.Fatalf("retry: %d %v %s", r.status, r.header, r.body)
 		}
@@ -663,31 +701,46 @@ func TestReplicasSharePostgres(t *testing.T) {
 	for k := 0; k < 5; k++ {
 		key := testenv.Name("dup")
 		var wg sync.WaitGroup
-		var statuses sync.Map
+		replies := make(chan reply, 16)
 		for i := 0; i < 16; i++ {
 			base := a.front.URL
 			if i%2 == 1 {
 				base = b.front.URL
 			}
-			wg.Go(func() {
-				r := doAt(t, base, "POST", "/slow?ms=50", key, `{"n":1}`)
-				statuses.Store(i, r)
-			})
+			wg.Go(func() { replies <- doAt(t, base, "POST", "/held-once", key, `{"n":1}`) })
 		}
+		// The request forwarded is held upstream until the 15 others have been answered,
+		// so that they all come while it is in flight; a duplicate of a key in flight is
+		// answered at once. Should they not come, it is let go after 30s, and the
+		// statuses below say what they got.
+		var got []reply
+		timeout := time.After(30 * time.Second)
+	answers:
+		for len(got) < 15 {
+			select {
+			case r := <-replies:
+				got = append(got, r)
+			case <-timeout:
+				break answers
+			}
+		}
+		up.releaseKey(key)
 		wg.Wait()
+		close(replies)
+		for r := range replies {
+			got = append(got, r)
+		}
 		if n := up.callsFor(key); n != 1 {
 			t.Fatalf("key %s forwarded %d times", key, n)
 		}
-		statuses.Range(func(_, v any) bool {
-			r := v.(reply)
+		for _, r := range got {
 			if r.status != http.StatusCreated && r.status != http.StatusConflict {
 				t.Errorf("duplicate answered %d %s", r.status, r.body)
 			}
-			return true
-		})
+		}
 		// After completion, both replicas replay.
 		for _, base := range []string{a.front.URL, b.front.URL} {
-			if r := doAt(t, base, "POST", "/slow?ms=50", key, `{"n":1}`); r.header.Get("Idempotent-Replayed") != "true" {
+			if r := doAt(t, base, "POST", "/held-once", key, `{"n":1}`); r.header.Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("replica %s: %d %v", base, r.status, r.header)
 			}
 		}
@@ -867,27 +920,34 @@ func TestRunGracefulShutdown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	raw, _ := net.Listen("tcp", "127.0.0.1:0")
+	ln := &closeSignal{Listener: raw, closed: make(chan struct{})}
 	adminLn, _ := net.Listen("tcp", "127.0.0.1:0")
 	ctx, cancel := context.WithCancel(context.Background())
 	runErr := make(chan error, 1)
 	go func() { runErr <- gw.Run(ctx, ln, adminLn) }()
-	waitFor(t, "the admin listener", func() bool {
-		res, err := http.Get("http://" + adminLn.Addr().String() + "/readyz")
-		if err != nil {
-			return false
-		}
-		res.Body.Close()
-		return res.StatusCode == http.StatusOK
-	})
+	// The listeners are open already: the request waits in the backlog until Run
+	// serves it.
+	res, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + adminLn.Addr().String() + "/readyz")
+	if err != nil {
+		t.Fatalf("/readyz: %v", err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("/readyz: %d", res.StatusCode)
+	}
 	if err := gw.Run(ctx, ln, adminLn); !errors.Is(err, gateway.ErrRunning) {
 		t.Fatalf("second Run: %v", err)
 	}
 	base := "http://" + ln.Addr().String()
 	inflight := make(chan reply, 1)
-	go func() { inflight <- doAt(t, base, "POST", "/slow?ms=300", "graceful", `{}`) }()
-	waitFor(t, "the request upstream", func() bool { return up.callsFor("graceful") == 1 })
+	go func() { inflight <- doAt(t, base, "POST", "/held-once", "graceful", `{}`) }()
+	await(t, "the request upstream", up.arrived("graceful"))
 	cancel()
+	// The upstream answers only once the shutdown has begun, so the request is in
+	// flight through it.
+	await(t, "the shutdown to close the listener", ln.closed)
+	up.releaseKey("graceful")
 	if err := <-runErr; err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -901,6 +961,19 @@ func TestRunGracefulShutdown(t *testing.T) {
 	if _, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
 		t.Fatal("still accepting after Run returned")
 	}
+}
+
+// closeSignal is a listener that says when it is closed: http.Server.Shutdown closes its
+// listeners first, then waits for the requests in flight.
+type closeSignal struct {
+	net.Listener
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (l *closeSignal) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return l.Listener.Close()
 }
 
 // TestCallerBudgetSpent: a caller whose Request-Budget-Ms is spent gets 504 before
