@@ -163,7 +163,7 @@ func (cfg Config) withDefaults() (Config, error) {
 // but the settings must not ask for less.
 func checkTTL(mw idempotency.Config, upstreamTimeout time.Duration) error {
 	if mw.TTL <= upstreamTimeout {
-		return fmt.Errorf("gateway: the TTL (%s) must be longer than the upstream timeout (%s), or a record could expire while its request still runs", mw.TTL, upstreamTimeout)
+		return fmt.Errorf("gateway: Config.Idempotency.TTL (%s) must be longer than Config.UpstreamTimeout (%s), or a record could expire while its request still runs", mw.TTL, upstreamTimeout)
 	}
 	return nil
 }
