@@ -82,6 +82,7 @@ type proc struct {
 	exit  chan int
 	mu    sync.Mutex
 	lines []string
+	grew  chan struct{} // closed and replaced at each line logged
 }
 
 // startGateway runs `retrysafe gateway` with args (plus free listen and admin
@@ -98,7 +99,7 @@ func startGateway(t *testing.T, extraEnv []string, args ...string) *proc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{t: t, cmd: cmd, exit: make(chan int, 1)}
+	p := &proc{t: t, cmd: cmd, exit: make(chan int, 1), grew: make(chan struct{})}
 	ready := make(chan map[string]any, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
@@ -107,6 +108,8 @@ func startGateway(t *testing.T, extraEnv []string, args ...string) *proc {
 			line := sc.Text()
 			p.mu.Lock()
 			p.lines = append(p.lines, line)
+			close(p.grew)
+			p.grew = make(chan struct{})
 			p.mu.Unlock()
 			var m map[string]any
 			if json.Unmarshal([]byte(line), &m) == nil && m["msg"] == "retrysafe gateway listening" {
@@ -157,6 +160,38 @@ func (p *proc) log() string {
 	return strings.Join(p.lines, "\n")
 }
 
+// awaitLog waits up to d for the process to log a line that match accepts.
+func (p *proc) awaitLog(what string, d time.Duration, match func(line string) bool) {
+	p.t.Helper()
+	timeout := time.After(d)
+	seen := 0
+	for {
+		p.mu.Lock()
+		lines, grew := p.lines[seen:], p.grew
+		seen = len(p.lines)
+		p.mu.Unlock()
+		for _, line := range lines {
+			if match(line) {
+				return
+			}
+		}
+		select {
+		case <-grew:
+		case <-timeout:
+			p.t.Fatalf("the gateway did not log %s in %v", what, d)
+		}
+	}
+}
+
+// requestLogged matches the line the gateway logs when it is done with a request with
+// key: after the middleware has stored its answer, or held it to be stored.
+func requestLogged(key string) func(string) bool {
+	return func(line string) bool {
+		var m map[string]any
+		return json.Unmarshal([]byte(line), &m) == nil && m["msg"] == "request" && m["key"] == key
+	}
+}
+
 // wait waits up to d for the process to exit and returns its status.
 func (p *proc) wait(d time.Duration) int {
 	p.t.Helper()
@@ -172,24 +207,28 @@ func (p *proc) wait(d time.Duration) int {
 // upstream is the API behind the binary. Paths:
 //
 //	/pay             201, a JSON body numbering the call
-//	/slow?ms=N       as /pay after N ms
-//	/slow-once?ms=N  as /slow on a key's first call, as /pay after
+//	/slow-once?ms=N  as /pay after N ms on a key's first call, as /pay after
 //	/hang-once       hangs on a key's first call until the test ends, as /pay after
 //	/held-once       hangs on a key's first call until release(key), as /pay after
 //	/status/N        N
 //	/big?bytes=N     201 with a JSON body of N bytes
 //	/odd             201 with header values that are not UTF-8 and a trailer
+//
+// arrived says when a key's first request has reached it, so a test waits for that
+// instead of polling the counts.
 type upstream struct {
 	*httptest.Server
-	calls  atomic.Int64
-	mu     sync.Mutex
-	perKey map[string]int
-	gates  map[string]chan struct{}
-	stop   chan struct{}
+	calls    atomic.Int64
+	mu       sync.Mutex
+	perKey   map[string]int
+	gates    map[string]chan struct{}
+	arrivals map[string]chan struct{} // closed at a key's first request
+	stop     chan struct{}
 }
 
 func newUpstream(t *testing.T) *upstream {
-	u := &upstream{perKey: map[string]int{}, gates: map[string]chan struct{}{}, stop: make(chan struct{})}
+	u := &upstream{perKey: map[string]int{}, gates: map[string]chan struct{}{}, arrivals: map[string]chan struct{}{},
+		stop: make(chan struct{})}
 	u.Server = httptest.NewServer(http.HandlerFunc(u.serve))
 	t.Cleanup(func() {
 		close(u.stop)
@@ -205,13 +244,33 @@ func (u *upstream) callsFor(key string) int {
 }
 
 // gate returns the channel a /held-once call on key waits for; u.mu is held.
-func (u *upstream) gate(key string) chan struct{} {
-	g, ok := u.gates[key]
+func (u *upstream) gate(key string) chan struct{} { return chanFor(u.gates, key) }
+
+// arrived returns a channel closed once a request with key has reached the upstream.
+func (u *upstream) arrived(key string) <-chan struct{} {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return chanFor(u.arrivals, key)
+}
+
+// chanFor returns m's channel for key, made on first use; u.mu is held.
+func chanFor(m map[string]chan struct{}, key string) chan struct{} {
+	ch, ok := m[key]
 	if !ok {
-		g = make(chan struct{})
-		u.gates[key] = g
+		ch = make(chan struct{})
+		m[key] = ch
 	}
-	return g
+	return ch
+}
+
+// await waits up to d for ch, the signal of what.
+func await(t *testing.T, what string, d time.Duration, ch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(d):
+		t.Fatalf("timed out waiting for %s", what)
+	}
 }
 
 // release lets the /held-once call on key answer.
@@ -229,10 +288,13 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	u.perKey[key]++
 	nth := u.perKey[key]
 	gate := u.gate(key)
+	if nth == 1 {
+		close(chanFor(u.arrivals, key))
+	}
 	u.mu.Unlock()
 	ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
 	switch {
-	case r.URL.Path == "/slow", r.URL.Path == "/slow-once" && nth == 1:
+	case r.URL.Path == "/slow-once" && nth == 1:
 		select {
 		case <-time.After(time.Duration(ms) * time.Millisecond):
 		case <-u.stop:
@@ -310,6 +372,10 @@ func post(ctx context.Context, base, path, key, body string) reply {
 	return reply{status: res.StatusCode, header: res.Header, body: string(b), err: err}
 }
 
+// waitFor polls cond every 20ms for up to d. It is for what only a real process can
+// show and none announces: a gateway process that stops accepting, a lease that runs
+// out on a store's clock, a record a broker or a store holds. What the test's own code
+// can signal (the upstream, the gateway's log) is waited for on a channel instead.
 func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
@@ -317,8 +383,17 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // the poll interval: the process gives no signal
 	}
+}
+
+// refusing reports whether nothing accepts connections at addr (host:port) any more.
+func refusing(addr string) bool {
+	c, err := net.Dial("tcp", addr)
+	if err == nil {
+		c.Close()
+	}
+	return err != nil
 }
 
 // storeDSNs returns an isolated store DSN of each kind (a fresh SQLite file, a schema,
@@ -404,7 +479,7 @@ func TestE2EContract(t *testing.T) {
 				k := key("inflight")
 				done := make(chan reply, 1)
 				go func() { done <- post(ctx, gw.addr, "/held-once", k, `{}`) }()
-				waitFor(t, "the first request upstream", 10*time.Second, func() bool { return up.callsFor(k) == 1 })
+				await(t, "the first request upstream", 10*time.Second, up.arrived(k))
 				dup := post(ctx, gw.addr, "/held-once", k, `{}`) // the first is held upstream
 				up.release(k)
 				if dup.status != 409 || dup.header.Get("Retry-After") == "" || dup.problem() != idempotency.ProblemInFlight {
@@ -485,17 +560,15 @@ func TestE2EContract(t *testing.T) {
 				cctx, cancel := context.WithCancel(ctx)
 				lost := make(chan reply, 1)
 				go func() { lost <- post(cctx, gw.addr, "/held-once", k, `{}`) }()
-				waitFor(t, "the request upstream", 10*time.Second, func() bool { return up.callsFor(k) == 1 })
+				await(t, "the request upstream", 10*time.Second, up.arrived(k))
 				cancel()
 				r := <-lost
 				up.release(k)
 				if r.err == nil {
 					t.Fatalf("the client did not give up: %v", r)
 				}
-				waitFor(t, "the replay", 10*time.Second, func() bool {
-					r = post(ctx, gw.addr, "/held-once", k, `{}`)
-					return r.status != 409
-				})
+				gw.awaitLog("the first request done", 10*time.Second, requestLogged(k))
+				r = post(ctx, gw.addr, "/held-once", k, `{}`)
 				if r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" || up.callsFor(k) != 1 {
 					t.Fatalf("retry: %v, %d calls", r, up.callsFor(k))
 				}
@@ -529,15 +602,35 @@ func TestE2EReplicasPostgres(t *testing.T) {
 	for round := 0; round < 3; round++ {
 		k := testenv.Name("dup")
 		var wg sync.WaitGroup
-		replies := make([]reply, 12)
-		for i := range replies {
+		answers := make(chan reply, 12)
+		for i := range cap(answers) {
 			base := a.addr
 			if i%2 == 1 {
 				base = b.addr
 			}
-			wg.Go(func() { replies[i] = post(context.Background(), base, "/slow?ms=100", k, `{"n":1}`) })
+			wg.Go(func() { answers <- post(context.Background(), base, "/held-once", k, `{"n":1}`) })
 		}
+		// The request forwarded is held upstream until the 11 others have been answered,
+		// so that they all come while it is in flight; a duplicate of a key in flight is
+		// answered at once. Should they not come, it is let go after 30s, and the
+		// statuses below say what they got.
+		var replies []reply
+		timeout := time.After(30 * time.Second)
+	held:
+		for len(replies) < cap(answers)-1 {
+			select {
+			case r := <-answers:
+				replies = append(replies, r)
+			case <-timeout:
+				break held
+			}
+		}
+		up.release(k)
 		wg.Wait()
+		close(answers)
+		for r := range answers {
+			replies = append(replies, r)
+		}
 		if n := up.callsFor(k); n != 1 {
 			t.Fatalf("round %d: forwarded %d times", round, n)
 		}
@@ -547,7 +640,7 @@ func TestE2EReplicasPostgres(t *testing.T) {
 			}
 		}
 		for _, base := range []string{a.addr, b.addr} {
-			if r := post(context.Background(), base, "/slow?ms=100", k, `{"n":1}`); r.header.Get("Idempotent-Replayed") != "true" {
+			if r := post(context.Background(), base, "/held-once", k, `{"n":1}`); r.header.Get("Idempotent-Replayed") != "true" {
 				t.Errorf("round %d, %s: %v", round, base, r)
 			}
 		}
@@ -566,21 +659,22 @@ func TestE2ESIGTERM(t *testing.T) {
 	keys := make([]string, n)
 	for i := range keys {
 		keys[i] = testenv.Name("term")
-		go func() { replies <- post(context.Background(), gw.addr, "/slow?ms=500", keys[i], `{}`) }()
+		go func() { replies <- post(context.Background(), gw.addr, "/held-once", keys[i], `{}`) }()
 	}
-	waitFor(t, "the requests upstream", 20*time.Second, func() bool { return up.calls.Load() == n })
+	for _, k := range keys {
+		await(t, "the requests upstream", 20*time.Second, up.arrived(k))
+	}
 	if err := gw.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	// Stopped accepting: a new connection is refused while the others finish.
 	addr := strings.TrimPrefix(gw.addr, "http://")
-	waitFor(t, "the listener to close", 10*time.Second, func() bool {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			c.Close()
-		}
-		return err != nil
-	})
+	waitFor(t, "the listener to close", 10*time.Second, func() bool { return refusing(addr) })
+	// The upstream answers only once the gateway has stopped accepting, so the requests
+	// are in flight through the shutdown.
+	for _, k := range keys {
+		up.release(k)
+	}
 	for range n {
 		if r := <-replies; r.status != 201 {
 			t.Errorf("in flight at SIGTERM: %v", r)
@@ -616,7 +710,7 @@ func TestE2EKill9Restart(t *testing.T) {
 	lost := make(chan reply, 1)
 	sent := time.Now() // the key is claimed after this, its lease ends lease later at the earliest
 	go func() { lost <- post(context.Background(), first.addr, "/hang-once", k, `{}`) }()
-	waitFor(t, "the request upstream", 10*time.Second, func() bool { return up.callsFor(k) == 1 })
+	await(t, "the request upstream", 10*time.Second, up.arrived(k))
 	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

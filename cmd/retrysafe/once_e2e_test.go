@@ -120,6 +120,22 @@ func proxiedStore(t *testing.T, kind string) (proxied, direct string, p *tcpprox
 	return u.String(), direct, p
 }
 
+// leaseRanOut reports whether key is in progress with its lease run out, on the clock
+// of the store at dsn (read with `retrysafe keys list`, which says so).
+func leaseRanOut(t *testing.T, dsn, key string) bool {
+	t.Helper()
+	out, code := runBinary(t, "keys", "list", "--store", dsn, "--key", key)
+	if code != 0 {
+		t.Fatalf("keys list: %d %s", code, out)
+	}
+	for line := range strings.Lines(out) {
+		if strings.Contains(line, key) && strings.Contains(line, "in_progress") && strings.Contains(line, "expired") {
+			return true
+		}
+	}
+	return false
+}
+
 // keyState returns the state of key in the store at dsn ("in_progress", "done" or
 // "missing"), read with `retrysafe keys show`.
 func keyState(t *testing.T, dsn, key string) string {
@@ -140,9 +156,9 @@ func keyState(t *testing.T, dsn, key string) string {
 }
 
 // TestE2EStoreOutageAtCompletion: the store cannot be reached when the answer is to be
-// stored, and stays away for longer than the lease. The client gets its answer; the
-// gateway keeps it, with its lease, and stores it when the store is back; the retry
-// after the outage is a replay, not a second execution.
+// stored, and stays away until the key's lease has run out on it. The client gets its
+// answer; the gateway keeps it, with its lease, and stores it when the store is back;
+// the retry after the outage is a replay, not a second execution.
 func TestE2EStoreOutageAtCompletion(t *testing.T) {
 	t.Parallel()
 	const lease = 2 * time.Second
@@ -158,7 +174,7 @@ func TestE2EStoreOutageAtCompletion(t *testing.T) {
 				k := testenv.Name("outage")
 				first := make(chan reply, 1)
 				go func() { first <- post(ctx, gw.addr, "/held-once", k, `{"amount":1}`) }()
-				waitFor(t, "the request upstream", 10*time.Second, func() bool { return up.callsFor(k) == 1 })
+				await(t, "the request upstream", 10*time.Second, up.arrived(k))
 				if stall {
 					store.Stall()
 				} else {
@@ -173,7 +189,9 @@ func TestE2EStoreOutageAtCompletion(t *testing.T) {
 					!(r.status == 201 && r.header.Get("Idempotent-Replayed") == "true" || r.status == 503) {
 					t.Fatalf("retry during the outage: %v, %d executions", r, up.callsFor(k))
 				}
-				time.Sleep(2*lease + lease/2) // the store stays away for longer than the lease
+				// The store stays away until the owner's lease has run out on its clock: a
+				// store deciding by the lease alone would now let the retry run again.
+				waitFor(t, "the lease to run out on the store", 4*lease, func() bool { return leaseRanOut(t, direct, k) })
 				store.Restore()
 				r := post(ctx, gw.addr, "/held-once", k, `{"amount":1}`)
 				if up.callsFor(k) != 1 {
@@ -189,17 +207,17 @@ func TestE2EStoreOutageAtCompletion(t *testing.T) {
 	}
 }
 
-// TestE2EStoreOutageDuringUpstreamCall: two replicas on one store, which goes away for
-// longer than the lease while the upstream works. The owner's heartbeats fail; when the
-// store returns, a retry on the other replica must not take the key over beside the
-// live owner.
+// TestE2EStoreOutageDuringUpstreamCall: two replicas on one store, which goes away while
+// the upstream works, until the key's lease has run out on it. The owner's heartbeats
+// fail; when the store returns, a retry on the other replica must not take the key over
+// beside the live owner.
 func TestE2EStoreOutageDuringUpstreamCall(t *testing.T) {
 	t.Parallel()
 	const lease = 2 * time.Second
 	for _, kind := range []string{"postgres", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
-			proxied, _, store := proxiedStore(t, kind)
+			proxied, direct, store := proxiedStore(t, kind)
 			up := newUpstream(t)
 			args := []string{"--store", proxied, "--upstream", up.URL, "--lease", lease.String()}
 			a, b := startGateway(t, nil, args...), startGateway(t, nil, args...)
@@ -207,9 +225,9 @@ func TestE2EStoreOutageDuringUpstreamCall(t *testing.T) {
 			k := testenv.Name("long")
 			first := make(chan reply, 1)
 			go func() { first <- post(ctx, a.addr, "/held-once", k, `{}`) }()
-			waitFor(t, "the request upstream", 10*time.Second, func() bool { return up.callsFor(k) == 1 })
+			await(t, "the request upstream", 10*time.Second, up.arrived(k))
 			store.Cut()
-			time.Sleep(2*lease + lease/2)
+			waitFor(t, "the lease to run out on the store", 4*lease, func() bool { return leaseRanOut(t, direct, k) })
 			store.Restore()
 			r := post(ctx, b.addr, "/held-once", k, `{}`)
 			if up.callsFor(k) != 1 {
@@ -248,7 +266,7 @@ func TestE2ESIGTERMStoresHeldAnswers(t *testing.T) {
 			k := testenv.Name("drain")
 			first := make(chan reply, 1)
 			go func() { first <- post(ctx, gw.addr, "/held-once", k, `{}`) }()
-			waitFor(t, "the request upstream", 10*time.Second, func() bool { return up.callsFor(k) == 1 })
+			await(t, "the request upstream", 10*time.Second, up.arrived(k))
 			store.Cut()
 			up.release(k)
 			if r := <-first; r.status != 201 {
@@ -258,7 +276,10 @@ func TestE2ESIGTERMStoresHeldAnswers(t *testing.T) {
 				t.Fatal(err)
 			}
 			if back {
-				time.Sleep(time.Second)
+				// The store comes back once the gateway is shutting down: it has stopped
+				// accepting, and holds the answer still.
+				addr := strings.TrimPrefix(gw.addr, "http://")
+				waitFor(t, "the gateway to stop accepting", 10*time.Second, func() bool { return refusing(addr) })
 				store.Restore()
 				if code := gw.wait(15 * time.Second); code != 0 {
 					t.Errorf("exit status %d, want 0", code)
@@ -318,7 +339,11 @@ func slowReader(t *testing.T, dsn string) {
 	if err != nil || got != size || res.StatusCode != 201 {
 		t.Fatalf("slow read: status %d, %d of %d bytes in %s, err %v", res.StatusCode, got, size, time.Since(start), err)
 	}
-	time.Sleep(3 * time.Second) // past the lease: a key left in progress would be taken over
+	// The answer is held until it is stored, so the key is done by the time the client
+	// has it all: not left in progress, to be taken over when its lease ends.
+	if s := keyState(t, dsn, k); s != "done" {
+		t.Errorf("the key is %s once the answer was read, want done", s)
+	}
 	if r := post(context.Background(), gw.addr, fmt.Sprintf("/big?bytes=%d", size), k, `{}`); r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" || len(r.body) != size {
 		t.Errorf("retry: %d replayed=%q %d bytes", r.status, r.header.Get("Idempotent-Replayed"), len(r.body))
 	}
@@ -340,6 +365,8 @@ func (p *pacedReader) Read(b []byte) (int, error) {
 		p.start = time.Now()
 	}
 	if due := p.start.Add(time.Duration(p.n) * time.Second / time.Duration(p.rate)); time.Until(due) > 0 {
+		// Pacing, not synchronisation: the gateway is a real process whose upstream
+		// timeout runs on the real clock, and the read must outlast it.
 		time.Sleep(time.Until(due))
 	}
 	n, err := p.r.Read(b[:min(len(b), 32<<10)])
@@ -419,6 +446,8 @@ func rawRequest(addr, head, body string, gap time.Duration) (*http.Response, str
 			return
 		}
 		for i := range len(body) {
+			// Pacing, not synchronisation: the gateway is a real process whose body
+			// timeout and budgets run on the real clock, and the body must outlast them.
 			time.Sleep(gap)
 			if _, err := c.Write([]byte{body[i]}); err != nil {
 				return
