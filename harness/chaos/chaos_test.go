@@ -431,7 +431,10 @@ func runStore(t *testing.T, cluster *pgCluster, bin string, sc storeCase, set se
 				return
 			}
 			killed := r.kill()
-			time.Sleep(down)
+			// The replica stays down for down, a wait of the schedule like the others:
+			// once the load ends it is restarted at once, to be stopped gracefully
+			// with the rest.
+			sleep(down)
 			if err := r.start(ctx); err != nil {
 				chaosFail(fmt.Errorf("restarting gateway %w", err))
 				return

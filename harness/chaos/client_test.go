@@ -206,6 +206,8 @@ func (w *watchedBody) Read(p []byte) (int, error) {
 			p = p[:w.slow.Chunk]
 		}
 		if !w.last.IsZero() {
+			// Pacing, not synchronisation: the gateways are real processes whose
+			// timeouts run on the real clock, and a slow reader must be slow on it.
 			time.Sleep(time.Until(w.last.Add(w.slow.Every)))
 		}
 		w.last = time.Now()
