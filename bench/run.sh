@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# bench/run.sh: the load benchmarks of issue 5, in one run on this machine.
+# bench/run.sh: the POST /payments load benchmark (matrix, duplicate storm, replay vs
+# first execution, pgbench ceilings), in one run on this machine.
 #
 #   bash bench/run.sh                 # about 14 minutes
 #   ROUNDS=1 DURATION=3s bash bench/run.sh   # a quick look
@@ -131,8 +132,9 @@ loadavg() { cut -d' ' -f1 /proc/loadavg; }
 log "building (go $(go env GOVERSION)), installing the Express baseline (npm)"
 go build -o "$BIN/payments" ./examples/payments
 go build -o "$BIN/retrysafe" ./cmd/retrysafe
-go build -o "$BIN/loadgen" ./bench/cmd/loadgen
-go build -o "$BIN/benchreport" ./bench/cmd/benchreport
+# loadgen and benchreport belong to the bench module (bench/go.mod), so they are built
+# from inside it; the subjects belong to the root module.
+(cd bench && go build -o "$BIN/loadgen" ./cmd/loadgen && go build -o "$BIN/benchreport" ./cmd/benchreport)
 bash bench/baselines/express/setup.sh >"$LOGS/npm.log" 2>&1 || { cat "$LOGS/npm.log" >&2; die "npm install failed"; }
 
 {
