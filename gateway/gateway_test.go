@@ -190,7 +190,7 @@ var storeKinds = []struct {
 	{"memory", func(t *testing.T, clock func() time.Time) idempotency.Store { return memstore.NewWithClock(clock) }},
 	{"sqlite", openSQLite},
 	{"postgres", func(t *testing.T, clock func() time.Time) idempotency.Store {
-		return openPostgresSchema(t, testenv.Name("gw"), clock)
+		return openPostgresShared(t, testenv.Schema(t, "gw"), clock)
 	}},
 	{"redis", openRedis},
 }
@@ -204,33 +204,16 @@ func openSQLite(t *testing.T, clock func() time.Time) idempotency.Store {
 	return s
 }
 
-// openPostgresSchema returns a store in schema, dropped at the end. Two calls with the
-// same schema share the records (two replicas).
-func openPostgresSchema(t *testing.T, schema string, clock func() time.Time) idempotency.Store {
-	return openPostgresShared(t, schema, clock, true)
-}
-
-// openPostgresShared returns a store in schema on a pool of its own; owner drops the
-// schema at the end. The callers choose the name and share it between replicas, so the
-// drop cannot come from testenv.Schema, which makes the name; it is registered before
-// the pool, so it runs after the pool is closed (cleanups run last-registered first),
-// on a connection of its own.
-func openPostgresShared(t *testing.T, schema string, clock func() time.Time, owner bool) idempotency.Store {
-	ctx := context.Background()
-	if owner {
-		admin := testenv.PostgresPool(t, 1)
-		t.Cleanup(func() {
-			if _, err := admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-				t.Errorf("dropping schema %s: %v", schema, err)
-			}
-		})
-	}
+// openPostgresShared returns a store in schema, on a pool of its own, migrated. Two
+// calls with one schema share the records (two replicas). The schema comes from
+// testenv.Schema, which drops it once the pools are closed.
+func openPostgresShared(t *testing.T, schema string, clock func() time.Time) idempotency.Store {
 	pool := testenv.PostgresPool(t, 0)
 	s, err := pgstore.New(pgstore.Config{Pool: pool, Schema: schema, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Migrate(ctx); err != nil {
+	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	return s
@@ -694,10 +677,10 @@ func TestScopeHeader(t *testing.T) {
 // TestReplicasSharePostgres: two gateways on one PostgreSQL schema behave as one.
 func TestReplicasSharePostgres(t *testing.T) {
 	t.Parallel()
-	schema := testenv.Name("gwrep")
+	schema := testenv.Schema(t, "gwrep")
 	up := newUpstream(t)
-	a := newFixture(t, openPostgresSchema(t, schema, nil), up, nil)
-	b := newFixture(t, openPostgresSchema(t, schema, nil), up, nil)
+	a := newFixture(t, openPostgresShared(t, schema, nil), up, nil)
+	b := newFixture(t, openPostgresShared(t, schema, nil), up, nil)
 	for k := 0; k < 5; k++ {
 		key := testenv.Name("dup")
 		var wg sync.WaitGroup

@@ -23,20 +23,23 @@ func TestSkewedReplicasAgree(t *testing.T) {
 	// Each replica has its own client of the one store (the server's clock decides):
 	// A's is made inside the bubble, whose goroutines must not share a pool with B's.
 	kinds := []struct {
-		name string
-		open func(t *testing.T, shared string, owner bool) idempotency.Store
+		name   string
+		shared func(t *testing.T) string // the schema or prefix both replicas use
+		open   func(t *testing.T, shared string, owner bool) idempotency.Store
 	}{
-		{"postgres", func(t *testing.T, schema string, owner bool) idempotency.Store {
-			return openPostgresShared(t, schema, nil, owner)
-		}},
-		{"redis", func(t *testing.T, prefix string, owner bool) idempotency.Store {
-			return openRedisPrefix(t, prefix+":", nil, owner)
-		}},
+		{"postgres", func(t *testing.T) string { return testenv.Schema(t, "skew") },
+			func(t *testing.T, schema string, _ bool) idempotency.Store {
+				return openPostgresShared(t, schema, nil)
+			}},
+		{"redis", func(t *testing.T) string { return testenv.Name("skew") },
+			func(t *testing.T, prefix string, owner bool) idempotency.Store {
+				return openRedisPrefix(t, prefix+":", nil, owner)
+			}},
 	}
 	// The one-host stores use the process clock: one host, one clock.
 	for _, kind := range kinds {
 		t.Run(kind.name, func(t *testing.T) {
-			shared := testenv.Name("skew")
+			shared := kind.shared(t)
 			storeB := kind.open(t, shared, true)
 			key := testenv.Name("skew")
 			var runs atomic.Int64
