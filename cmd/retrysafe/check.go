@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/retrysafe/retrysafe/idempotency/idempotencytest"
+	"github.com/retrysafe/retrysafe/idempotency/endpointcheck"
 )
 
 const checkHelp = `usage: retrysafe check URL [--method POST] [--data @body.json | --data '{"a":1}']
@@ -70,19 +70,19 @@ func (l *checkRepeated) Set(v string) error { *l = append(*l, v); return nil }
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	const cmd = "retrysafe check"
 	var (
-		cfg            idempotencytest.EndpointConfig
+		cfg            endpointcheck.Config
 		data           string
 		headers, auths checkRepeated
 		asJSON, yes    bool
 	)
 	fs := newFlagSet(cmd)
-	fs.StringVar(&cfg.Method, "method", idempotencytest.DefaultEndpointMethod, "")
+	fs.StringVar(&cfg.Method, "method", endpointcheck.DefaultMethod, "")
 	fs.StringVar(&data, "data", "", "")
 	fs.Var(&headers, "header", "")
 	fs.Var(&auths, "auth", "")
 	fs.StringVar(&cfg.OtherRoute, "other-route", "", "")
-	fs.IntVar(&cfg.Concurrency, "concurrency", idempotencytest.DefaultEndpointConcurrency, "")
-	fs.DurationVar(&cfg.Timeout, "timeout", idempotencytest.DefaultEndpointTimeout, "")
+	fs.IntVar(&cfg.Concurrency, "concurrency", endpointcheck.DefaultConcurrency, "")
+	fs.DurationVar(&cfg.Timeout, "timeout", endpointcheck.DefaultTimeout, "")
 	fs.BoolVar(&cfg.QuotedKeys, "quoted-keys", false, "")
 	fs.BoolVar(&asJSON, "json", false, "")
 	fs.BoolVar(&yes, "yes", false, "")
@@ -132,7 +132,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	} else {
 		cfg.Body = []byte(data)
 	}
-	n, err := idempotencytest.EndpointRequests(cfg)
+	n, err := endpointcheck.Requests(cfg)
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}
@@ -140,14 +140,14 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if u, err := url.Parse(cfg.URL); err == nil {
 		host = u.Host
 	}
-	if !idempotencytest.Loopback(cfg.URL) && !yes {
+	if !endpointcheck.Loopback(cfg.URL) && !yes {
 		return fail(stderr, cmd, fmt.Errorf("%s is not a loopback address: the check sends %d real requests, and the valid ones may execute (create payments, send mail …); run it against a test deployment and add --yes to confirm", host, n), exitUsage)
 	}
 	fmt.Fprintf(stderr, "%s: sending about %d real requests to %s %s; each valid one may execute\n", cmd, n, strings.ToUpper(cfg.Method), host)
 	start := time.Now()
-	rep, err := idempotencytest.CheckEndpoint(ctx, cfg)
+	rep, err := endpointcheck.Check(ctx, cfg)
 	switch {
-	case errors.Is(err, idempotencytest.ErrEndpointConfig):
+	case errors.Is(err, endpointcheck.ErrConfig):
 		return fail(stderr, cmd, err, exitUsage)
 	case err != nil:
 		return fail(stderr, cmd, err, exitFail)

@@ -9,10 +9,10 @@
 // suite moves), so expiry and lease cases run instantly; one case runs the store on its
 // own clock.
 //
-// Endpoints: CheckEndpoint is the battery behind `retrysafe check`, which sends real
-// requests to any HTTP endpoint — yours, in any language, behind any idempotency layer
-// — and says whether it honours Idempotency-Key. TestHandler and TestEndpoint run it
-// from a Go test, against an http.Handler or a URL.
+// Endpoints: TestHandler and TestEndpoint run, from a Go test, the battery behind
+// `retrysafe check` (package endpointcheck) against an http.Handler or a URL: real
+// requests to any endpoint — yours, in any language, behind any idempotency layer —
+// and a failed test for each required case it does not pass.
 package idempotencytest
 
 import (

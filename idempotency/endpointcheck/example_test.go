@@ -1,4 +1,4 @@
-package idempotencytest_test
+package endpointcheck_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"sync"
 
 	"github.com/retrysafe/retrysafe/idempotency"
-	"github.com/retrysafe/retrysafe/idempotency/idempotencytest"
+	"github.com/retrysafe/retrysafe/idempotency/endpointcheck"
 	"github.com/retrysafe/retrysafe/idempotency/memstore"
 )
 
@@ -18,7 +18,7 @@ import (
 // every required case. Each execution answers a new id, so the battery can tell a replay
 // from a second execution; the two credentials let it check that keys are scoped by
 // caller.
-func ExampleCheckEndpoint() {
+func ExampleCheck() {
 	store := memstore.New()
 	defer store.Close()
 	mw, err := idempotency.New(idempotency.Config{Store: store, Logger: slog.New(slog.DiscardHandler)})
@@ -41,7 +41,7 @@ func ExampleCheckEndpoint() {
 	})))
 	defer srv.Close()
 
-	rep, err := idempotencytest.CheckEndpoint(context.Background(), idempotencytest.EndpointConfig{
+	rep, err := endpointcheck.Check(context.Background(), endpointcheck.Config{
 		URL:  srv.URL + "/payments",
 		Body: []byte(`{"amount":100,"currency":"EUR"}`),
 		Auth: []string{"Bearer test-alice", "Bearer test-bob"},
@@ -51,7 +51,7 @@ func ExampleCheckEndpoint() {
 		return
 	}
 	for _, r := range rep.Results {
-		if r.ID == idempotencytest.CaseRetryAfter {
+		if r.ID == endpointcheck.CaseRetryAfter {
 			// Pass when a concurrent duplicate arrived while the first request ran (and
 			// got a 409), n/a when every duplicate came after it: that is timing.
 			continue
@@ -79,7 +79,7 @@ func ExampleCheckEndpoint() {
 }
 
 // An endpoint that ignores Idempotency-Key executes every retry: the check says so.
-func ExampleCheckEndpoint_ignoredKeys() {
+func ExampleCheck_ignoredKeys() {
 	var mu sync.Mutex
 	executions := 0
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -92,12 +92,12 @@ func ExampleCheckEndpoint_ignoredKeys() {
 	}))
 	defer srv.Close()
 
-	rep, err := idempotencytest.CheckEndpoint(context.Background(), idempotencytest.EndpointConfig{URL: srv.URL + "/payments", Body: []byte(`{"amount":100}`)})
+	rep, err := endpointcheck.Check(context.Background(), endpointcheck.Config{URL: srv.URL + "/payments", Body: []byte(`{"amount":100}`)})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	for _, id := range []string{idempotencytest.CaseMissingKey, idempotencytest.CaseReplay, idempotencytest.CaseConcurrent} {
+	for _, id := range []string{endpointcheck.CaseMissingKey, endpointcheck.CaseReplay, endpointcheck.CaseConcurrent} {
 		r, _ := rep.Result(id)
 		fmt.Printf("%s: %s: %s\n", r.Name, r.Verdict, r.Observed)
 	}

@@ -1,4 +1,4 @@
-package idempotencytest
+package endpointcheck
 
 import (
 	"encoding/json"
@@ -34,7 +34,7 @@ const (
 	Advisory Level = "advisory"
 )
 
-// Case IDs, stable for machines (EndpointResult.ID).
+// Case IDs, stable for machines (Result.ID).
 const (
 	CaseMissingKey   = "missing-key"
 	CaseReplay       = "replay"
@@ -50,8 +50,8 @@ const (
 	CaseProblemJSON  = "problem-json"
 )
 
-// EndpointResult is one case's row.
-type EndpointResult struct {
+// Result is one case's row.
+type Result struct {
 	ID       string  `json:"id"`
 	Name     string  `json:"name"`
 	Expect   string  `json:"expect"`
@@ -61,18 +61,18 @@ type EndpointResult struct {
 	Level    Level   `json:"level"`
 }
 
-// EndpointReport is the outcome of a CheckEndpoint.
-type EndpointReport struct {
-	Method     string           `json:"method"`
-	URL        string           `json:"url"`
-	OtherRoute string           `json:"other_route"`
-	Requests   int              `json:"requests"` // requests sent
-	Results    []EndpointResult `json:"results"`
-	Notes      []string         `json:"notes,omitempty"`
+// Report is the outcome of a Check.
+type Report struct {
+	Method     string   `json:"method"`
+	URL        string   `json:"url"`
+	OtherRoute string   `json:"other_route"`
+	Requests   int      `json:"requests"` // requests sent
+	Results    []Result `json:"results"`
+	Notes      []string `json:"notes,omitempty"`
 }
 
 // Failed reports whether a required case failed.
-func (r *EndpointReport) Failed() bool {
+func (r *Report) Failed() bool {
 	for _, res := range r.Results {
 		if res.Level == Required && res.Verdict == Fail {
 			return true
@@ -82,27 +82,27 @@ func (r *EndpointReport) Failed() bool {
 }
 
 // Result returns the result of the case with the given ID.
-func (r *EndpointReport) Result(id string) (EndpointResult, bool) {
+func (r *Report) Result(id string) (Result, bool) {
 	for _, res := range r.Results {
 		if res.ID == id {
 			return res, true
 		}
 	}
-	return EndpointResult{}, false
+	return Result{}, false
 }
 
 // WriteJSON writes the report as one indented JSON object, with "failed" added.
-func (r *EndpointReport) WriteJSON(w io.Writer) error {
+func (r *Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(struct {
-		*EndpointReport
+		*Report
 		Failed bool `json:"failed"`
 	}{r, r.Failed()})
 }
 
 // WriteText writes the report as a table for people, with a summary line.
-func (r *EndpointReport) WriteText(w io.Writer) error {
+func (r *Report) WriteText(w io.Writer) error {
 	ew := &errWriter{w: w}
 	fmt.Fprintf(ew, "%s %s (other route %s): %d requests sent\n\n", r.Method, r.URL, r.OtherRoute, r.Requests)
 	tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', 0)
@@ -182,8 +182,8 @@ func success(r *response) bool { return r.ok() && r.status >= 200 && r.status < 
 func clientError(r *response) bool { return r.ok() && r.status >= 400 && r.status < 500 }
 
 // verdicts evaluates every case.
-func (o *observations) verdicts() []EndpointResult {
-	out := []EndpointResult{
+func (o *observations) verdicts() []Result {
+	out := []Result{
 		o.missingKey(), o.replay(), o.replayMarker(), o.concurrentCase(), o.otherBodyCase(),
 		o.otherRouteCase(), o.scopes(),
 		o.malformed(CaseKeyEmpty, "malformed key: empty", "IETF draft", Required, o.keyEmpty),
@@ -194,8 +194,8 @@ func (o *observations) verdicts() []EndpointResult {
 	return out
 }
 
-func (o *observations) missingKey() EndpointResult {
-	res := EndpointResult{ID: CaseMissingKey, Name: "missing key", Expect: "400 when keys are required",
+func (o *observations) missingKey() Result {
+	res := Result{ID: CaseMissingKey, Name: "missing key", Expect: "400 when keys are required",
 		Source: "IETF draft", Level: Advisory}
 	r := o.missing
 	switch {
@@ -210,8 +210,8 @@ func (o *observations) missingKey() EndpointResult {
 	return res
 }
 
-func (o *observations) replay() EndpointResult {
-	res := EndpointResult{ID: CaseReplay, Name: "same key, same body, sequential",
+func (o *observations) replay() Result {
+	res := Result{ID: CaseReplay, Name: "same key, same body, sequential",
 		Expect: "same status and body", Source: "IETF draft, Stripe", Level: Required}
 	a, b := o.first, o.second
 	wait := ""
@@ -243,8 +243,8 @@ func (o *observations) replay() EndpointResult {
 	return res
 }
 
-func (o *observations) replayMarker() EndpointResult {
-	res := EndpointResult{ID: CaseReplayMarker, Name: "replay marker", Expect: "Idempotent-Replayed: true on the replay",
+func (o *observations) replayMarker() Result {
+	res := Result{ID: CaseReplayMarker, Name: "replay marker", Expect: "Idempotent-Replayed: true on the replay",
 		Source: "Stripe", Level: Advisory}
 	a, b := o.first, o.second
 	switch {
@@ -260,8 +260,8 @@ func (o *observations) replayMarker() EndpointResult {
 	return res
 }
 
-func (o *observations) concurrentCase() EndpointResult {
-	res := EndpointResult{ID: CaseConcurrent, Name: fmt.Sprintf("same key, same body, %d concurrent", o.concurrency),
+func (o *observations) concurrentCase() Result {
+	res := Result{ID: CaseConcurrent, Name: fmt.Sprintf("same key, same body, %d concurrent", o.concurrency),
 		Expect: "one execution (identical, or 409s and one)", Source: "IETF draft", Level: Required}
 	var errs, conflicts int
 	type group struct {
@@ -342,8 +342,8 @@ func firstErr(rs []*response) string {
 	return ""
 }
 
-func (o *observations) otherBodyCase() EndpointResult {
-	res := EndpointResult{ID: CaseOtherBody, Name: "same key, other body", Expect: "422 (or a 4xx that is not a replay)",
+func (o *observations) otherBodyCase() Result {
+	res := Result{ID: CaseOtherBody, Name: "same key, other body", Expect: "422 (or a 4xx that is not a replay)",
 		Source: "IETF draft", Level: Required}
 	r := o.otherBody
 	switch {
@@ -363,8 +363,8 @@ func (o *observations) otherBodyCase() EndpointResult {
 	return res
 }
 
-func (o *observations) otherRouteCase() EndpointResult {
-	res := EndpointResult{ID: CaseOtherRoute, Name: "same key, other route", Expect: "not the first route's response",
+func (o *observations) otherRouteCase() Result {
+	res := Result{ID: CaseOtherRoute, Name: "same key, other route", Expect: "not the first route's response",
 		Source: "IETF draft", Level: Required}
 	r := o.otherRoute
 	switch {
@@ -378,8 +378,8 @@ func (o *observations) otherRouteCase() EndpointResult {
 	return res
 }
 
-func (o *observations) scopes() EndpointResult {
-	res := EndpointResult{ID: CaseScopes, Name: "same key, two credentials", Expect: "two independent executions",
+func (o *observations) scopes() Result {
+	res := Result{ID: CaseScopes, Name: "same key, two credentials", Expect: "two independent executions",
 		Source: "IETF draft, Stripe", Level: Required}
 	if !o.twoAuths {
 		res.Verdict, res.Observed = NotApplicable, "needs two credentials (two Auth values; --auth twice)"
@@ -406,8 +406,8 @@ func (o *observations) scopes() EndpointResult {
 	return res
 }
 
-func (o *observations) malformed(id, name, source string, level Level, r *response) EndpointResult {
-	res := EndpointResult{ID: id, Name: name, Expect: "400", Source: source, Level: level}
+func (o *observations) malformed(id, name, source string, level Level, r *response) Result {
+	res := Result{ID: id, Name: name, Expect: "400", Source: source, Level: level}
 	if id == CaseKeyLong {
 		res.Expect = "400 (keys: at most 255 characters)"
 	}
@@ -434,8 +434,8 @@ func (o *observations) conflicts() []*response {
 	return out
 }
 
-func (o *observations) retryAfterCase() EndpointResult {
-	res := EndpointResult{ID: CaseRetryAfter, Name: "409 Retry-After", Expect: "Retry-After on every 409",
+func (o *observations) retryAfterCase() Result {
+	res := Result{ID: CaseRetryAfter, Name: "409 Retry-After", Expect: "Retry-After on every 409",
 		Source: "RFC 9110", Level: Required}
 	cs := o.conflicts()
 	if len(cs) == 0 {
@@ -466,8 +466,8 @@ func (o *observations) retryAfterCase() EndpointResult {
 	return res
 }
 
-func (o *observations) problemJSON() EndpointResult {
-	res := EndpointResult{ID: CaseProblemJSON, Name: "problem+json errors", Expect: "application/problem+json errors",
+func (o *observations) problemJSON() Result {
+	res := Result{ID: CaseProblemJSON, Name: "problem+json errors", Expect: "application/problem+json errors",
 		Source: "IETF draft, RFC 9457", Level: Advisory}
 	type named struct {
 		what string
