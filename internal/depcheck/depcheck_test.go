@@ -59,6 +59,9 @@ func TestBinaryLinksNoNATSServer(t *testing.T) {
 		if strings.HasPrefix(p, "github.com/nats-io/nats-server") {
 			t.Errorf("cmd/retrysafe depends on %s (the NATS server belongs to the tests only)", p)
 		}
+		if p == "testing" || p == "net/http/httptest" {
+			t.Errorf("cmd/retrysafe depends on %s (test code has no place in the binary)", p)
+		}
 	}
 }
 
