@@ -2,7 +2,7 @@
 // example, and nothing else: the code is in the _test.go files, the figures and the
 // commands that produced them in README.md.
 //
-//	go test ./bench -run '^$' -bench . -benchtime 5s -count 3
+//	cd bench && go test -run '^$' -bench . -benchtime 5s -count 3   (bench is a module of its own)
 //
 // Plain go test compiles the benchmarks but runs none. The PostgreSQL benchmarks find
 // their server as the integration tests do (RETRYSAFE_POSTGRES_URL, else the local

@@ -55,7 +55,7 @@ func gwUpstream(w http.ResponseWriter, r *http.Request) {
 // redis. It reports per target req/s, the median and 99th percentile latency, and the
 // throughput ratio to direct.
 //
-//	go test ./bench -run '^$' -bench BenchmarkGateway -benchtime 20x
+//	cd bench && go test -run '^$' -bench BenchmarkGateway -benchtime 20x
 func BenchmarkGateway(b *testing.B) {
 	up := httptest.NewServer(http.HandlerFunc(gwUpstream))
 	b.Cleanup(up.Close)

@@ -30,6 +30,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/retrysafe/retrysafe/internal/httpname"
 	"github.com/retrysafe/retrysafe/retry"
 )
 
@@ -188,7 +189,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.Method == "" {
 		cfg.Method = http.MethodPost
 	}
-	if !validToken(cfg.Method) {
+	if !httpname.Valid(cfg.Method) {
 		return cfg, fmt.Errorf("load: invalid method %q", cfg.Method)
 	}
 	switch {
@@ -239,7 +240,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, errors.New("load: Key and KeyPrefix must be visible ASCII")
 	}
 	for name, vs := range cfg.Header {
-		if !validToken(name) {
+		if !httpname.Valid(name) {
 			return cfg, fmt.Errorf("load: invalid header name %q", name)
 		}
 		for _, v := range vs {
@@ -260,21 +261,6 @@ func checkURL(s string) error {
 		return fmt.Errorf("%q: want an absolute http or https URL", s)
 	}
 	return nil
-}
-
-// validToken reports whether s is an RFC 9110 token (a method, a header name).
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
-			strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return true
 }
 
 // validValue reports whether s is printable ASCII (spaces and tabs allowed).

@@ -2,7 +2,7 @@
 // measured point, tagged kind, subject, clients and round; plus pgbench and ledger-row
 // records) into the Markdown tables of bench/README.md.
 //
-//	go run ./bench/cmd/benchreport results.jsonl
+//	cd bench && go run ./cmd/benchreport results.jsonl
 package main
 
 import (

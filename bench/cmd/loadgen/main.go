@@ -4,7 +4,7 @@
 // prints throughput, latency quantiles and status counts, as text or one JSON line.
 // The engine is package bench/load; this is flag parsing only.
 //
-//	go run ./bench/cmd/loadgen --url http://127.0.0.1:8081/payments -c 32 -d 10s \
+//	cd bench && go run ./cmd/loadgen --url http://127.0.0.1:8081/payments -c 32 -d 10s \
 //	    --body '{"amount":1250,"currency":"EUR"}' -H 'Content-Type: application/json' --users 32
 //
 // Exit status: 0 after a run (errors are counted in the result), 1 when the run could
