@@ -147,7 +147,8 @@ type exchange struct {
 	start  time.Time
 	client *clientWriter
 
-	sent atomic.Bool // the upstream request's headers were written
+	sent     atomic.Bool   // the upstream request's headers were written
+	noServer withoutServer // the upstream call's context, as the proxy sees it
 
 	mu          sync.Mutex
 	outcome     string
@@ -239,7 +240,8 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 	// The proxy does not see the server in the context, so a body that breaks off while
 	// it copies makes it return rather than panic: the break is then handled here, in
 	// the open, and the client's connection cut by ServeHTTP once it is accounted for.
-	ctx := sentTrace(withoutServer{call.ctx}, &ex.sent)
+	ex.noServer.Context = call.ctx // in the exchange, which is on the heap already
+	ctx := sentTrace(&ex.noServer, &ex.sent)
 	start := time.Now()
 	g.proxy.ServeHTTP(w, r.WithContext(ctx))
 
@@ -274,7 +276,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 // gateway handles that failure itself (forward).
 type withoutServer struct{ context.Context }
 
-func (c withoutServer) Value(key any) any {
+func (c *withoutServer) Value(key any) any {
 	if key == http.ServerContextKey {
 		return nil
 	}
