@@ -320,8 +320,7 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, out *http.Request, err er
 	if keyed {
 		retry = fmt.Sprintf("Retry it with the same Idempotency-Key: until the key's lease ends (%s) a retry is answered 409; after it the request is forwarded again with the same key.", leaseDur)
 	}
-	switch f {
-	case failUnreachable:
+	if f == failUnreachable {
 		if keyed {
 			claim.Release()
 		}
@@ -329,25 +328,21 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, out *http.Request, err er
 			Status: http.StatusBadGateway,
 			Detail: "The request was not forwarded: the upstream could not be reached. Retry it with the same Idempotency-Key."}, 1)
 		return
-	case failTimeout:
-		if !keyed {
-			lease = 0
-		} else {
-			claim.Abandon()
-		}
-		idempotency.WriteProblem(w, idempotency.Problem{Type: ProblemUpstreamTimeout, Title: "Upstream timed out",
-			Status: http.StatusGatewayTimeout,
-			Detail: fmt.Sprintf("The request was forwarded and the upstream did not answer within %s: it may or may not have been executed. %s", g.cfg.UpstreamTimeout, retry)}, lease)
-	default:
-		if !keyed {
-			lease = 0
-		} else {
-			claim.Abandon()
-		}
-		idempotency.WriteProblem(w, idempotency.Problem{Type: ProblemUpstreamFailed, Title: "Upstream connection failed",
-			Status: http.StatusBadGateway,
-			Detail: "The request was forwarded and the connection to the upstream failed before an answer: it may or may not have been executed. " + retry}, lease)
 	}
+	// The upstream may have acted: the key stays in progress until its lease ends, and
+	// the answer says when a retry can go through again.
+	if keyed {
+		claim.Abandon()
+	} else {
+		lease = 0
+	}
+	p := idempotency.Problem{Type: ProblemUpstreamFailed, Title: "Upstream connection failed", Status: http.StatusBadGateway,
+		Detail: "The request was forwarded and the connection to the upstream failed before an answer: it may or may not have been executed. " + retry}
+	if f == failTimeout {
+		p = idempotency.Problem{Type: ProblemUpstreamTimeout, Title: "Upstream timed out", Status: http.StatusGatewayTimeout,
+			Detail: fmt.Sprintf("The request was forwarded and the upstream did not answer within %s: it may or may not have been executed. %s", g.cfg.UpstreamTimeout, retry)}
+	}
+	idempotency.WriteProblem(w, p, lease)
 }
 
 // finish logs the request and counts it, under the outcome the middleware returned (or

@@ -46,21 +46,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	cmd, rest := args[0], args[1:]
+	commands := map[string]func(context.Context, []string, io.Writer, io.Writer) int{
+		"gateway": runGateway, "migrate": runMigrate, "keys": runKeys, "demo": runDemo,
+		"check": runCheck, "sim": runSim, "dlq": runDLQ,
+	}
+	if run, ok := commands[cmd]; ok {
+		return run(ctx, rest, stdout, stderr)
+	}
 	switch cmd {
-	case "gateway":
-		return runGateway(ctx, rest, stdout, stderr)
-	case "migrate":
-		return runMigrate(ctx, rest, stdout, stderr)
-	case "keys":
-		return runKeys(ctx, rest, stdout, stderr)
-	case "demo":
-		return runDemo(ctx, rest, stdout, stderr)
-	case "check":
-		return runCheck(ctx, rest, stdout, stderr)
-	case "sim":
-		return runSim(ctx, rest, stdout, stderr)
-	case "dlq":
-		return runDLQ(ctx, rest, stdout, stderr)
 	case "version", "--version", "-version":
 		if len(rest) > 0 {
 			if rest[0] == "-h" || rest[0] == "-help" || rest[0] == "--help" {
