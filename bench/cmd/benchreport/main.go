@@ -187,48 +187,33 @@ func matrix(b *strings.Builder, recs []record) {
 
 	b.WriteString("### Throughput against the unprotected endpoint\n\n")
 	b.WriteString("req/s: median of the rounds; ratio: median of the per-round ratios to `unprotected` (measured in the same round).\n\n")
-	b.WriteString("| subject |")
-	for _, c := range cs {
-		fmt.Fprintf(b, " %d clients |", c)
-	}
-	b.WriteString("\n|---|")
-	for range cs {
-		b.WriteString("---:|")
-	}
-	b.WriteString("\n")
-	for _, s := range sortedSubjects(points) {
-		fmt.Fprintf(b, "| %s |", s)
+	// table writes one row per subject and one column per client count, each cell
+	// cell(p), or — where the subject was not measured at that count.
+	table := func(cell func(p *point) string) {
+		b.WriteString("| subject |")
 		for _, c := range cs {
-			p := points[c][s]
-			if p == nil {
-				b.WriteString(" — |")
-				continue
-			}
-			fmt.Fprintf(b, " %.0f (%.2f) |", median(p.tput), median(p.ratio))
+			fmt.Fprintf(b, " %d clients |", c)
+		}
+		b.WriteString("\n|---|")
+		for range cs {
+			b.WriteString("---:|")
 		}
 		b.WriteString("\n")
-	}
-	b.WriteString("\n### Latency (ms)\n\np50 / p99, medians of the rounds.\n\n| subject |")
-	for _, c := range cs {
-		fmt.Fprintf(b, " %d clients |", c)
-	}
-	b.WriteString("\n|---|")
-	for range cs {
-		b.WriteString("---:|")
-	}
-	b.WriteString("\n")
-	for _, s := range sortedSubjects(points) {
-		fmt.Fprintf(b, "| %s |", s)
-		for _, c := range cs {
-			p := points[c][s]
-			if p == nil {
-				b.WriteString(" — |")
-				continue
+		for _, s := range sortedSubjects(points) {
+			fmt.Fprintf(b, "| %s |", s)
+			for _, c := range cs {
+				if p := points[c][s]; p == nil {
+					b.WriteString(" — |")
+				} else {
+					b.WriteString(" " + cell(p) + " |")
+				}
 			}
-			fmt.Fprintf(b, " %.2f / %.2f |", median(p.p50), median(p.p99))
+			b.WriteString("\n")
 		}
-		b.WriteString("\n")
 	}
+	table(func(p *point) string { return fmt.Sprintf("%.0f (%.2f)", median(p.tput), median(p.ratio)) })
+	b.WriteString("\n### Latency (ms)\n\np50 / p99, medians of the rounds.\n\n")
+	table(func(p *point) string { return fmt.Sprintf("%.2f / %.2f", median(p.p50), median(p.p99)) })
 	b.WriteString("\n### Every point\n\n| clients | subject | req/s (rounds) | ratio (rounds) | p50 ms | p99 ms | non-2xx + errors | load avg |\n|---:|---|---|---|---|---|---:|---|\n")
 	for _, c := range cs {
 		for _, s := range sortedSubjects(points) {
