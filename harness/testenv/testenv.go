@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net"
 	"net/url"
 	"os"
@@ -145,4 +146,27 @@ func Schema(t testing.TB, prefix string) string {
 		}
 	})
 	return schema
+}
+
+// Eventually calls cond until it returns true, and fails t with "timed out after
+// <timeout> waiting for <format, args>" when timeout passes first. It is how a test
+// waits for a state it cannot be told about (a broker's queue count, a database row, a
+// component's counter): the condition is checked again after 1ms, then after waits
+// doubling up to 20ms, so a condition that holds soon is seen soon and a long wait does
+// not flood the service. The message is formatted only on failure, so an argument that
+// is a pointer to a struct, or a fmt.Stringer, reports the state at that moment.
+//
+// It calls t.Fatalf: call it from the test's goroutine.
+func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	wait := time.Millisecond
+	for !cond() {
+		if !time.Now().Before(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, fmt.Sprintf(format, args...))
+		}
+		timer := time.NewTimer(min(wait, time.Until(deadline)))
+		<-timer.C
+		wait = min(2*wait, 20*time.Millisecond)
+	}
 }
