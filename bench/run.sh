@@ -13,8 +13,10 @@
 #                     of the unprotected server above
 #   *-nobatch         payments-tx, gw-sqlite and gw-postgres with the stores' batching
 #                     (group commit) turned off: what it gains (matrix only)
-#   express           bench/baselines/express: seed 001's Express + node-postgres design,
-#                     one node process as the seed shows
+#   express           bench/baselines/express: the common hand-written Express +
+#                     node-postgres idempotency handler (idempotency_keys table, unique
+#                     (user_id, key), ON CONFLICT DO NOTHING claim, business write and
+#                     completion in one transaction), one node process
 #   express-cluster2  the same under node's cluster module, 2 workers
 #   express-autocommit the same, one process, ledger insert and 'done' update as two
 #                     autocommit statements (32 clients only)
@@ -273,7 +275,7 @@ COMMIT;
 EOF
 SX="\"${RUN}_pgbx\""
 cat >"$WORK/express-tx.sql" <<EOF
--- One Express-baseline payment: the seed's claim, then BEGIN, ledger insert, 'done' update, COMMIT.
+-- One Express-baseline payment: the ON CONFLICT DO NOTHING claim, then BEGIN, ledger insert, 'done' update, COMMIT.
 \\set k random(1, 999999999999999999)
 INSERT INTO $SX.idempotency_keys (key, user_id, request_hash)
 VALUES (:k::text, :client_id, 'c3ab8ff13720e8ad9047dd39466b3c8974e592c2fa383d4a3960714caef0c4f2')

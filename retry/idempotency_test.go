@@ -93,7 +93,8 @@ func (p *flakyProxy) handle(c net.Conn, n int64) {
 	}
 }
 
-// paymentsServer is the seed's /payments endpoint behind the idempotency middleware.
+// paymentsServer is a /payments endpoint behind the idempotency middleware: each
+// execution counts one payment and answers 201 with its number and the request body.
 func paymentsServer(t *testing.T, keyOptional bool) (srv *httptest.Server, payments *atomic.Int64, outcomes chan idempotency.Outcome) {
 	payments = new(atomic.Int64)
 	outcomes = make(chan idempotency.Outcome, 100)

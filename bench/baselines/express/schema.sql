@@ -1,7 +1,8 @@
 -- The Express baseline's tables, in the schema its search_path names (bench/run.sh
 -- creates the schema and applies this with psql).
 
--- Seed 001's table, exactly as the seed gives it.
+-- The idempotency keys of the common hand-written handler: one row per (user_id, key),
+-- the claim's unique constraint, with the request's hash, its state and the stored response.
 CREATE TABLE idempotency_keys (
   key           text        NOT NULL,
   user_id       bigint      NOT NULL,

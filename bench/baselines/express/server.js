@@ -1,22 +1,22 @@
-// The peer a reader of seed 001 would build: POST /payments on Express + node-postgres,
-// with the seed's idempotency_keys table. The claim is the seed's
-// INSERT ... ON CONFLICT DO NOTHING RETURNING key; a lost claim goes to replayOrConflict
-// (replay when done with the same hash, 409 while in progress, 422 for another
-// payload); a won claim runs executePayment, which writes the ledger and marks the key
-// done with the stored response -- in one transaction, as the seed advises ("Ideally, do
-// the business write and the 'done' update in the same transaction"). EXPRESS_TX=0
+// The common hand-written Express + PostgreSQL idempotency handler, as a benchmark
+// peer: POST /payments on Express + node-postgres with an idempotency_keys table keyed
+// by a unique (user_id, key). The claim is INSERT ... ON CONFLICT DO NOTHING RETURNING
+// key; a lost claim goes to replayOrConflict (replay when done with the same hash, 409
+// while in progress, 422 for another payload); a won claim runs executePayment, which
+// writes the ledger and marks the key done with the stored response -- the business
+// write and the completion in one transaction, as the usual advice goes. EXPRESS_TX=0
 // writes them as two autocommit statements instead.
 //
-// Written plainly, as the seed reads: no tuning either way. A benchmark baseline
-// (bench/run.sh), not a product: the seed's own gaps are kept (a key whose payment
-// failed stays in progress; no expiry job).
+// Written plainly, the way such a handler usually is: no tuning either way. A benchmark
+// baseline (bench/run.sh), not a product: the gaps of that design are kept (a key whose
+// payment failed stays in progress; no expiry job).
 //
 // Environment:
 //   PORT             listen port on 127.0.0.1 (default 3000)
 //   DATABASE_URL     PostgreSQL URL (default postgres://postgres@127.0.0.1:5432/test)
 //   PG_SCHEMA        schema of the tables (search_path; default public)
 //   PG_POOL_MAX      pg.Pool size per process (default 16, as the Go servers' pools in bench/run.sh)
-//   CLUSTER_WORKERS  1: a single process, as the seed shows (default); N > 1: node's
+//   CLUSTER_WORKERS  1: a single process, the usual deployment (default); N > 1: node's
 //                    cluster module with N worker processes sharing the port
 //   EXPRESS_TX       1 (default): ledger insert and 'done' update in one transaction
 "use strict";
@@ -99,7 +99,7 @@ function serve() {
     res.json({ count: rows[0].count });
   });
 
-  // The three branches of the seed.
+  // The three outcomes of a lost claim: replay, 409 in progress, 422 another payload.
   async function replayOrConflict(userId, key, hash, res) {
     const { rows } = await pool.query(
       `SELECT request_hash, status, response_code, response_body
