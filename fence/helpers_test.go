@@ -27,52 +27,23 @@ func contention() time.Duration {
 	return 5 * time.Second
 }
 
-// newPool returns a pool of at most maxConns connections on the test database, closed
-// when t ends.
-func newPool(t *testing.T, maxConns int32) *pgxpool.Pool {
+// newEnv returns a pool of at most maxConns connections on the test database and a
+// fresh schema name, dropped with everything in it when t ends. The schema is named
+// first, so the pool is closed before the schema is dropped.
+func newEnv(t *testing.T, maxConns int32) (*pgxpool.Pool, string) {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = maxConns
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	schema := testenv.Schema(t, "fence")
+	return testenv.PostgresPool(t, maxConns), schema
 }
 
-// newSchema returns a fresh schema name, dropped with everything in it when t ends.
-func newSchema(t *testing.T, pool *pgxpool.Pool) string {
+// newStore returns a migrated store in schema. cfg's Pool and Schema are set.
+func newStore(t *testing.T, pool *pgxpool.Pool, schema string, cfg fence.Config) *fence.Store {
 	t.Helper()
-	schema := testenv.Name("fence")
-	t.Cleanup(func() {
-		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
-	})
-	return schema
-}
-
-// newStore returns a migrated store in a fresh schema, and the schema. cfg's Pool and
-// Schema are set.
-func newStore(t *testing.T, pool *pgxpool.Pool, cfg fence.Config) (*fence.Store, string) {
-	t.Helper()
-	schema := newSchema(t, pool)
-	cfg.Pool, cfg.Schema = pool, schema
-	if cfg.Logger == nil {
-		cfg.Logger = quiet
-	}
-	st, err := fence.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := sameTable(t, pool, schema, cfg)
 	if err := st.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	return st, schema
+	return st
 }
 
 // sameTable returns a second store on the table of an existing one (another replica,
@@ -97,6 +68,20 @@ var quiet = slog.New(slog.DiscardHandler)
 // purpose).
 func release(t *testing.T, l *fence.Lease) {
 	t.Cleanup(func() { _ = l.Release(context.Background()) })
+}
+
+// waitExpired waits until the database's clock has passed l's expiry, as l last learnt
+// it. The database decides expiry, so the test asks it instead of sleeping for a TTL.
+func waitExpired(t *testing.T, pool *pgxpool.Pool, l *fence.Lease) {
+	t.Helper()
+	until := l.Expires()
+	testenv.Eventually(t, l.TTL()+10*time.Second, func() bool {
+		var past bool
+		if err := pool.QueryRow(t.Context(), "SELECT clock_timestamp() > $1", until).Scan(&past); err != nil {
+			t.Fatal(err)
+		}
+		return past
+	}, "the database's clock to pass the expiry of %q, %s", l.Name(), until.Format(time.RFC3339Nano))
 }
 
 // waitDone waits at most d for ctx to end and returns its cause, or fails t.

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/retrysafe/fence"
+	"github.com/retrysafe/retrysafe/harness/testenv"
 )
 
 func TestNew(t *testing.T) {
@@ -42,13 +44,15 @@ func TestNew(t *testing.T) {
 
 func TestMigrate(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, 4)
-	st, schema := newStore(t, pool, fence.Config{})
+	// Both schemas are named before the pool, which is closed before they are dropped.
+	freshSchema := testenv.Schema(t, "fence")
+	pool, schema := newEnv(t, 4)
+	st := newStore(t, pool, schema, fence.Config{})
 	if err := st.Migrate(t.Context()); err != nil {
 		t.Fatalf("second Migrate: %v", err)
 	}
 	// Replicas starting together on a database without the schema.
-	fresh := sameTable(t, pool, newSchema(t, pool), fence.Config{})
+	fresh := sameTable(t, pool, freshSchema, fence.Config{})
 	errs := make(chan error, 4)
 	for range 4 {
 		go func() { errs <- fresh.Migrate(t.Context()) }()
@@ -58,13 +62,12 @@ func TestMigrate(t *testing.T) {
 			t.Errorf("concurrent Migrate: %v", err)
 		}
 	}
-	_ = schema
 }
 
 func TestAcquireRelease(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, 4)
-	st, _ := newStore(t, pool, fence.Config{})
+	pool, schema := newEnv(t, 4)
+	st := newStore(t, pool, schema, fence.Config{})
 	ctx := t.Context()
 
 	for _, tc := range []struct {
@@ -144,14 +147,14 @@ func TestAcquireRelease(t *testing.T) {
 // clock says.
 func TestExpiry(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, 4)
+	pool, schema := newEnv(t, 4)
 	frozen := frozenClock{time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC)} // the app's clock never moves
-	st, schema := newStore(t, pool, fence.Config{ManualRenew: true, Clock: frozen})
+	st := newStore(t, pool, schema, fence.Config{ManualRenew: true, Clock: frozen})
 	b := sameTable(t, pool, schema, fence.Config{})
 	ctx := t.Context()
 
 	// A TTL of seconds, so that a loaded machine still tries b's Acquire before the
-	// expiry; the sleep outlasts it (the database's clock is the machine's).
+	// expiry; then the test waits for the database's clock to pass it.
 	const ttl = 2 * time.Second
 	a, err := st.Acquire(ctx, "job", "a", ttl)
 	if err != nil {
@@ -161,7 +164,7 @@ func TestExpiry(t *testing.T) {
 	if _, err := b.Acquire(ctx, "job", "b", time.Second); !errors.Is(err, fence.ErrHeld) {
 		t.Fatalf("Acquire before expiry: %v", err)
 	}
-	time.Sleep(ttl + 100*time.Millisecond)
+	waitExpired(t, pool, a)
 	if a.Context().Err() != nil {
 		t.Error("the Context ended though the application's clock did not move")
 	}
@@ -191,7 +194,7 @@ func TestExpiry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(150 * time.Millisecond)
+	waitExpired(t, pool, c)
 	if err := c.Renew(ctx); !errors.Is(err, fence.ErrLeaseLost) {
 		t.Errorf("Renew of an expired lease: %v", err)
 	}
@@ -202,8 +205,8 @@ func TestExpiry(t *testing.T) {
 
 func TestHeartbeat(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, 4)
-	st, schema := newStore(t, pool, fence.Config{})
+	pool, schema := newEnv(t, 4)
+	st := newStore(t, pool, schema, fence.Config{})
 	ctx := t.Context()
 
 	// Renewals every 500ms keep a 1.5s lease: a loaded machine may delay one by a
@@ -215,7 +218,12 @@ func TestHeartbeat(t *testing.T) {
 	}
 	release(t, a)
 	first := a.Expires()
-	time.Sleep(2*ttl + 200*time.Millisecond) // more than two TTLs
+	// Wait for a renewal sent more than two TTLs after the acquisition: its expiry is
+	// more than three TTLs after it. The renewals come from the heartbeat, by the
+	// application's clock, and the expiry they set is the database's.
+	renewedPast := a.Acquired().Add(3 * ttl)
+	testenv.Eventually(t, 10*ttl, func() bool { return a.Context().Err() != nil || a.Expires().After(renewedPast) },
+		"a renewal more than two TTLs after the acquisition")
 	if err := a.Context().Err(); err != nil {
 		t.Fatalf("Context ended while the heartbeat ran: %v", context.Cause(a.Context()))
 	}
@@ -253,9 +261,9 @@ func TestLocalDeadline(t *testing.T) {
 
 	t.Run("unreachable", func(t *testing.T) {
 		t.Parallel()
-		pool := newPool(t, 2)
-		_, schema := newStore(t, pool, fence.Config{})
-		cut := newPool(t, 2)
+		pool, schema := newEnv(t, 2)
+		newStore(t, pool, schema, fence.Config{})
+		cut := testenv.PostgresPool(t, 2)
 		st := sameTable(t, cut, schema, fence.Config{})
 		const ttl = time.Second
 		a, err := st.Acquire(ctx, "job", "a", ttl)
@@ -275,43 +283,50 @@ func TestLocalDeadline(t *testing.T) {
 		}
 	})
 
+	// The local deadline is kept by the application's clock, here the virtual clock of a
+	// synctest bubble: the TTLs pass without the test waiting for them, and each sleep
+	// returns only once the heartbeat has acted on everything due before its end. The
+	// database's clock is real and barely moves meanwhile; nothing here depends on it.
 	t.Run("manual renew", func(t *testing.T) {
 		t.Parallel()
-		pool := newPool(t, 2)
-		st, _ := newStore(t, pool, fence.Config{ManualRenew: true})
-		// Margins of half a TTL on each side keep this test steady on a loaded machine
-		// (the race detector and parallel packages slow each round trip).
-		const ttl = 1500 * time.Millisecond
-		a, err := st.Acquire(ctx, "job", "a", ttl)
-		if err != nil {
-			t.Fatal(err)
-		}
-		acquired := time.Now() // the first TTL ends before acquired+ttl
-		release(t, a)
-		time.Sleep(ttl / 2)
-		renewed := time.Now() // the renewed TTL ends after renewed+ttl
-		if err := a.Renew(ctx); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(time.Until(acquired.Add(ttl + 200*time.Millisecond)))
-		if err := a.Context().Err(); err != nil {
-			t.Fatalf("Context ended after a renewal: %v", context.Cause(a.Context()))
-		}
-		if cause := waitDone(t, a.Context(), 2*ttl); !errors.Is(cause, fence.ErrLeaseLost) {
-			t.Errorf("Context cause: %v", cause)
-		}
-		if d := time.Since(renewed); d < ttl {
-			t.Errorf("Context ended %s after the renewal was sent, before the renewed TTL", d)
-		}
-		if err := a.Renew(ctx); !errors.Is(err, fence.ErrLeaseLost) {
-			t.Errorf("Renew after the local deadline: %v", err)
-		}
+		synctest.Test(t, func(t *testing.T) {
+			// The pool is made in the bubble, so that its goroutines and timers are the
+			// bubble's and end in it.
+			pool, schema := newEnv(t, 2)
+			st := newStore(t, pool, schema, fence.Config{ManualRenew: true})
+			ctx := t.Context()
+			const ttl = 1500 * time.Millisecond
+			a, err := st.Acquire(ctx, "job", "a", ttl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			acquired := time.Now() // the first TTL ends before acquired+ttl
+			release(t, a)
+			time.Sleep(ttl / 2)   // virtual: the bubble's clock
+			renewed := time.Now() // the renewed TTL ends after renewed+ttl
+			if err := a.Renew(ctx); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Until(acquired.Add(ttl + 200*time.Millisecond))) // virtual: past the first TTL
+			if err := a.Context().Err(); err != nil {
+				t.Fatalf("Context ended after a renewal: %v", context.Cause(a.Context()))
+			}
+			if cause := waitDone(t, a.Context(), 2*ttl); !errors.Is(cause, fence.ErrLeaseLost) {
+				t.Errorf("Context cause: %v", cause)
+			}
+			if d := time.Since(renewed); d < ttl {
+				t.Errorf("Context ended %s after the renewal was sent, before the renewed TTL", d)
+			}
+			if err := a.Renew(ctx); !errors.Is(err, fence.ErrLeaseLost) {
+				t.Errorf("Renew after the local deadline: %v", err)
+			}
+		})
 	})
 
 	t.Run("parent context", func(t *testing.T) {
 		t.Parallel()
-		pool := newPool(t, 2)
-		st, _ := newStore(t, pool, fence.Config{})
+		pool, schema := newEnv(t, 2)
+		st := newStore(t, pool, schema, fence.Config{})
 		pctx, cancel := context.WithCancel(ctx)
 		a, err := st.Acquire(pctx, "job", "a", time.Minute)
 		if err != nil {
@@ -329,8 +344,8 @@ func TestLocalDeadline(t *testing.T) {
 
 func TestCheck(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, 4)
-	st, _ := newStore(t, pool, fence.Config{})
+	pool, schema := newEnv(t, 4)
+	st := newStore(t, pool, schema, fence.Config{})
 	ctx := t.Context()
 	check := func(name string, token int64) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return st.Check(ctx, tx, name, token) })

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/retrysafe/retrysafe/fence"
+	"github.com/retrysafe/retrysafe/harness/testenv"
 )
 
 // 50 goroutines compete for one lease (RETRYSAFE_LONG=1: for 20 s, else 5 s). Each
@@ -29,8 +30,8 @@ func TestCompetingHolders(t *testing.T) {
 		goroutines = 50
 		ttl        = 500 * time.Millisecond
 	)
-	pool := newPool(t, 10)
-	st, schema := newStore(t, pool, fence.Config{})
+	pool, schema := newEnv(t, 10)
+	st := newStore(t, pool, schema, fence.Config{})
 	// Crashing holders do not renew, so that their tenure ends exactly at the expiry
 	// they know of.
 	crashing := sameTable(t, pool, schema, fence.Config{ManualRenew: true})
@@ -55,6 +56,8 @@ func TestCompetingHolders(t *testing.T) {
 
 	end := time.Now().Add(contention())
 	var acquisitions, crashes, long, lost, held atomic.Int64
+	var crashedMu sync.Mutex
+	var crashed []*fence.Lease // never released: the test waits for their Contexts to end
 	var wg sync.WaitGroup
 	for g := range goroutines {
 		wg.Go(func() {
@@ -68,6 +71,9 @@ func TestCompetingHolders(t *testing.T) {
 				l, err := store.Acquire(t.Context(), "the-lease", holder, ttl)
 				if errors.Is(err, fence.ErrHeld) {
 					held.Add(1)
+					// A contender asks again after a while, as a real one polls: the lease
+					// is freed in the database, by a release or by its clock passing the
+					// expiry, and nothing tells the contenders.
 					time.Sleep(time.Duration(5+rand.IntN(20)) * time.Millisecond)
 					continue
 				}
@@ -76,15 +82,22 @@ func TestCompetingHolders(t *testing.T) {
 					return
 				}
 				acquisitions.Add(1)
+				// The holder's work: up to a few milliseconds, or, now and then, more
+				// than a TTL. The database's clock decides expiry, so a holder holds for
+				// real time for the heartbeat (or its absence) to matter.
+				hold := time.Duration(rand.IntN(3000)) * time.Microsecond
 				switch {
 				case crash:
 					crashes.Add(1) // never released; its Context ends after the TTL
+					crashedMu.Lock()
+					crashed = append(crashed, l)
+					crashedMu.Unlock()
+					hold = 0
 				case rand.IntN(25) == 0:
 					long.Add(1)
-					time.Sleep(ttl + ttl/2) // the heartbeat keeps it
-				default:
-					time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+					hold = ttl + ttl/2 // the heartbeat keeps it
 				}
+				time.Sleep(hold)
 				if !crash {
 					// A holder may lose its lease (here when the pool is too busy for its
 					// renewals): allowed, and the tenure it records ends at its expiry.
@@ -131,7 +144,11 @@ func TestCompetingHolders(t *testing.T) {
 	if len(tokens) > 0 && last != slices.Max(tokens) {
 		t.Errorf("the lease row's token %d is not the greatest issued, %d", last, slices.Max(tokens))
 	}
-	time.Sleep(ttl + 100*time.Millisecond) // the crashed holders' heartbeats end (goleak)
+	// The crashed holders' heartbeats end at their local deadline, a TTL after their
+	// acquisition: goleak must not find them.
+	for _, l := range crashed {
+		waitDone(t, l.Context(), ttl+10*time.Second)
+	}
 }
 
 // The classic pause: A acquires, stalls past its TTL, B acquires (a greater token) and
@@ -139,8 +156,8 @@ func TestCompetingHolders(t *testing.T) {
 // the row's last token) are rejected and B's data is intact.
 func TestClassicPause(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, 4)
-	paused, schema := newStore(t, pool, fence.Config{ManualRenew: true}) // A stalls: no heartbeat
+	pool, schema := newEnv(t, 4)
+	paused := newStore(t, pool, schema, fence.Config{ManualRenew: true}) // A stalls: no heartbeat
 	st := sameTable(t, pool, schema, fence.Config{})
 	ctx := t.Context()
 	data := fence.Table{Schema: schema, Name: "data"}
@@ -170,7 +187,7 @@ func TestClassicPause(t *testing.T) {
 		t.Fatal(err)
 	}
 	release(t, a)
-	time.Sleep(300 * time.Millisecond) // A stalls past its TTL
+	waitExpired(t, pool, a) // A stalls past its TTL
 	b, err := st.Acquire(ctx, "job", "B", time.Minute)
 	if err != nil {
 		t.Fatalf("B's Acquire after A's expiry: %v", err)
@@ -216,8 +233,8 @@ func TestClassicPause(t *testing.T) {
 // when the transaction outlives the lease.
 func TestCheckHoldsTakeover(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, 4)
-	paused, schema := newStore(t, pool, fence.Config{ManualRenew: true})
+	pool, schema := newEnv(t, 4)
+	paused := newStore(t, pool, schema, fence.Config{ManualRenew: true})
 	st := sameTable(t, pool, schema, fence.Config{})
 	ctx := t.Context()
 	if _, err := pool.Exec(ctx, "CREATE TABLE "+schema+".log (holder text, at timestamptz)"); err != nil {
@@ -238,18 +255,20 @@ func TestCheckHoldsTakeover(t *testing.T) {
 		if err := a.Check(ctx, tx); err != nil {
 			return err
 		}
-		time.Sleep(ttl + 100*time.Millisecond) // the lease expires while the transaction runs
+		waitExpired(t, pool, a) // the lease expires while the transaction runs
 		go func() {
 			defer close(acquired)
-			for {
-				b, bErr = st.Acquire(ctx, "job", "B", time.Minute) // waits for A's row lock
-				if !errors.Is(bErr, fence.ErrHeld) {
-					return
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+			b, bErr = st.Acquire(ctx, "job", "B", time.Minute) // waits for A's row lock
 		}()
-		time.Sleep(100 * time.Millisecond)
+		// A writes only once B's takeover waits for A's lock, as the database reports.
+		testenv.Eventually(t, 10*time.Second, func() bool {
+			var waiting int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0`, schema).Scan(&waiting); err != nil {
+				t.Fatal(err)
+			}
+			return waiting > 0
+		}, "B's Acquire to wait for A's lock")
 		_, err := tx.Exec(ctx, "INSERT INTO "+schema+".log VALUES ('A', clock_timestamp())")
 		return err
 	})
@@ -279,8 +298,7 @@ func TestCheckHoldsTakeover(t *testing.T) {
 func TestConcurrentCAS(t *testing.T) {
 	t.Parallel()
 	const writers = 20
-	pool := newPool(t, 10)
-	schema := newSchema(t, pool)
+	pool, schema := newEnv(t, 10)
 	ctx := t.Context()
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema+"; CREATE TABLE "+schema+`.counter (
 		id int PRIMARY KEY, ids int[] NOT NULL DEFAULT '{}', version bigint NOT NULL DEFAULT 0);

@@ -11,8 +11,7 @@ import (
 
 func TestTable(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, 4)
-	schema := newSchema(t, pool)
+	pool, schema := newEnv(t, 4)
 	ctx := t.Context()
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema+"; CREATE TABLE "+schema+`."Items" (
 		"Key" text PRIMARY KEY, "Value" text, fence bigint, rev bigint NOT NULL DEFAULT 0);
