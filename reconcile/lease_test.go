@@ -29,23 +29,8 @@ type pgEnv struct {
 
 func newPG(t *testing.T) pgEnv {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 6
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	schema := testenv.Name("reconcile")
-	t.Cleanup(func() {
-		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
-	})
-	e := pgEnv{pool: pool, schema: schema}
+	schema := testenv.Schema(t, "reconcile") // named before the pool, which is closed before it is dropped
+	e := pgEnv{pool: testenv.PostgresPool(t, 6), schema: schema}
 	e.leases = e.store(t)
 	if err := e.leases.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
@@ -236,6 +221,52 @@ func TestReplicasNeverRepairConcurrently(t *testing.T) {
 		active   atomic.Int64
 		overlaps atomic.Int64
 	)
+	// A stopped replica stays down until another one has started a repair (it took the
+	// lease over) or none runs: the handover is what the downtime is for. changed is
+	// closed, and replaced, whenever started or running changes.
+	var (
+		stateMu sync.Mutex
+		started = map[string]int{} // repairs started, by replica
+		running = map[string]bool{}
+		changed = make(chan struct{})
+	)
+	// notify and others are called with stateMu held.
+	notify := func() { close(changed); changed = make(chan struct{}) }
+	others := func(name string) (repairs int, up bool) {
+		for r, n := range started {
+			if r != name {
+				repairs += n
+			}
+		}
+		for r, ok := range running {
+			up = up || r != name && ok
+		}
+		return repairs, up
+	}
+	down := func(name string, end time.Time) {
+		stateMu.Lock()
+		defer stateMu.Unlock()
+		running[name] = false
+		notify()
+		from, _ := others(name)
+		for {
+			if n, up := others(name); n > from || !up {
+				break
+			}
+			ch := changed
+			stateMu.Unlock()
+			select {
+			case <-ch:
+			case <-time.After(time.Until(end)):
+			}
+			stateMu.Lock()
+			if !time.Now().Before(end) {
+				break
+			}
+		}
+		running[name] = true
+		notify()
+	}
 	newReplica := func(name string) *reconcile.Reconciler[string] {
 		r, err := reconcile.New(reconcile.Config[string]{
 			Name: "sync", Holder: name, Desired: newSide(wantDesired), Actual: newSide(nil), // never repaired: every pass repairs 4 items
@@ -246,6 +277,10 @@ func TestReplicasNeverRepairConcurrently(t *testing.T) {
 					overlaps.Add(1)
 				}
 				defer active.Add(-1)
+				stateMu.Lock()
+				started[name]++
+				notify()
+				stateMu.Unlock()
 				var token int64
 				if lease, ok := fence.FromContext(ctx); ok {
 					token = lease.Token()
@@ -268,7 +303,11 @@ func TestReplicasNeverRepairConcurrently(t *testing.T) {
 	}
 	end := time.Now().Add(2 * time.Second)
 	var wg sync.WaitGroup
-	for _, name := range []string{"replica-a", "replica-b"} {
+	names := []string{"replica-a", "replica-b"}
+	for _, name := range names {
+		running[name] = true
+	}
+	for _, name := range names {
 		r := newReplica(name)
 		wg.Go(func() {
 			for time.Now().Before(end) {
@@ -277,7 +316,7 @@ func TestReplicasNeverRepairConcurrently(t *testing.T) {
 					t.Errorf("%s: Run returned %v", name, err)
 				}
 				cancel()
-				time.Sleep(time.Duration(60+rand.IntN(40)) * time.Millisecond) // longer than an interval
+				down(name, end)
 			}
 		})
 	}
