@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
@@ -18,6 +19,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -608,28 +610,90 @@ func TestTransportStatusCheck(t *testing.T) {
 }
 
 // AttemptTimeout bounds the wait for the headers, not the reading of the returned body:
-// the attempt's context lives until the body is closed.
+// the attempt's context lives until the body is closed. Server and client talk over an
+// in-memory connection in a synctest bubble, so the AttemptTimeout's timer and the
+// server's pause run on the bubble's virtual clock: the body ends a virtual second after
+// the timeout, whatever the machine's load, and the test does not wait for it.
 func TestTransportAttemptTimeoutKeepsBody(t *testing.T) {
 	t.Parallel()
-	srv := newScript(t, func(n int, w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "first half, ")
-		http.NewResponseController(w).Flush()
-		time.Sleep(2 * time.Second) // the body ends after the AttemptTimeout, whatever the load
-		io.WriteString(w, "second half")
+	synctest.Test(t, func(t *testing.T) {
+		var executions atomic.Int64
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			executions.Add(1)
+			io.WriteString(w, "first half, ")
+			http.NewResponseController(w).Flush()
+			time.Sleep(2 * time.Second) // virtual: the body ends after the AttemptTimeout
+			io.WriteString(w, "second half")
+		})}
+		l := newMemListener()
+		go func() { _ = srv.Serve(l) }()
+		defer srv.Shutdown(context.Background()) // waits for the handlers, also when the test fails
+		base := &http.Transport{DialContext: l.DialContext}
+		defer base.CloseIdleConnections()
+		tr := &Transport{Base: base, Policy: testPolicy(newFakeClock()), AttemptTimeout: time.Second}
+		resp, err := tr.RoundTrip(newRequest(t, context.Background(), http.MethodGet, "http://mem/", ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body := readBody(t, resp); body != "first half, second half" {
+			t.Errorf("body %q", body)
+		}
+		if n := executions.Load(); n != 1 {
+			t.Errorf("%d executions", n)
+		}
 	})
-	// The headers come at once: the AttemptTimeout leaves a loaded machine a second.
-	tr := &Transport{Base: newBase(t), Policy: testPolicy(newFakeClock()), AttemptTimeout: time.Second}
-	resp, err := tr.RoundTrip(newRequest(t, context.Background(), http.MethodGet, srv.URL, ""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body := readBody(t, resp); body != "first half, second half" {
-		t.Errorf("body %q", body)
-	}
-	if srv.Executions() != 1 {
-		t.Errorf("%d executions", srv.Executions())
+}
+
+// memListener is an in-memory net.Listener: each DialContext hands Accept the other end
+// of a net.Pipe. Its connections block only on channels, which a synctest bubble can
+// wait out, unlike sockets.
+type memListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func newMemListener() *memListener {
+	return &memListener{conns: make(chan net.Conn), done: make(chan struct{})}
+}
+
+func (l *memListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
 	}
 }
+
+func (l *memListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *memListener) Addr() net.Addr { return memAddr{} }
+
+// DialContext connects to the listener; it has the signature of http.Transport's.
+func (l *memListener) DialContext(ctx context.Context, _, _ string) (net.Conn, error) {
+	client, server := net.Pipe()
+	select {
+	case l.conns <- server:
+		return client, nil
+	case <-l.done:
+		client.Close()
+		server.Close()
+		return nil, net.ErrClosed
+	case <-ctx.Done():
+		client.Close()
+		server.Close()
+		return nil, ctx.Err()
+	}
+}
+
+type memAddr struct{}
+
+func (memAddr) Network() string { return "mem" }
+func (memAddr) String() string  { return "mem" }
 
 // Hooks and logs: Policy.OnRetry and Transport.OnRetry both see each retry; the logger
 // gets a record per retry and per auth failure.
