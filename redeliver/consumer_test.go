@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,7 +32,7 @@ type fakeSource struct {
 func newFakeSource(n int) *fakeSource { return &fakeSource{ch: make(chan *fakeDelivery, n)} }
 
 func (s *fakeSource) push(m *redeliver.Message) *fakeDelivery {
-	d := &fakeDelivery{m: m, settled: make(chan struct{})}
+	d := &fakeDelivery{m: m, beaten: make(chan struct{}, 1), settled: make(chan struct{})}
 	s.ch <- d
 	return d
 }
@@ -58,6 +59,7 @@ type fakeDelivery struct {
 	retry   redeliver.RetryInfo
 	dead    redeliver.DeadInfo
 	beats   atomic.Int32
+	beaten  chan struct{} // signalled (without blocking) by each InProgress
 	settled chan struct{}
 }
 
@@ -85,8 +87,15 @@ func (d *fakeDelivery) DeadLetter(_ context.Context, info redeliver.DeadInfo) er
 	d.mu.Unlock()
 	return d.set("dead")
 }
-func (d *fakeDelivery) Release(context.Context) error    { return d.set("release") }
-func (d *fakeDelivery) InProgress(context.Context) error { d.beats.Add(1); return nil }
+func (d *fakeDelivery) Release(context.Context) error { return d.set("release") }
+func (d *fakeDelivery) InProgress(context.Context) error {
+	d.beats.Add(1)
+	select {
+	case d.beaten <- struct{}{}:
+	default:
+	}
+	return nil
+}
 
 func (d *fakeDelivery) wait(t *testing.T) string {
 	t.Helper()
@@ -297,62 +306,77 @@ func TestPanicAndTimeout(t *testing.T) {
 	}
 }
 
+// The consumers run in synctest bubbles: the grace and the handlers' pauses are virtual
+// time, and synctest.Wait tells when the consumer's goroutines have all stopped to wait.
 func TestShutdown(t *testing.T) {
 	t.Parallel()
 	t.Run("finishes in-flight", func(t *testing.T) {
 		t.Parallel()
-		src := newFakeSource(1)
-		started := make(chan struct{})
-		stop := run(t, redeliver.Config{Source: src, ShutdownGrace: 5 * time.Second,
-			Handler: func(ctx context.Context, m *redeliver.Message) error {
-				close(started)
-				time.Sleep(100 * time.Millisecond)
-				return ctx.Err()
-			}})
-		d := src.push(&redeliver.Message{ID: "a", Queue: "q"})
-		<-started
-		if err := stop(); err != nil {
-			t.Fatal(err)
-		}
-		if op := d.wait(t); op != "ack" {
-			t.Errorf("op = %s, want ack", op)
-		}
-		if !src.closed.Load() {
-			t.Error("source not closed")
-		}
+		synctest.Test(t, func(t *testing.T) {
+			src := newFakeSource(1)
+			started := make(chan struct{})
+			stop := run(t, redeliver.Config{Source: src, ShutdownGrace: 5 * time.Second,
+				Handler: func(ctx context.Context, m *redeliver.Message) error {
+					close(started)
+					// Returns once everything else waits: the test in stop, the consumer
+					// in its shutdown, for this handler.
+					synctest.Wait()
+					return ctx.Err()
+				}})
+			d := src.push(&redeliver.Message{ID: "a", Queue: "q"})
+			<-started
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			if op := d.wait(t); op != "ack" {
+				t.Errorf("op = %s, want ack", op)
+			}
+			if !src.closed.Load() {
+				t.Error("source not closed")
+			}
+		})
 	})
 	t.Run("releases after grace", func(t *testing.T) {
 		t.Parallel()
-		src := newFakeSource(1)
-		started := make(chan struct{})
-		stop := run(t, redeliver.Config{Source: src, ShutdownGrace: 50 * time.Millisecond,
-			Handler: func(ctx context.Context, m *redeliver.Message) error {
-				close(started)
-				<-ctx.Done()
-				return ctx.Err()
-			}})
-		d := src.push(&redeliver.Message{ID: "a", Queue: "q"})
-		<-started
-		begin := time.Now()
-		if err := stop(); err != nil {
-			t.Fatal(err)
-		}
-		if op := d.wait(t); op != "release" {
-			t.Errorf("op = %s, want release", op)
-		}
-		if el := time.Since(begin); el > 10*time.Second { // the grace is 50ms
-			t.Errorf("shutdown took %v", el)
-		}
+		synctest.Test(t, func(t *testing.T) {
+			src := newFakeSource(1)
+			started := make(chan struct{})
+			stop := run(t, redeliver.Config{Source: src, ShutdownGrace: 50 * time.Millisecond,
+				Handler: func(ctx context.Context, m *redeliver.Message) error {
+					close(started)
+					<-ctx.Done()
+					return ctx.Err()
+				}})
+			d := src.push(&redeliver.Message{ID: "a", Queue: "q"})
+			<-started
+			begin := time.Now()
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			if op := d.wait(t); op != "release" {
+				t.Errorf("op = %s, want release", op)
+			}
+			if el := time.Since(begin); el > 10*time.Second { // the grace is 50ms
+				t.Errorf("shutdown took %v", el)
+			}
+		})
 	})
 }
 
+// The consumer runs in a synctest bubble: the handlers' waits are virtual time, which
+// passes only once every goroutine is blocked, so a machine's load does not change what
+// runs at once.
 func TestConcurrencyLimit(t *testing.T) {
 	t.Parallel()
+	synctest.Test(t, testConcurrencyLimit)
+}
+
+func testConcurrencyLimit(t *testing.T) {
 	const n, limit = 40, 4
 	src := newFakeSource(n)
 	var cur, peak atomic.Int32
-	// The first handlers wait until limit of them run at once (2s at most), so that a
-	// loaded machine, slow to start them, still reaches the limit.
+	// The first handlers wait until limit of them run at once (2s at most), so that
+	// a consumer that starts fewer shows it.
 	full := make(chan struct{})
 	var fullOnce sync.Once
 	run(t, redeliver.Config{Source: src, Concurrency: limit,
@@ -371,7 +395,7 @@ func TestConcurrencyLimit(t *testing.T) {
 			case <-full:
 			case <-time.After(2 * time.Second):
 			}
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // virtual: every handler runs a while
 			cur.Add(-1)
 			return nil
 		}})
@@ -396,8 +420,13 @@ func TestHeartbeat(t *testing.T) {
 		// Run until a few heartbeats came (a loaded machine may delay them), 3s at most:
 		// a consumer that never beats still settles within d.wait's bound.
 		d := <-delivered
-		for deadline := time.Now().Add(3 * time.Second); d.beats.Load() < 3 && time.Now().Before(deadline); {
-			time.Sleep(5 * time.Millisecond)
+		timeout := time.After(3 * time.Second)
+		for d.beats.Load() < 3 {
+			select {
+			case <-d.beaten:
+			case <-timeout:
+				return nil
+			}
 		}
 		return nil
 	}})
@@ -409,8 +438,14 @@ func TestHeartbeat(t *testing.T) {
 	}
 }
 
+// The consumers run in a synctest bubble, so that synctest.Wait tells when they have
+// finished with the settled deliveries.
 func TestMetrics(t *testing.T) {
 	t.Parallel()
+	synctest.Test(t, testMetrics)
+}
+
+func testMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	src := newFakeSource(3)
 	src2 := newFakeSource(1)
@@ -460,20 +495,10 @@ func TestMetrics(t *testing.T) {
 		}
 		return got
 	}
-	matches := func(got map[string]float64) bool {
-		for key, v := range want {
-			if got[key] != v {
-				return false
-			}
-		}
-		return true
-	}
-	// The counters are bumped right after settling, on the consumer's goroutines: wait
-	// for them (a loaded machine may take a while), then compare.
+	// The counters are bumped right after settling, on the consumer's goroutines: once
+	// these all wait for the next delivery, every counter is final.
+	synctest.Wait()
 	got := gather()
-	for deadline := time.Now().Add(5 * time.Second); !matches(got) && time.Now().Before(deadline); got = gather() {
-		time.Sleep(10 * time.Millisecond)
-	}
 	for key, v := range want {
 		if got[key] != v {
 			t.Errorf("%s = %v, want %v", key, got[key], v)
