@@ -29,22 +29,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // newSchema returns a pool and a fresh schema (dropped at cleanup) with a business table.
+// The schema is named before the pool is made, so the pool is closed before it is dropped.
 func newSchema(t *testing.T) (*pgxpool.Pool, string) {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 12
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	schema := testenv.Name("pgbox")
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
-		pool.Close()
-	})
+	schema := testenv.Schema(t, "pgbox")
+	pool := testenv.PostgresPool(t, 12)
 	if _, err := pool.Exec(t.Context(), "CREATE SCHEMA "+schema+"; CREATE TABLE "+schema+".business (id text PRIMARY KEY)"); err != nil {
 		t.Fatal(err)
 	}
@@ -127,11 +116,20 @@ func TestInboxConcurrentDuplicates(t *testing.T) {
 	t.Parallel()
 	pool, schema := newSchema(t)
 	in := newInbox(t, pgbox.InboxConfig{Pool: pool, Schema: schema})
+	// The first delivery holds the row until the others wait for it.
+	hold := make(chan struct{})
+	var letGo sync.Once
+	free := func() { letGo.Do(func() { close(hold) }) }
 	h := in.Handler(func(ctx context.Context, tx pgx.Tx, m *redeliver.Message) error {
-		time.Sleep(20 * time.Millisecond) // hold the row while the others arrive
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 		return insert(schema)(ctx, tx, m)
 	})
 	var wg sync.WaitGroup
+	defer func() { free(); wg.Wait() }() // also when the test fails
 	var failed atomic.Int32
 	for range 8 {
 		wg.Add(1)
@@ -143,6 +141,17 @@ func TestInboxConcurrentDuplicates(t *testing.T) {
 			}
 		}()
 	}
+	// The primary key serializes them: the other 7 inserts wait for the first
+	// transaction, and PostgreSQL says so.
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		var waiting int
+		if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0`, schema).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		return waiting == 7
+	}, "7 duplicates waiting for the first delivery's row")
+	free()
 	wg.Wait()
 	if n := rows(t, pool, schema); n != 1 {
 		t.Errorf("%d business rows, want 1", n)
@@ -207,17 +216,35 @@ func TestNames(t *testing.T) {
 }
 
 // fakePublisher records publishes; fail decides which fail, dup which the broker
-// already holds (ErrDuplicate, as JetStream reports them).
+// already holds (ErrDuplicate, as JetStream reports them). With meet set, the first
+// publishes wait until meet of them are under way at once.
 type fakePublisher struct {
-	mu    sync.Mutex
-	got   []string
-	delay time.Duration
-	fail  func(id string) bool
-	dup   func(id string) bool
+	mu      sync.Mutex
+	got     []string
+	meet    int
+	arrived int
+	met     chan struct{}
+	fail    func(id string) bool
+	dup     func(id string) bool
 }
 
 func (p *fakePublisher) Publish(ctx context.Context, queue string, m *redeliver.Message) error {
-	time.Sleep(p.delay)
+	if p.meet > 0 {
+		p.mu.Lock()
+		if p.met == nil {
+			p.met = make(chan struct{})
+		}
+		if p.arrived++; p.arrived == p.meet {
+			close(p.met)
+		}
+		met := p.met
+		p.mu.Unlock()
+		select {
+		case <-met:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	if p.fail != nil && p.fail(m.ID) {
 		return errors.New("broker unavailable")
 	}
@@ -352,7 +379,8 @@ func TestOutboxDuplicateIsPublished(t *testing.T) {
 }
 
 // TestOutboxConcurrentRelays: relays on several connections take disjoint batches (SKIP
-// LOCKED): every message is published once.
+// LOCKED): every message is published once. The first publishes wait until the four
+// relays each publish from a batch of their own at once.
 func TestOutboxConcurrentRelays(t *testing.T) {
 	t.Parallel()
 	pool, schema := newSchema(t)
@@ -370,17 +398,16 @@ func TestOutboxConcurrentRelays(t *testing.T) {
 	if err := tx.Commit(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	pub := &fakePublisher{delay: 200 * time.Microsecond}
+	const relays = 4
+	pub := &fakePublisher{meet: relays}
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
-	for range 4 {
+	defer func() { cancel(); wg.Wait() }() // also when the test fails
+	for range relays {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = o.Relay(ctx, pub) }()
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for len(pub.published()) < n && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(pub.published()) >= n }, "%d publishes", n)
 	cancel()
 	wg.Wait()
 	got := pub.published()
@@ -458,23 +485,23 @@ func TestOutboxToInbox(t *testing.T) {
 	}
 	runDone := make(chan error, 1)
 	go func() { runDone <- c.Run(ctx) }()
-	deadline := time.Now().Add(20 * time.Second)
+	var stopOnce sync.Once
+	var relayErr, runErr error
+	stop := func() { stopOnce.Do(func() { cancel(); relayErr, runErr = <-relayDone, <-runDone }) }
+	defer stop() // also when the test fails
 	var grants int
-	for time.Now().Before(deadline) {
+	testenv.Eventually(t, 20*time.Second, func() bool {
 		if err := pool.QueryRow(t.Context(), "SELECT count(*) FROM "+schema+".grants").Scan(&grants); err != nil {
 			t.Fatal(err)
 		}
-		if grants == n {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
+		return grants == n
+	}, "%d grants", n)
+	stop()
+	if relayErr != nil {
+		t.Error(relayErr)
 	}
-	cancel()
-	if err := <-relayDone; err != nil {
-		t.Error(err)
-	}
-	if err := <-runDone; err != nil {
-		t.Error(err)
+	if runErr != nil {
+		t.Error(runErr)
 	}
 	if grants != n {
 		t.Errorf("%d grants, want %d", grants, n)
