@@ -137,6 +137,15 @@ type running struct {
 	stop func() error
 }
 
+// markers are the marker messages quiesce publishes, by id. The Consumers that run
+// starts acknowledge them without calling the test's handler.
+var markers sync.Map // id → *marker
+
+type marker struct {
+	once sync.Once
+	seen chan struct{} // closed when a handler got the marker
+}
+
 // run starts a Consumer with the handler over a new Source of cfg; it is stopped when t
 // ends (or by calling stop).
 func run(t testing.TB, cfg Config, h redeliver.Handler, tweak func(*redeliver.Config)) *running {
@@ -146,7 +155,15 @@ func run(t testing.TB, cfg Config, h redeliver.Handler, tweak func(*redeliver.Co
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := redeliver.Config{Source: src, Handler: h, Policy: cfg.Policy, Logger: cfg.Logger, ShutdownGrace: 5 * time.Second}
+	handler := func(ctx context.Context, m *redeliver.Message) error {
+		if v, ok := markers.Load(m.ID); ok {
+			mk := v.(*marker)
+			mk.once.Do(func() { close(mk.seen) })
+			return nil
+		}
+		return h(ctx, m)
+	}
+	rc := redeliver.Config{Source: src, Handler: handler, Policy: cfg.Policy, Logger: cfg.Logger, ShutdownGrace: 5 * time.Second}
 	if tweak != nil {
 		tweak(&rc)
 	}
@@ -170,15 +187,33 @@ func run(t testing.TB, cfg Config, h redeliver.Handler, tweak func(*redeliver.Co
 	return &running{src: src, stop: stop}
 }
 
-// eventually polls cond until it holds or the timeout passes.
+// eventually polls cond until it holds, or fails t when the timeout passes.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
+	testenv.Eventually(t, timeout, cond, "%s", what)
+}
+
+// quiesce returns once no delivery of cfg's queue can still reach r's handler, so that
+// the test may count what it got: the server holds nothing but want (an acknowledged
+// message leaves the work stream, a retried one stays in it until it is redelivered);
+// a marker published then has reached the handler, so everything the server had sent
+// before it was received (the server delivers a consumer's messages in order); and r is
+// stopped, which waits for the handlers still running.
+func quiesce(t testing.TB, nc *nats.Conn, cfg Config, r *running, want state) {
+	t.Helper()
+	eventually(t, 10*time.Second, fmt.Sprintf("the queue's state %+v", want), func() bool { return queueState(t, nc, cfg) == want })
+	id := testenv.Name("marker")
+	mk := &marker{seen: make(chan struct{})}
+	markers.Store(id, mk)
+	defer markers.Delete(id)
+	publish(t, nc, cfg, id)
+	select {
+	case <-mk.seen:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the marker message did not reach the handler")
+	}
+	if err := r.stop(); err != nil {
+		t.Errorf("Run: %v", err)
 	}
 }
 

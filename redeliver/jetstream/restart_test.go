@@ -76,7 +76,9 @@ func TestBrokerRestart(t *testing.T) {
 
 	srv.Shutdown()
 	srv.WaitForShutdown()
-	time.Sleep(500 * time.Millisecond)
+	// The server comes back only once the Source's connection has seen it go: the Source
+	// must reconnect by itself.
+	eventually(t, 10*time.Second, "the Source to lose its connection", func() bool { return !r.src.nc.IsConnected() })
 	srv = startServer(t, dir, port)
 
 	pubAll(20, 40)

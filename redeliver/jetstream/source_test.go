@@ -13,9 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	js "github.com/nats-io/nats.go/jetstream"
 	_ "modernc.org/sqlite"
 
+	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/redeliver"
 	"github.com/retrysafe/retrysafe/redeliver/sqlitebox"
 	"github.com/retrysafe/retrysafe/retry"
@@ -31,7 +33,7 @@ func TestFailTwiceThenSucceed(t *testing.T) {
 		// than a loaded machine adds to either.
 		cfg.Policy.Backoff = retry.Policy{Base: 250 * time.Millisecond, Cap: time.Second, Jitter: retry.JitterNone}
 		rec := newRecorder()
-		run(t, cfg, func(_ context.Context, m *redeliver.Message) error {
+		r := run(t, cfg, func(_ context.Context, m *redeliver.Message) error {
 			rec.delivered(m)
 			if m.Attempt < 3 {
 				return errors.New("flaky downstream")
@@ -42,7 +44,7 @@ func TestFailTwiceThenSucceed(t *testing.T) {
 		nc := connect(t, url)
 		publish(t, nc, cfg, "pay-1")
 		eventually(t, 10*time.Second, "a success", func() bool { return rec.success("pay-1") == 1 })
-		time.Sleep(600 * time.Millisecond) // more than the last delay: no extra delivery comes
+		quiesce(t, nc, cfg, r, state{}) // no extra delivery comes
 
 		rec.mu.Lock()
 		times, attempts := rec.times["pay-1"], rec.attempts["pay-1"]
@@ -72,7 +74,7 @@ func TestAlwaysFailingIsDeadLettered(t *testing.T) {
 		cfg := newConfig(t, url)
 		rec := newRecorder()
 		start := time.Now()
-		run(t, cfg, func(_ context.Context, m *redeliver.Message) error {
+		r := run(t, cfg, func(_ context.Context, m *redeliver.Message) error {
 			rec.delivered(m)
 			return fmt.Errorf("attempt %d: connection refused", m.Attempt)
 		}, nil)
@@ -85,7 +87,7 @@ func TestAlwaysFailingIsDeadLettered(t *testing.T) {
 			list, err = dl.List(context.Background(), 0)
 			return err == nil && len(list) == 1
 		})
-		time.Sleep(300 * time.Millisecond)
+		quiesce(t, nc, cfg, r, state{dlq: 1})
 		if n := rec.deliveries("grant-7"); n != 3 {
 			t.Errorf("%d deliveries, want MaxAttempts = 3", n)
 		}
@@ -166,7 +168,7 @@ func TestSlowHandlerKeptAliveByInProgress(t *testing.T) {
 		// by a second before the server redelivers.
 		cfg.AckWait = 1500 * time.Millisecond
 		rec := newRecorder()
-		src := run(t, cfg, func(ctx context.Context, m *redeliver.Message) error {
+		r := run(t, cfg, func(ctx context.Context, m *redeliver.Message) error {
 			rec.delivered(m)
 			select {
 			case <-time.After(3500 * time.Millisecond): // more than two AckWaits
@@ -175,14 +177,15 @@ func TestSlowHandlerKeptAliveByInProgress(t *testing.T) {
 			}
 			rec.succeeded(m.ID)
 			return nil
-		}, nil).src
+		}, nil)
+		src := r.src
 		if hb := src.Heartbeat(); hb != cfg.AckWait/3 {
 			t.Errorf("Heartbeat() = %v, want AckWait/3", hb)
 		}
 		nc := connect(t, url)
 		publish(t, nc, cfg, "slow-1")
 		eventually(t, 20*time.Second, "a success", func() bool { return rec.success("slow-1") == 1 })
-		time.Sleep(cfg.AckWait + 200*time.Millisecond)
+		quiesce(t, nc, cfg, r, state{}) // a redelivery the server sent would come before the marker
 		if n := rec.deliveries("slow-1"); n != 1 {
 			t.Errorf("%d deliveries, want 1 (InProgress must keep the message)", n)
 		}
@@ -296,7 +299,7 @@ func TestManyMessages(t *testing.T) {
 				permanent[ids[i]] = true
 			}
 		}
-		run(t, cfg, func(_ context.Context, m *redeliver.Message) error {
+		r := run(t, cfg, func(_ context.Context, m *redeliver.Message) error {
 			i, err := strconv.Atoi(m.ID[2:])
 			if err != nil {
 				return redeliver.Decode(err)
@@ -336,15 +339,16 @@ func TestManyMessages(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := n - len(permanent)
-		deadline := time.Now().Add(2 * time.Minute)
-		for rec.totalSuccesses() < want || queueState(t, nc, cfg).dlq < uint64(len(permanent)) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out: %d successes of %d, state %+v", rec.totalSuccesses(), want, queueState(t, nc, cfg))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		progress := &struct { // the last poll's, reported (through the pointer) on a timeout
+			Successes int
+			State     state
+		}{}
+		testenv.Eventually(t, 2*time.Minute, func() bool {
+			progress.Successes, progress.State = rec.totalSuccesses(), queueState(t, nc, cfg)
+			return progress.Successes >= want && progress.State.dlq >= uint64(len(permanent))
+		}, "%d successes and %d dead letters, at the last poll %+v", want, len(permanent), progress)
 		elapsed := time.Since(start)
-		time.Sleep(300 * time.Millisecond)
+		quiesce(t, nc, cfg, r, state{dlq: uint64(len(permanent))})
 		for _, id := range ids {
 			got := rec.success(id)
 			if permanent[id] && got != 0 || !permanent[id] && got != 1 {
@@ -419,9 +423,20 @@ func TestSweepFindsUnheardOrphan(t *testing.T) {
 			t.Fatal(err)
 		}
 		nc := connect(t, url)
+		c, _ := cfg.withDefaults()
+		// The server gives the message up when its AckWait passes (MaxDeliver 1) and
+		// says so in an advisory, which no Source hears: the test does.
+		advisories := make(chan *nats.Msg, 1)
+		sub, err := nc.ChanSubscribe("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."+c.Stream+"."+c.Consumer, advisories)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
 		publish(t, nc, cfg, "lost-1")
 		// A raw client takes the message and dies without a word.
-		c, _ := cfg.withDefaults()
 		j, _ := js.New(nc)
 		cons, err := j.Consumer(ctx, c.Stream, c.Consumer)
 		if err != nil {
@@ -434,7 +449,16 @@ func TestSweepFindsUnheardOrphan(t *testing.T) {
 		if md, _ := m.Metadata(); md.NumDelivered != 1 {
 			t.Fatalf("NumDelivered %d", md.NumDelivered)
 		}
-		time.Sleep(3 * cfg.AckWait)
+		// Its last pull request is still waiting: a 2.9 server acts on an expired
+		// message only while a pull asks for more, newer ones by themselves.
+		if _, err := cons.Fetch(1, js.FetchMaxWait(5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-advisories:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no MaxDeliver advisory")
+		}
 
 		r := run(t, cfg, func(context.Context, *redeliver.Message) error {
 			t.Error("an orphan was delivered again")
