@@ -145,12 +145,70 @@ func (r *rmq) publish(t testing.TB, ids ...string) {
 	}
 }
 
+// markers are the marker messages quiesce publishes, by id. The Consumers that consume
+// starts acknowledge them without calling the test's handler.
+var markers sync.Map // id → *marker
+
+type marker struct {
+	once sync.Once
+	seen chan struct{} // closed when a handler got the marker
+}
+
+// quiesce returns once no delivery of r's queue can still reach the handler of the
+// Consumer that stop stops, so that the test may count what it got: the delay queues and
+// the work queue hold nothing ready and the DLQ holds dlq (the delay queues are counted
+// first: their messages move to the work queue); a marker published then has reached
+// the handler, so every message delivered before it was received (a queue delivers in
+// order, and a message requeued keeps its place); and the Consumer is stopped, which
+// waits for the handlers still running.
+func (r *rmq) quiesce(t testing.TB, stop func(), dlq int) {
+	t.Helper()
+	var queues []string
+	for _, d := range r.topo.Delays {
+		queues = append(queues, d.Name)
+	}
+	queues = append(queues, r.topo.DLQ, r.topo.Work)
+	eventually(t, 10*time.Second, fmt.Sprintf("empty work and delay queues and %d dead letters", dlq), func() bool {
+		for _, q := range queues {
+			want := 0
+			if q == r.topo.DLQ {
+				want = dlq
+			}
+			if r.count(t, q) != want {
+				return false
+			}
+		}
+		return true
+	})
+	id := testenv.Name("marker")
+	mk := &marker{seen: make(chan struct{})}
+	markers.Store(id, mk)
+	defer markers.Delete(id)
+	r.publish(t, id)
+	select {
+	case <-mk.seen:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the marker message did not reach the handler")
+	}
+	stop()
+}
+
 // consume runs a Consumer on a new Source until the test ends (or stop is called).
 func consume(t testing.TB, cfg Config, rc redeliver.Config) (src *Source, stop func()) {
 	t.Helper()
 	src, err := NewSource(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if h := rc.Handler; h != nil {
+		rc.Handler = func(ctx context.Context, m *redeliver.Message) error {
+			if v, ok := markers.Load(m.ID); ok {
+				mk := v.(*marker)
+				mk.once.Do(func() { close(mk.seen) })
+				return nil
+			}
+			return h(ctx, m)
+		}
 	}
 	rc.Source = src
 	if rc.Logger == nil {
@@ -179,16 +237,10 @@ func consume(t testing.TB, cfg Config, rc redeliver.Config) (src *Source, stop f
 	return src, stop
 }
 
-// eventually polls cond until it holds or the timeout passes.
+// eventually polls cond until it holds, or fails t when the timeout passes.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, timeout, cond, "%s", what)
 }
 
 // db is one test's PostgreSQL schema with an inbox and a business table.
@@ -198,42 +250,29 @@ type db struct {
 	inbox  *pgbox.Inbox
 }
 
+// newDB returns a db in a fresh schema, dropped when t ends, with the inbox migrated
+// and the business table created.
 func newDB(t testing.TB) *db {
 	t.Helper()
-	return newDBAt(t, testenv.PostgresURL(t), testenv.Name("rdtest"), true)
+	schema := testenv.Schema(t, "rdtest") // named before the pool, which is closed before it is dropped
+	d := openDB(t, schema)
+	ctx := context.Background()
+	if err := d.inbox.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s.business (id text PRIMARY KEY, attempt int NOT NULL)`, schema)); err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
-// newDBAt connects to url and uses schema, creating it (and dropping it at cleanup) when
-// owner is set.
-func newDBAt(t testing.TB, url, schema string, owner bool) *db {
+// openDB returns the db of an existing schema (another process's).
+func openDB(t testing.TB, schema string) *db {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 16
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	ctx := context.Background()
+	pool := testenv.PostgresPool(t, 16)
 	inbox, err := pgbox.NewInbox(pgbox.InboxConfig{Pool: pool, Schema: schema})
 	if err != nil {
 		t.Fatal(err)
-	}
-	if owner {
-		t.Cleanup(func() {
-			if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-				t.Errorf("dropping schema: %v", err)
-			}
-		})
-		if err := inbox.Migrate(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s.business (id text PRIMARY KEY, attempt int NOT NULL)`, schema)); err != nil {
-			t.Fatal(err)
-		}
 	}
 	return &db{pool: pool, schema: schema, inbox: inbox}
 }
@@ -260,10 +299,11 @@ type proxy struct {
 	ln     net.Listener
 	target string
 
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	refuse bool
-	wg     sync.WaitGroup
+	mu      sync.Mutex
+	conns   map[net.Conn]struct{}
+	refuse  bool
+	refused int // connections refused
+	wg      sync.WaitGroup
 }
 
 func newProxy(t testing.TB, target string) *proxy {
@@ -290,6 +330,7 @@ func (p *proxy) accept() {
 		}
 		p.mu.Lock()
 		if p.refuse {
+			p.refused++
 			p.mu.Unlock()
 			_ = c.Close()
 			continue
@@ -327,6 +368,13 @@ func (p *proxy) cut() {
 	for c := range p.conns {
 		_ = c.Close()
 	}
+}
+
+// refusals returns how many connections the proxy refused.
+func (p *proxy) refusals() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.refused
 }
 
 func (p *proxy) resume() {

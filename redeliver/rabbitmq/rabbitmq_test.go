@@ -101,7 +101,7 @@ func TestFailTwiceThenSucceed(t *testing.T) {
 	// by 200ms, more than a loaded machine adds to either.
 	policy := testPolicy(5)
 	policy.Backoff.Base = 200 * time.Millisecond
-	consume(t, r.config(), redeliver.Config{Policy: policy, Handler: func(ctx context.Context, m *redeliver.Message) error {
+	_, stop := consume(t, r.config(), redeliver.Config{Policy: policy, Handler: func(ctx context.Context, m *redeliver.Message) error {
 		log.add(m)
 		if m.Attempt < 3 {
 			return errors.New("not yet")
@@ -111,7 +111,7 @@ func TestFailTwiceThenSucceed(t *testing.T) {
 	}})
 	r.publish(t, "m1")
 	eventually(t, 10*time.Second, "success", func() bool { return ok.Load() == 1 })
-	time.Sleep(500 * time.Millisecond) // nothing more arrives
+	r.quiesce(t, stop, 0) // nothing more arrives
 	got := log.of("m1")
 	if len(got) != 3 || ok.Load() != 1 {
 		t.Fatalf("%d deliveries, %d successes, want 3 and 1", len(got), ok.Load())
@@ -142,13 +142,13 @@ func TestAlwaysFailing(t *testing.T) {
 	t.Parallel()
 	r := newRMQ(t, false)
 	var log deliveryLog
-	consume(t, r.config(), redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
+	_, stop := consume(t, r.config(), redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
 		log.add(m)
 		return fmt.Errorf("upstream down (attempt %d)", m.Attempt)
 	}})
 	r.publish(t, "m1")
 	eventually(t, 15*time.Second, "dead letter", func() bool { return r.count(t, r.topo.DLQ) == 1 })
-	time.Sleep(200 * time.Millisecond)
+	r.quiesce(t, stop, 1)
 	if n := len(log.of("m1")); n != 5 {
 		t.Errorf("%d deliveries, want 5", n)
 	}
@@ -198,7 +198,7 @@ func TestPermanentAndDecode(t *testing.T) {
 	t.Parallel()
 	r := newRMQ(t, false)
 	var log deliveryLog
-	consume(t, r.config(), redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
+	_, stop := consume(t, r.config(), redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
 		log.add(m)
 		if m.ID == "perm" {
 			return retry.Permanent(errors.New("invalid account"))
@@ -208,7 +208,7 @@ func TestPermanentAndDecode(t *testing.T) {
 	}})
 	r.publish(t, "perm", "bad")
 	eventually(t, 10*time.Second, "dead letters", func() bool { return r.count(t, r.topo.DLQ) == 2 })
-	time.Sleep(200 * time.Millisecond)
+	r.quiesce(t, stop, 2)
 	if a, b := len(log.of("perm")), len(log.of("bad")); a != 1 || b != 1 {
 		t.Errorf("deliveries %d and %d, want 1 each", a, b)
 	}
@@ -304,12 +304,12 @@ func TestCrashChild(t *testing.T) {
 		t.Skip("run by TestCrashAfterRepublish")
 	}
 	q, _ := url.ParseQuery(spec)
-	d := newDBAt(t, q.Get("pg"), q.Get("schema"), false)
+	d := openDB(t, q.Get("schema"))
 	cfg := Config{URL: q.Get("amqp"), Queue: q.Get("queue"), Delays: testDelays, Logger: quiet()}
 	cfg.hook = func(point string, _ *Source) {
 		if point == "retry-confirmed" {
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			time.Sleep(time.Minute)
+			select {} // not reached: a SIGKILL a process sends itself is delivered before kill(2) returns
 		}
 	}
 	consume(t, cfg, redeliver.Config{Policy: testPolicy(5), Handler: d.inbox.Handler(
@@ -319,8 +319,9 @@ func TestCrashChild(t *testing.T) {
 			}
 			return errors.New("transient: rolled back") // the inbox row and the write roll back
 		})})
-	time.Sleep(30 * time.Second)
-	t.Fatal("not killed")
+	// The child runs until the hook kills it. If it never does, the test timeout the
+	// parent gives it ends it, by an exit the parent reports.
+	select {}
 }
 
 // TestCrashAfterRepublish kills a consumer process between the confirm of a retry copy
@@ -338,8 +339,9 @@ func TestCrashAfterRepublish(t *testing.T) {
 	_ = pre.Close(t.Context())
 	r.publish(t, "m1")
 
-	spec := url.Values{"amqp": {r.url}, "queue": {r.queue}, "pg": {testenv.PostgresURL(t)}, "schema": {d.schema}}
-	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
+	// The child finds PostgreSQL as this process does, from the environment it inherits.
+	spec := url.Values{"amqp": {r.url}, "queue": {r.queue}, "schema": {d.schema}}
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1", "-test.timeout=60s")
 	cmd.Env = append(os.Environ(), crashChildEnv+"="+spec.Encode())
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
@@ -351,7 +353,7 @@ func TestCrashAfterRepublish(t *testing.T) {
 	}
 
 	var calls, writes atomic.Int32
-	consume(t, r.config(), redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
+	_, stop := consume(t, r.config(), redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
 		calls.Add(1)
 		return d.inbox.Handler(func(ctx context.Context, tx pgx.Tx, m *redeliver.Message) error {
 			writes.Add(1)
@@ -360,7 +362,7 @@ func TestCrashAfterRepublish(t *testing.T) {
 	}})
 	// The original (redelivered at once) and the copy (after 50ms) both arrive.
 	eventually(t, 10*time.Second, "both copies", func() bool { return calls.Load() >= 2 })
-	time.Sleep(300 * time.Millisecond)
+	r.quiesce(t, stop, 0)
 	if c, w := calls.Load(), writes.Load(); c != 2 || w != 1 {
 		t.Errorf("%d deliveries and %d business writes, want 2 and 1", c, w)
 	}
@@ -387,7 +389,7 @@ func TestCrashBeforeAck(t *testing.T) {
 		}
 	}
 	var calls, writes atomic.Int32
-	src, _ := consume(t, cfg, redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
+	src, stop := consume(t, cfg, redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
 		calls.Add(1)
 		return d.inbox.Handler(func(ctx context.Context, tx pgx.Tx, m *redeliver.Message) error {
 			writes.Add(1)
@@ -396,8 +398,7 @@ func TestCrashBeforeAck(t *testing.T) {
 	}})
 	r.publish(t, "m1")
 	eventually(t, 10*time.Second, "the redelivery", func() bool { return calls.Load() >= 2 })
-	eventually(t, 5*time.Second, "an empty queue", func() bool { return r.count(t, r.queue) == 0 })
-	time.Sleep(200 * time.Millisecond)
+	r.quiesce(t, stop, 0)
 	if c, w := calls.Load(), writes.Load(); c != 2 || w != 1 {
 		t.Errorf("%d deliveries and %d business writes, want 2 and 1", c, w)
 	}
@@ -409,8 +410,9 @@ func TestCrashBeforeAck(t *testing.T) {
 	}
 }
 
-// TestReconnect cuts every connection of the consumer (as a broker restart does) and
-// refuses new ones for a second, while messages keep arriving: none is lost.
+// TestReconnect cuts every connection of the consumer (as a broker restart does) while
+// its handlers are in their transactions, and refuses new ones until it has tried to
+// reconnect twice, while messages keep arriving: none is lost.
 func TestReconnect(t *testing.T) {
 	t.Parallel()
 	r := newRMQ(t, false)
@@ -425,11 +427,21 @@ func TestReconnect(t *testing.T) {
 	pu.Host = p.addr()
 	cfg.URL = pu.String()
 	cfg.Reconnect = retry.Policy{Base: 50 * time.Millisecond, Cap: 200 * time.Millisecond}
-	var writes atomic.Int32
-	src, _ := consume(t, cfg, redeliver.Config{Policy: testPolicy(5), Concurrency: 8,
+	// The first deliveries (one per handler) wait in their transaction until the
+	// connections are cut: their acks are lost, and the inbox absorbs the redeliveries.
+	const concurrency = 8
+	cut := make(chan struct{})
+	var writes, held atomic.Int32
+	src, _ := consume(t, cfg, redeliver.Config{Policy: testPolicy(5), Concurrency: concurrency,
 		Handler: d.inbox.Handler(func(ctx context.Context, tx pgx.Tx, m *redeliver.Message) error {
 			writes.Add(1)
-			time.Sleep(2 * time.Millisecond)
+			if held.Add(1) <= concurrency {
+				select {
+				case <-cut:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
 			return d.write(ctx, tx, m)
 		})})
 	const n = 300
@@ -437,19 +449,16 @@ func TestReconnect(t *testing.T) {
 	for i := range n {
 		ids = append(ids, "m"+strconv.Itoa(i))
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for i := 0; i < n; i += 10 {
-			r.publish(t, ids[i:i+10]...)
-			time.Sleep(10 * time.Millisecond)
-		}
-	}()
-	time.Sleep(150 * time.Millisecond)
+	// A third of the messages before the cut, a third while the consumer is cut off and
+	// tries to reconnect (refused twice), a third after.
+	r.publish(t, ids[:n/3]...)
+	eventually(t, 10*time.Second, "every handler in a transaction", func() bool { return held.Load() >= concurrency })
 	p.cut()
-	time.Sleep(time.Second)
+	close(cut)
+	r.publish(t, ids[n/3:2*n/3]...)
+	eventually(t, 10*time.Second, "two refused reconnections", func() bool { return p.refusals() >= 2 })
 	p.resume()
-	<-done
+	r.publish(t, ids[2*n/3:]...)
 	eventually(t, 20*time.Second, "every message", func() bool { total, _ := d.rows(t); return total == n })
 	eventually(t, 5*time.Second, "empty queues", func() bool { return r.count(t, r.queue) == 0 })
 	if total, distinct := d.rows(t); total != n || distinct != n {
@@ -495,7 +504,7 @@ func TestBulk(t *testing.T) {
 	cfg.Prefetch = 64
 	var deliveries atomic.Int32
 	start := time.Now()
-	consume(t, cfg, redeliver.Config{Policy: testPolicy(3), Concurrency: 32,
+	_, stop := consume(t, cfg, redeliver.Config{Policy: testPolicy(3), Concurrency: 32,
 		Handler: d.inbox.Handler(func(ctx context.Context, tx pgx.Tx, m *redeliver.Message) error {
 			deliveries.Add(1)
 			i, err := strconv.Atoi(m.ID)
@@ -521,7 +530,7 @@ func TestBulk(t *testing.T) {
 		return total == n-dead && r.count(t, r.topo.DLQ) == dead
 	})
 	el := time.Since(start)
-	time.Sleep(200 * time.Millisecond)
+	r.quiesce(t, stop, dead)
 	total, distinct := d.rows(t)
 	if total != n-dead || distinct != n-dead {
 		t.Errorf("business rows %d (%d ids), want %d", total, distinct, n-dead)
@@ -696,7 +705,7 @@ func TestCopyDropsCC(t *testing.T) {
 	t.Parallel()
 	r := newRMQ(t, false)
 	var log deliveryLog
-	consume(t, r.config(), redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
+	_, stop := consume(t, r.config(), redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
 		log.add(m)
 		if m.Attempt < 3 {
 			return errors.New("again")
@@ -724,7 +733,7 @@ func TestCopyDropsCC(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "three deliveries", func() bool { return len(log.of("cc1")) == 3 })
-	time.Sleep(100 * time.Millisecond)
+	r.quiesce(t, stop, 0)
 	if n := r.count(t, cc); n != 1 {
 		t.Errorf("CC queue holds %d, want the original's 1", n)
 	}

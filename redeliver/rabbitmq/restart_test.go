@@ -177,11 +177,22 @@ func TestBrokerRestart(t *testing.T) {
 	queue := testenv.Name("restart")
 	cfg := Config{URL: n.url(), Queue: queue, Delays: testDelays, Logger: quiet(),
 		Reconnect: retry.Policy{Base: 100 * time.Millisecond, Cap: time.Second}}
-	var writes atomic.Int32
+	// After the first messages (some of them retried through the delay queues), the
+	// handlers wait in their transactions until the node is stopping: a backlog is
+	// still there, and in flight, when the broker stops.
+	const flowing = 30
+	stopping := make(chan struct{})
+	var writes, started atomic.Int32
 	src, stopConsumer := consume(t, cfg, redeliver.Config{Policy: testPolicy(5), Concurrency: 2,
 		Handler: d.inbox.Handler(func(ctx context.Context, tx pgx.Tx, m *redeliver.Message) error {
 			writes.Add(1)
-			time.Sleep(30 * time.Millisecond) // a backlog is still there when the broker stops
+			if started.Add(1) > flowing {
+				select {
+				case <-stopping:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
 			if m.Attempt == 1 && m.ID[len(m.ID)-1] == '3' {
 				return errors.New("blip") // some go through the delay queues across the restart
 			}
@@ -196,14 +207,15 @@ func TestBrokerRestart(t *testing.T) {
 	publish := func(from, to int) {
 		for i := from; i < to; i++ {
 			m := &redeliver.Message{ID: "m" + strconv.Itoa(i), Body: []byte("x")}
-			for pub.Publish(t.Context(), queue, m) != nil { // at least once: retry until confirmed
-				time.Sleep(100 * time.Millisecond)
-			}
+			// At least once: retry until confirmed, while the publisher reconnects.
+			eventually(t, 30*time.Second, "a confirmed publish of "+m.ID, func() bool { return pub.Publish(t.Context(), queue, m) == nil })
 		}
 	}
 	// Half before the restart, stopped while they are being processed and retried, …
 	publish(0, total/2)
+	eventually(t, 30*time.Second, "both handlers held", func() bool { return started.Load() >= flowing+2 })
 	n.stop()
+	close(stopping)
 	t.Logf("node stopped; %d rows so far", func() int { r, _ := d.rows(t); return r }())
 	n.start()
 	t.Logf("node restarted in %v", n.started)
