@@ -18,7 +18,7 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// contention is how long TestCompetingHolders runs: 5 s, or the 20 s with
+// contention is how long TestCompetingHolders runs: 5 s, or 20 s (the long soak) with
 // RETRYSAFE_LONG=1.
 func contention() time.Duration {
 	if os.Getenv("RETRYSAFE_LONG") == "1" {
