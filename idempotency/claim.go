@@ -159,6 +159,8 @@ func (c *Claim) state() claimState {
 // might not get again. All the state of the owned request is here and in c (what the
 // handler declared) and rec (what it wrote).
 func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, c *Claim) (Outcome, error) {
+	// Requests waiting here for the key (ConflictWait) look again once it is settled.
+	defer m.waiting.wake(scopeKey{c.Scope, c.Key})
 	hctx, cancel := context.WithCancelCause(NewContext(r.Context(), c))
 	defer cancel(nil)
 	defer c.endLease(errRequestOver)
@@ -245,6 +247,7 @@ func (m *Middleware) finish(r *http.Request, c *Claim, resp Response) Outcome {
 	switch {
 	case err == nil:
 		c.markStored()
+		m.waiting.wake(scopeKey{c.Scope, c.Key}) // stored: the waiters can replay it now
 		return OutcomeExecuted
 	case errors.Is(err, ErrLeaseLost) && m.storedByUs(c):
 		// A client library sent the completion again after the first one's answer was

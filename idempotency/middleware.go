@@ -124,6 +124,21 @@ type Config struct {
 	// 503 with Retry-After and never run the handler.
 	FailOpen bool
 
+	// Conflict is what a request does when it finds its key in progress with the same
+	// request: ConflictReject (409 with Retry-After) or ConflictWait (wait for the answer,
+	// and replay it). Default ConflictReject.
+	Conflict Conflict
+
+	// WaitTimeout bounds a ConflictWait wait, within the request's deadline; at the bound
+	// the request is answered 409 with Retry-After. Default DefaultWaitTimeout (10s).
+	WaitTimeout time.Duration
+
+	// MaxWaiters and MaxWaitersPerKey bound the ConflictWait waiters of this process, in
+	// all and for one key (each holds its request's body); past them a duplicate is
+	// answered 409 at once. Defaults DefaultMaxWaiters (1024) and DefaultMaxWaitersPerKey
+	// (128).
+	MaxWaiters, MaxWaitersPerKey int
+
 	// StoreTimeout bounds each store call. Default DefaultStoreTimeout (5s).
 	StoreTimeout time.Duration
 
@@ -179,6 +194,8 @@ type Middleware struct {
 	unstored   atomic.Int64   // held responses given up on at shutdown
 	shutdownMu sync.Mutex
 
+	waiting waiters // requests waiting for keys in progress (ConflictWait)
+
 	mu      sync.Mutex
 	pending map[scopeKey]*pending
 }
@@ -232,6 +249,17 @@ func (cfg Config) Resolve() (Config, error) {
 	if cfg.Scope == nil {
 		cfg.Scope = AuthorizationScope
 	}
+	conflict, err := ParseConflict(string(cfg.Conflict))
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Conflict = conflict
+	if cfg.WaitTimeout < 0 || cfg.MaxWaiters < 0 || cfg.MaxWaitersPerKey < 0 {
+		return cfg, errors.New("idempotency: Config.WaitTimeout, MaxWaiters and MaxWaitersPerKey must not be negative")
+	}
+	cfg.WaitTimeout = orDefault(cfg.WaitTimeout, DefaultWaitTimeout)
+	cfg.MaxWaiters = orDefault(cfg.MaxWaiters, DefaultMaxWaiters)
+	cfg.MaxWaitersPerKey = orDefault(cfg.MaxWaitersPerKey, DefaultMaxWaitersPerKey)
 	cfg.Lease = orDefault(cfg.Lease, DefaultLease)
 	cfg.TTL = orDefault(cfg.TTL, DefaultTTL)
 	cfg.MaxBody = orDefault(cfg.MaxBody, DefaultMaxBody)
@@ -254,7 +282,7 @@ func (cfg Config) Resolve() (Config, error) {
 	return cfg, nil
 }
 
-func orDefault[T int64 | time.Duration](v, def T) T {
+func orDefault[T int | int64 | time.Duration](v, def T) T {
 	if v == 0 {
 		return def
 	}
@@ -427,6 +455,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	req := ClaimRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: m.cfg.Lease, TTL: m.cfg.TTL, NoTakeover: true}
 	res, wait, err := m.claim(r.Context(), req)
+	if err == nil && m.mustWait(res, fp) {
+		var held *pending
+		if res, wait, held, err = m.await(r.Context(), req, res, wait); held != nil {
+			return m.answerHeld(w, held, fp), nil
+		}
+	}
 	if err != nil {
 		if r.Context().Err() != nil { // the client left, or the deadline passed: not the store's fault
 			return m.refuse(w, r, r.Context().Err()), nil

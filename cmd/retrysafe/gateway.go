@@ -50,10 +50,10 @@ examples:
 `
 
 type gatewayFlags struct {
-	upstream, listen, admin, store, methods, scopeHeader, logFormat, logLevel string
-	ttl, lease, upstreamTimeout, shutdownTimeout, bodyTimeout                 time.Duration
-	requireKey, failOpen                                                      bool
-	maxBody, maxResponse, maxBodyMemory                                       byteSize
+	upstream, listen, admin, store, methods, scopeHeader, logFormat, logLevel, conflict string
+	ttl, lease, upstreamTimeout, shutdownTimeout, bodyTimeout, waitTimeout              time.Duration
+	requireKey, failOpen                                                                bool
+	maxBody, maxResponse, maxBodyMemory                                                 byteSize
 }
 
 // newGatewayFlags defines retrysafe gateway's flags, their defaults taken from the
@@ -80,6 +80,8 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 	fs.DurationVar(&f.upstreamTimeout, "upstream-timeout", gateway.DefaultUpstreamTimeout, "")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 0, "")
 	fs.BoolVar(&f.failOpen, "fail-open", false, "")
+	fs.StringVar(&f.conflict, "conflict", string(idempotency.ConflictReject), "")
+	fs.DurationVar(&f.waitTimeout, "wait-timeout", idempotency.DefaultWaitTimeout, "")
 	fs.StringVar(&f.logFormat, "log-format", "text", "")
 	fs.StringVar(&f.logLevel, "log-level", "info", "")
 	docs := []flagDoc{
@@ -100,6 +102,8 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 		{name: "shutdown-timeout", arg: "DUR", field: "ShutdownTimeout", help: "time the requests in flight get at shutdown, and then the answers the store could not take get to be stored",
 			def: "upstream timeout + " + formatDuration(gateway.DefaultShutdownGrace)},
 		{name: "fail-open", help: "forward unprotected when the store fails", def: "false: 503"},
+		{name: "conflict", arg: "reject|wait", field: "Conflict", help: "a duplicate of a request in progress: reject answers 409 with Retry-After; wait waits for the first to finish and answers with its response, replayed (for clients that take a 409 as final)"},
+		{name: "wait-timeout", arg: "DUR", field: "WaitTimeout", help: "the longest a duplicate waits with --conflict wait; then 409"},
 		{name: "log-format", arg: "text|json"},
 		{name: "log-level", arg: "LEVEL", help: "debug, info, warn or error"},
 	}
@@ -135,7 +139,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"--ttl", f.ttl}, {"--lease", f.lease}, {"--upstream-timeout", f.upstreamTimeout}, {"--body-timeout", f.bodyTimeout}} {
+	}{{"--ttl", f.ttl}, {"--lease", f.lease}, {"--upstream-timeout", f.upstreamTimeout}, {"--body-timeout", f.bodyTimeout}, {"--wait-timeout", f.waitTimeout}} {
 		if d.v <= 0 {
 			return fail(stderr, cmd, fmt.Errorf("%s must be positive, not %s", d.name, d.v), exitUsage)
 		}
@@ -171,6 +175,8 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			MaxBodyMemory: int64(f.maxBodyMemory),
 			MaxResponse:   int64(f.maxResponse),
 			FailOpen:      f.failOpen,
+			Conflict:      idempotency.Conflict(f.conflict),
+			WaitTimeout:   f.waitTimeout,
 		},
 	}
 	// The rules between options (the TTL longer than the lease and the upstream timeout,

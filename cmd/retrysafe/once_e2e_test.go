@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -617,4 +618,61 @@ func TestE2EFidelity(t *testing.T) {
 			t.Errorf("the bare form of a quoted key is not the same key: %v", r)
 		}
 	})
+}
+
+// TestE2EWaitReplicas: with --conflict wait, 50 duplicates of a request that takes the
+// upstream a second, sent through two replicas sharing one PostgreSQL or Redis store
+// while it runs, all wait for it and get its answer: one execution, 51 successes, no
+// client sees an error. The other replica's duplicates learn of its end from the store.
+func TestE2EWaitReplicas(t *testing.T) {
+	t.Parallel()
+	for _, s := range []struct {
+		name string
+		dsn  func(t *testing.T) string
+	}{{"postgres", postgresDSN}, {"redis", redisDSN}} {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			dsn := s.dsn(t)
+			up := newUpstream(t)
+			a := startGateway(t, nil, "--store", dsn, "--upstream", up.URL, "--conflict", "wait")
+			b := startGateway(t, nil, "--store", dsn, "--upstream", up.URL, "--conflict", "wait")
+			k := testenv.Name("wait")
+			const duplicates = 50
+			answers := make(chan reply, duplicates+1)
+			var wg sync.WaitGroup
+			wg.Go(func() { answers <- post(context.Background(), a.addr, "/slow-once?ms=1000", k, `{"n":1}`) })
+			await(t, "the first request at the upstream", 20*time.Second, up.arrived(k))
+			for i := range duplicates {
+				base := a.addr
+				if i%2 == 1 {
+					base = b.addr
+				}
+				wg.Go(func() { answers <- post(context.Background(), base, "/slow-once?ms=1000", k, `{"n":1}`) })
+			}
+			wg.Wait()
+			close(answers)
+			if n := up.callsFor(k); n != 1 {
+				t.Errorf("forwarded %d times, want 1", n)
+			}
+			var first string
+			replayed := 0
+			for r := range answers {
+				if r.err != nil || r.status != http.StatusCreated {
+					t.Errorf("a client saw %v, want 201", r)
+					continue
+				}
+				if first == "" {
+					first = r.body
+				} else if r.body != first {
+					t.Errorf("answers differ: %q and %q", first, r.body)
+				}
+				if r.header.Get("Idempotent-Replayed") == "true" {
+					replayed++
+				}
+			}
+			if replayed != duplicates {
+				t.Errorf("%d answers replayed, want %d", replayed, duplicates)
+			}
+		})
+	}
 }

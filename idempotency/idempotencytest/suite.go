@@ -122,6 +122,10 @@ func Run(t *testing.T, h Harness) {
 		t.Parallel()
 		testStoreClock(t, h.New(t, nil))
 	})
+	t.Run("WaitAcrossReplicas", func(t *testing.T) {
+		t.Parallel()
+		testWaitReplicas(t, h.New(t, nil))
+	})
 	t.Run("StoreDown", func(t *testing.T) {
 		if h.Down == nil {
 			t.Skip("harness has no Down store")
