@@ -45,6 +45,16 @@ type Config struct {
 	// header is one anonymous scope). Setting both is an error.
 	ScopeHeader string
 
+	// ScopeCookie names a cookie whose value (hashed) is the scope, for an API whose
+	// callers authenticate with a session cookie (idempotency.CookieScope): two cookies
+	// never share a record. Default "".
+	ScopeCookie string
+
+	// ScopeNone puts every request in one scope (idempotency.NoScope): for senders
+	// authenticated another way, such as a webhook's signature, whose keys are unique
+	// across them. Default false.
+	ScopeNone bool
+
 	// UpstreamTimeout bounds each upstream call from the moment it is forwarded until
 	// its answer is settled — stored, for a keyed request; its headers received, for
 	// another — whatever the client does. After that, only each wait for the upstream's
@@ -119,13 +129,20 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.ShutdownTimeout < 0 {
 		return cfg, errors.New("gateway: Config.ShutdownTimeout is negative")
 	}
-	if cfg.ScopeHeader != "" {
-		if !httpname.Valid(cfg.ScopeHeader) {
-			return cfg, fmt.Errorf("gateway: Config.ScopeHeader %q is not a header name", cfg.ScopeHeader)
+	if cfg.ScopeHeader != "" && !httpname.Valid(cfg.ScopeHeader) {
+		return cfg, fmt.Errorf("gateway: Config.ScopeHeader %q is not a header name", cfg.ScopeHeader)
+	}
+	if cfg.ScopeCookie != "" && !httpname.Valid(cfg.ScopeCookie) {
+		return cfg, fmt.Errorf("gateway: Config.ScopeCookie %q is not a cookie name", cfg.ScopeCookie)
+	}
+	sources := 0
+	for _, set := range []bool{cfg.ScopeHeader != "", cfg.ScopeCookie != "", cfg.ScopeNone, cfg.Idempotency.Scope != nil} {
+		if set {
+			sources++
 		}
-		if cfg.Idempotency.Scope != nil {
-			return cfg, errors.New("gateway: Config.ScopeHeader and Config.Idempotency.Scope are both set")
-		}
+	}
+	if sources > 1 {
+		return cfg, errors.New("gateway: more than one scope source is set: Config.ScopeHeader, Config.ScopeCookie, Config.ScopeNone and Config.Idempotency.Scope exclude each other")
 	}
 	for _, m := range cfg.Idempotency.Methods {
 		switch strings.ToUpper(m) {

@@ -55,6 +55,7 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Idempotency.Store == nil {
 		return nil, errors.New("gateway: Config.Idempotency.Store is required")
 	}
+	ownScope := cfg.Idempotency.Scope != nil // Resolve sets the default
 	cfg, err := cfg.Resolve()
 	if err != nil {
 		return nil, err
@@ -72,10 +73,19 @@ func New(cfg Config) (*Gateway, error) {
 	}
 
 	mcfg := cfg.Idempotency
-	g.protected = []string{"Idempotency-Key", "Authorization", "Content-Type"}
-	if h := cfg.ScopeHeader; h != "" {
-		mcfg.Scope = func(r *http.Request) string { return r.Header.Get(h) }
-		g.protected[1] = http.CanonicalHeaderKey(h)
+	// The headers the key and the scope come from, and the fingerprinted content type.
+	g.protected = []string{http.CanonicalHeaderKey(mcfg.KeyHeader), "Content-Type"}
+	switch {
+	case cfg.ScopeHeader != "":
+		mcfg.Scope = idempotency.HeaderScope(cfg.ScopeHeader)
+		g.protected = append(g.protected, http.CanonicalHeaderKey(cfg.ScopeHeader))
+	case cfg.ScopeCookie != "":
+		mcfg.Scope = idempotency.CookieScope(cfg.ScopeCookie)
+		g.protected = append(g.protected, "Cookie")
+	case cfg.ScopeNone:
+		mcfg.Scope = idempotency.NoScope
+	case !ownScope: // the default, the Authorization header's hash
+		g.protected = append(g.protected, "Authorization")
 	}
 	userObserver := mcfg.OnStoreCall
 	mcfg.OnStoreCall = func(op idempotency.StoreOp, took time.Duration, err error) {
@@ -382,7 +392,7 @@ func (g *Gateway) finish(r *http.Request, ex *exchange) {
 		slog.Int("status", status),
 		slog.Duration("latency", d),
 	)
-	if k := r.Header.Get("Idempotency-Key"); k != "" {
+	if k := r.Header.Get(g.cfg.Idempotency.KeyHeader); k != "" {
 		if len(k) > 80 {
 			k = k[:80] + "…"
 		}

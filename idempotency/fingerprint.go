@@ -18,6 +18,12 @@ import (
 // their text), so key order and formatting do not change the fingerprint; a body that is
 // not JSON is hashed as it is.
 func Fingerprint(method, path, rawQuery, contentType string, body []byte, canonicalJSON bool) string {
+	return fingerprint(method, path, rawQuery, contentType, body, canonicalJSON, nil)
+}
+
+// fingerprint is Fingerprint, with the members ignore names removed from a JSON body
+// before it is hashed (canonically: a body with them removed has no original text).
+func fingerprint(method, path, rawQuery, contentType string, body []byte, canonicalJSON bool, ignore []pointer) string {
 	h := sha256.New()
 	part(h, []byte(method))
 	part(h, []byte(path))
@@ -31,7 +37,17 @@ func Fingerprint(method, path, rawQuery, contentType string, body []byte, canoni
 		}
 	}
 	part(h, []byte(contentType))
-	if canonicalJSON {
+	switch {
+	case len(ignore) > 0:
+		if doc, err := decodeJSON(body); err == nil {
+			for _, p := range ignore {
+				p.remove(doc)
+			}
+			if c, err := json.Marshal(doc); err == nil {
+				body = c
+			}
+		}
+	case canonicalJSON:
 		if c, ok := canonical(body); ok {
 			body = c
 		}

@@ -57,6 +57,9 @@ const (
 	DefaultMaxBodyMemory = 256 << 20
 )
 
+// DefaultKeyHeader is the header a key is read from by default.
+const DefaultKeyHeader = "Idempotency-Key"
+
 // DefaultMethods are the methods that need a key by default.
 func DefaultMethods() []string { return []string{http.MethodPost, http.MethodPatch} }
 
@@ -72,6 +75,25 @@ type Config struct {
 	// case (post) is answered 400, since many servers would treat it as the keyed
 	// method.
 	Methods []string
+
+	// KeyHeader names the request header the key is read from. Default
+	// DefaultKeyHeader (Idempotency-Key); another name suits senders that key their
+	// requests their own way (X-GitHub-Delivery).
+	KeyHeader string
+
+	// KeyPointer, when set, reads the key from the request's JSON body at this JSON
+	// pointer (RFC 6901), such as "/id" of a Stripe event, instead of from KeyHeader:
+	// inbound webhooks carry their sender's event id in the body, and their senders
+	// retry with it. The value is a string or a number of 1 to 255 visible ASCII
+	// characters. A body that is not JSON, or has no such member, has no key (400, or
+	// passed through with KeyOptional). Default "": the key is in KeyHeader.
+	KeyPointer string
+
+	// FingerprintIgnore lists JSON pointers to object members removed from a JSON body
+	// before it is fingerprinted (the rest canonically, as with CanonicalJSON): fields
+	// a sender changes on every retry, such as a delivery timestamp, so that its
+	// retries are replays, not 422s. Default none.
+	FingerprintIgnore []string
 
 	// KeyOptional lets keyed methods without an Idempotency-Key through unprotected.
 	// Default false: a missing key is answered 400.
@@ -194,7 +216,9 @@ type Middleware struct {
 	unstored   atomic.Int64   // held responses given up on at shutdown
 	shutdownMu sync.Mutex
 
-	waiting waiters // requests waiting for keys in progress (ConflictWait)
+	keyPointer pointer   // Config.KeyPointer, parsed; nil: the key is in a header
+	ignore     []pointer // Config.FingerprintIgnore, parsed
+	waiting    waiters   // requests waiting for keys in progress (ConflictWait)
 
 	mu      sync.Mutex
 	pending map[scopeKey]*pending
@@ -214,6 +238,13 @@ func New(cfg Config) (*Middleware, error) {
 		m.methods[meth] = true
 	}
 	m.bodies.max = cfg.MaxBodyMemory
+	if cfg.KeyPointer != "" {
+		m.keyPointer, _ = parsePointer(cfg.KeyPointer) // checked by Resolve
+	}
+	for _, ig := range cfg.FingerprintIgnore {
+		p, _ := parsePointer(ig)
+		m.ignore = append(m.ignore, p)
+	}
 	m.probeCtx, m.probeStop = context.WithCancel(context.Background())
 	m.flushCtx, m.flushStop = context.WithCancel(context.Background())
 	return m, nil
@@ -248,6 +279,22 @@ func (cfg Config) Resolve() (Config, error) {
 	}
 	if cfg.Scope == nil {
 		cfg.Scope = AuthorizationScope
+	}
+	if cfg.KeyHeader == "" {
+		cfg.KeyHeader = DefaultKeyHeader
+	}
+	if !httpname.Valid(cfg.KeyHeader) {
+		return cfg, fmt.Errorf("idempotency: Config.KeyHeader %q is not a header name", cfg.KeyHeader)
+	}
+	if cfg.KeyPointer != "" {
+		if p, err := parsePointer(cfg.KeyPointer); err != nil || len(p) == 0 {
+			return cfg, fmt.Errorf("idempotency: Config.KeyPointer %q must name a member of the body (/id)", cfg.KeyPointer)
+		}
+	}
+	for _, ig := range cfg.FingerprintIgnore {
+		if p, err := parsePointer(ig); err != nil || len(p) == 0 {
+			return cfg, fmt.Errorf("idempotency: Config.FingerprintIgnore: %q must name a member of the body (/timestamp)", ig)
+		}
 	}
 	conflict, err := ParseConflict(string(cfg.Conflict))
 	if err != nil {
@@ -342,6 +389,31 @@ func (m *Middleware) Shutdown(ctx context.Context) error {
 	return nil
 }
 
+// HeaderScope returns a scope that is the value of the named header, as set by the
+// authentication layer in front (which must overwrite any value a client sends: the
+// header is trusted as it is).
+func HeaderScope(name string) func(*http.Request) string {
+	return func(r *http.Request) string { return r.Header.Get(name) }
+}
+
+// CookieScope returns a scope that is the SHA-256 of the named cookie's value, for an
+// endpoint whose callers authenticate with a session cookie rather than an
+// Authorization header; a request without the cookie is the one anonymous scope "".
+func CookieScope(name string) func(*http.Request) string {
+	return func(r *http.Request) string {
+		c, err := r.Cookie(name)
+		if err != nil || c.Value == "" {
+			return ""
+		}
+		sum := sha256.Sum256([]byte(c.Value))
+		return hex.EncodeToString(sum[:])
+	}
+}
+
+// NoScope puts every request in one scope: for senders authenticated another way (a
+// webhook's signature) whose keys are unique across them.
+func NoScope(*http.Request) string { return "" }
+
 // AuthorizationScope is the default scope: the SHA-256 of the Authorization header, or
 // "" (one anonymous scope) when there is none.
 func AuthorizationScope(r *http.Request) string {
@@ -419,25 +491,21 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return OutcomePassThrough, nil
 	}
-	values := r.Header.Values("Idempotency-Key")
-	if len(values) == 0 {
-		if m.cfg.KeyOptional {
-			next.ServeHTTP(w, r)
-			return OutcomePassThrough, nil
+	var key string
+	if m.keyPointer == nil {
+		values := r.Header.Values(m.cfg.KeyHeader)
+		if len(values) == 0 {
+			return m.noKey(w, r, next, nil)
 		}
-		WriteProblem(w, Problem{Type: ProblemMissingKey, Title: "Idempotency-Key required", Status: http.StatusBadRequest,
-			Detail: r.Method + " requests to this endpoint need an Idempotency-Key header: a unique value (such as a UUID) generated once per operation and sent again on every retry."}, 0)
-		return OutcomeMissingKey, nil
+		k, err := ParseKey(values[0])
+		if err == nil && len(values) > 1 {
+			err = errKeyMany
+		}
+		if err != nil {
+			return invalidKey(w, err), nil
+		}
+		key = k
 	}
-	key, err := ParseKey(values[0])
-	if err == nil && len(values) > 1 {
-		err = errKeyMany
-	}
-	if err != nil {
-		WriteProblem(w, Problem{Type: ProblemInvalidKey, Title: "Invalid Idempotency-Key", Status: http.StatusBadRequest, Detail: err.Error() + "."}, 0)
-		return OutcomeInvalidKey, nil
-	}
-
 	body, reserved, err := m.readBody(w, r)
 	defer m.bodies.give(reserved)
 	if err == nil {
@@ -446,10 +514,20 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if err != nil {
 		return m.refuse(w, r, err), nil
 	}
+	if m.keyPointer != nil {
+		k, err := bodyKey(body, m.keyPointer)
+		switch {
+		case errors.Is(err, errBodyKeyMissing):
+			return m.noKey(w, r, next, body)
+		case err != nil:
+			return invalidKey(w, err), nil
+		}
+		key = k
+	}
 
 	m.startProbe()
 	scope := m.cfg.Scope(r)
-	fp := Fingerprint(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"), body, m.cfg.CanonicalJSON)
+	fp := fingerprint(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"), body, m.cfg.CanonicalJSON, m.ignore)
 	if p := m.pendingFor(scope, key); p != nil {
 		return m.answerHeld(w, p, fp), nil
 	}
@@ -510,6 +588,30 @@ func (m *Middleware) claim(ctx context.Context, req ClaimRequest) (res ClaimResu
 	req.NoTakeover, req.TakeoverBy = false, res.Now.Add(m.cfg.Lease/3)
 	err = call()
 	return res, 0, err
+}
+
+// noKey answers a keyed request that has no key: 400, or, with KeyOptional, it goes to
+// next unprotected (with its body, when it was read to look for the key).
+func (m *Middleware) noKey(w http.ResponseWriter, r *http.Request, next http.Handler, body []byte) (Outcome, error) {
+	if m.cfg.KeyOptional {
+		if body != nil {
+			setBody(r, body)
+		}
+		next.ServeHTTP(w, r)
+		return OutcomePassThrough, nil
+	}
+	where := "an " + m.cfg.KeyHeader + " header"
+	if m.keyPointer != nil {
+		where = "a key in the JSON body at " + m.cfg.KeyPointer
+	}
+	WriteProblem(w, Problem{Type: ProblemMissingKey, Title: "Idempotency-Key required", Status: http.StatusBadRequest,
+		Detail: r.Method + " requests to this endpoint need " + where + ": a unique value (such as a UUID) generated once per operation and sent again on every retry."}, 0)
+	return OutcomeMissingKey, nil
+}
+
+func invalidKey(w http.ResponseWriter, err error) Outcome {
+	WriteProblem(w, Problem{Type: ProblemInvalidKey, Title: "Invalid Idempotency-Key", Status: http.StatusBadRequest, Detail: err.Error() + "."}, 0)
+	return OutcomeInvalidKey
 }
 
 // refuse answers a request that could not be claimed for a reason of its own: its

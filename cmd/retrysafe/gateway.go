@@ -51,8 +51,9 @@ examples:
 
 type gatewayFlags struct {
 	upstream, listen, admin, store, methods, scopeHeader, logFormat, logLevel, conflict string
+	keyHeader, keyPointer, fingerprintIgnore, scopeCookie                               string
 	ttl, lease, upstreamTimeout, shutdownTimeout, bodyTimeout, waitTimeout              time.Duration
-	requireKey, failOpen                                                                bool
+	requireKey, failOpen, scopeNone                                                     bool
 	maxBody, maxResponse, maxBodyMemory                                                 byteSize
 }
 
@@ -73,6 +74,11 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 	fs.StringVar(&f.methods, "methods", strings.Join(idempotency.DefaultMethods(), ","), "")
 	fs.BoolVar(&f.requireKey, "require-key", true, "")
 	fs.StringVar(&f.scopeHeader, "scope-header", "", "")
+	fs.StringVar(&f.scopeCookie, "scope-cookie", "", "")
+	fs.BoolVar(&f.scopeNone, "scope-none", false, "")
+	fs.StringVar(&f.keyHeader, "key-header", idempotency.DefaultKeyHeader, "")
+	fs.StringVar(&f.keyPointer, "key-pointer", "", "")
+	fs.StringVar(&f.fingerprintIgnore, "fingerprint-ignore", "", "")
 	fs.Var(&f.maxBody, "max-body", "")
 	fs.DurationVar(&f.bodyTimeout, "body-timeout", idempotency.DefaultBodyTimeout, "")
 	fs.Var(&f.maxBodyMemory, "max-body-memory", "")
@@ -94,6 +100,11 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 		{name: "methods", arg: "LIST", field: "Methods", help: "methods that need a key"},
 		{name: "require-key", arg: "BOOL", help: "answer 400 to keyed methods without a key; false forwards them unprotected"},
 		{name: "scope-header", arg: "NAME", field: "ScopeHeader", help: "trust this header, set by the auth layer in front, as the principal whose keys these are", def: "a hash of the Authorization header"},
+		{name: "scope-cookie", arg: "NAME", field: "ScopeCookie", help: "the principal is this cookie's value (hashed), for callers with a session cookie: two cookies never share a record", def: "-"},
+		{name: "scope-none", field: "ScopeNone", help: "one scope for all, for senders authenticated another way (a webhook's signature)", def: "-"},
+		{name: "key-header", arg: "NAME", field: "KeyHeader", help: "the header the key is read from (X-GitHub-Delivery for GitHub's webhooks)"},
+		{name: "key-pointer", arg: "POINTER", field: "KeyPointer", help: "read the key from the JSON body at this JSON pointer instead (/id for a Stripe event), for webhooks retried by their senders", def: "-"},
+		{name: "fingerprint-ignore", arg: "LIST", field: "FingerprintIgnore", help: "JSON pointers, comma-separated, to body members the fingerprint leaves out (a timestamp the sender changes on every retry)", def: "-"},
 		{name: "max-body", arg: "SIZE", field: "MaxBody", help: "largest request body on keyed methods, else 413"},
 		{name: "body-timeout", arg: "DUR", field: "BodyTimeout", help: "time a keyed request's body gets to arrive, else 408"},
 		{name: "max-body-memory", arg: "SIZE", field: "MaxBodyMemory", help: "request-body bytes all keyed requests together may hold in memory; past it 503 with Retry-After"},
@@ -150,33 +161,33 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if f.maxBody <= 0 || f.maxResponse <= 0 || f.maxBodyMemory <= 0 {
 		return fail(stderr, cmd, errors.New("--max-body, --max-body-memory and --max-response must be positive"), exitUsage)
 	}
-	var methods []string
-	for m := range strings.SplitSeq(f.methods, ",") {
-		if m = strings.TrimSpace(m); m != "" {
-			methods = append(methods, strings.ToUpper(m))
-		}
-	}
+	methods := splitList(strings.ToUpper(f.methods))
 	if len(methods) == 0 {
 		return fail(stderr, cmd, errors.New("--methods is empty"), exitUsage)
 	}
 	cfg := gateway.Config{
 		Upstream:        upstream,
 		ScopeHeader:     f.scopeHeader,
+		ScopeCookie:     f.scopeCookie,
+		ScopeNone:       f.scopeNone,
 		UpstreamTimeout: f.upstreamTimeout,
 		ShutdownTimeout: f.shutdownTimeout,
 		Logger:          logger,
 		Idempotency: idempotency.Config{
-			Methods:       methods,
-			KeyOptional:   !f.requireKey,
-			TTL:           f.ttl,
-			Lease:         f.lease,
-			MaxBody:       int64(f.maxBody),
-			BodyTimeout:   f.bodyTimeout,
-			MaxBodyMemory: int64(f.maxBodyMemory),
-			MaxResponse:   int64(f.maxResponse),
-			FailOpen:      f.failOpen,
-			Conflict:      idempotency.Conflict(f.conflict),
-			WaitTimeout:   f.waitTimeout,
+			Methods:           methods,
+			KeyOptional:       !f.requireKey,
+			TTL:               f.ttl,
+			Lease:             f.lease,
+			MaxBody:           int64(f.maxBody),
+			BodyTimeout:       f.bodyTimeout,
+			MaxBodyMemory:     int64(f.maxBodyMemory),
+			MaxResponse:       int64(f.maxResponse),
+			FailOpen:          f.failOpen,
+			Conflict:          idempotency.Conflict(f.conflict),
+			KeyHeader:         f.keyHeader,
+			KeyPointer:        f.keyPointer,
+			FingerprintIgnore: splitList(f.fingerprintIgnore),
+			WaitTimeout:       f.waitTimeout,
 		},
 	}
 	// The rules between options (the TTL longer than the lease and the upstream timeout,
@@ -225,4 +236,15 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	logger.Info("retrysafe gateway stopped")
 	return exitOK
+}
+
+// splitList splits a comma-separated flag value, dropping blanks.
+func splitList(s string) []string {
+	var out []string
+	for v := range strings.SplitSeq(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
 }

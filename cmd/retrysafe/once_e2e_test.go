@@ -676,3 +676,83 @@ func TestE2EWaitReplicas(t *testing.T) {
 		})
 	}
 }
+
+// send posts body to base+path with the header pairs given.
+func send(t *testing.T, base, path, body string, header ...string) reply {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, base+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Add(header[i], header[i+1])
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return reply{err: err}
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	return reply{status: res.StatusCode, header: res.Header, body: string(b), err: err}
+}
+
+// TestE2EWebhookKeyInTheBody: a webhook route keyed by the event id in its body, whose
+// sender retries with an altered delivery timestamp that the fingerprint ignores,
+// executes once on every store: the retries get the replay. The upstream counts the
+// executions (it never deduplicates): the event's key header is one the upstream sees
+// only through the body, so every forward is an execution.
+func TestE2EWebhookKeyInTheBody(t *testing.T) {
+	t.Parallel()
+	for _, s := range storeDSNs {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			up := newUpstream(t)
+			gw := startGateway(t, nil, "--store", s.dsn(t), "--upstream", up.URL,
+				"--key-pointer", "/id", "--fingerprint-ignore", "/created", "--scope-none")
+			id := testenv.Name("evt")
+			var first reply
+			for i := range 4 { // the first delivery and three retries
+				body := fmt.Sprintf(`{"id":%q,"type":"charge.succeeded","created":%d}`, id, 1700000000+i)
+				r := send(t, gw.addr, "/webhooks/stripe", body, "Stripe-Signature", fmt.Sprintf("t=%d", i))
+				if r.err != nil || r.status != http.StatusCreated {
+					t.Fatalf("delivery %d: %v", i, r)
+				}
+				if i == 0 {
+					first = r
+				} else if r.header.Get("Idempotent-Replayed") != "true" || r.body != first.body {
+					t.Errorf("retry %d: %v, want the replay of %q", i, r, first.body)
+				}
+			}
+			// The upstream sees no Idempotency-Key: count its calls for the empty key.
+			if n := up.callsFor(""); n != 1 {
+				t.Errorf("the upstream executed the event %d times, want 1", n)
+			}
+		})
+	}
+}
+
+// TestE2ECookieScope: with --scope-cookie, two sessions using one key are two
+// operations, and each session's retry is its own replay.
+func TestE2ECookieScope(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	gw := startGateway(t, nil, "--store", sqliteDSN(t), "--upstream", up.URL, "--scope-cookie", "session")
+	key := testenv.Name("ck")
+	a := send(t, gw.addr, "/orders", `{}`, "Idempotency-Key", key, "Cookie", "session=alice")
+	b := send(t, gw.addr, "/orders", `{}`, "Idempotency-Key", key, "Cookie", "session=bob")
+	again := send(t, gw.addr, "/orders", `{}`, "Idempotency-Key", key, "Cookie", "session=alice")
+	if a.status != 201 || b.status != 201 || b.header.Get("Idempotent-Replayed") == "true" {
+		t.Fatalf("alice %v, bob %v: want two executions", a, b)
+	}
+	if again.header.Get("Idempotent-Replayed") != "true" || again.body != a.body {
+		t.Errorf("alice's retry: %v, want the replay of %q", again, a.body)
+	}
+	if n := up.callsFor(key); n != 2 {
+		t.Errorf("the upstream executed %d times, want 2 (one per session)", n)
+	}
+	// A Connection header naming Cookie would strip the scope on its way: refused.
+	if r := send(t, gw.addr, "/orders", `{}`, "Idempotency-Key", key, "Cookie", "session=alice", "Connection", "Cookie"); r.status != http.StatusBadRequest {
+		t.Errorf("Connection: Cookie: %v, want 400", r)
+	}
+}
