@@ -2,10 +2,14 @@ package idempotency_test
 
 import (
 	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/idempotency/memstore"
 )
 
 // quote writes key as a structured-field string.
@@ -84,6 +88,31 @@ func FuzzCanonicalJSONFingerprint(f *testing.F) {
 		}
 		if fp(re) != got {
 			t.Fatalf("body %q and its re-encoding %q have different fingerprints", body, re)
+		}
+	})
+}
+
+// FuzzKeyFromBody: whatever body a webhook sender sends, a route keyed by a JSON
+// pointer answers 201 (a key it could read, executed or replayed), 400 (none, or
+// malformed) or 422 (a key an earlier input used with another body), never anything
+// else, and never panics.
+func FuzzKeyFromBody(f *testing.F) {
+	for _, s := range []string{`{"id":"evt_1"}`, `{"id":12}`, `{"id":""}`, `{"a":{"id":1}}`, `[1,2]`, `{"id":"x"} {}`, `not json`, ``} {
+		f.Add(s)
+	}
+	mw, err := idempotency.New(idempotency.Config{Store: memstore.New(), KeyPointer: "/id",
+		FingerprintIgnore: []string{"/created"}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		f.Fatal(err)
+	}
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	f.Fuzz(func(t *testing.T, body string) {
+		r := httptest.NewRequest(http.MethodPost, "/hook", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != http.StatusCreated && w.Code != http.StatusBadRequest && w.Code != http.StatusUnprocessableEntity {
+			t.Fatalf("body %q: %d %s", body, w.Code, w.Body)
 		}
 	})
 }
