@@ -10,6 +10,7 @@ require (
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/retrysafe/retrysafe v0.0.0
+	github.com/stripe/stripe-go/v82 v82.5.1
 )
 
 require (
