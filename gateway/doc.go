@@ -79,6 +79,8 @@
 //	store_errors_total{operation}             counter: store calls that failed
 //	keys_in_flight                            gauge: keys this gateway holds while it
 //	                                          forwards their requests
+//	requests_waiting                          gauge: duplicates waiting for a key in
+//	                                          progress (--conflict wait)
 //
 // Several gateways sharing one PostgreSQL or Redis store behave as one: the claim is
 // atomic in the store, so of concurrent duplicates sent to different replicas exactly

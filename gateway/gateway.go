@@ -68,7 +68,14 @@ func New(cfg Config) (*Gateway, error) {
 	} else if ga, ok := reg.(prometheus.Gatherer); ok {
 		g.gatherer = ga
 	}
-	if g.metrics, err = newMetrics(reg); err != nil {
+	var mw atomic.Pointer[idempotency.Middleware] // set once the middleware is made
+	waiting := func() int {
+		if m := mw.Load(); m != nil {
+			return m.Waiting()
+		}
+		return 0
+	}
+	if g.metrics, err = newMetrics(reg, waiting); err != nil {
 		return nil, err
 	}
 
@@ -98,6 +105,7 @@ func New(cfg Config) (*Gateway, error) {
 		promreg.Unregister(reg, g.metrics.slots()...) // so that a corrected Config can register them again
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
+	mw.Store(g.mw)
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(cfg.Upstream)

@@ -20,11 +20,14 @@ type metrics struct {
 	storeDur    *prometheus.HistogramVec // operation
 	storeErrs   *prometheus.CounterVec   // operation
 	inFlight    prometheus.Gauge
+	waiting     prometheus.GaugeFunc // waiting() when scraped
 }
 
 const namespace, subsystem = "retrysafe", "gateway"
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// newMetrics makes and registers the gateway's collectors; waiting reports the requests
+// waiting for keys in progress (the wait conflict policy).
+func newMetrics(reg prometheus.Registerer, waiting func() int) (*metrics, error) {
 	latency := prometheus.ExponentialBuckets(0.001, 2, 16) // 1ms … 33s
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -53,6 +56,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: namespace, Subsystem: subsystem, Name: "keys_in_flight",
 			Help: "Keys this gateway holds in progress while their requests are forwarded.",
 		}),
+		waiting: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: namespace, Subsystem: subsystem, Name: "requests_waiting",
+			Help: "Duplicates waiting for a key in progress to finish (conflict policy wait).",
+		}, func() float64 { return float64(waiting()) }),
 	}
 	if err := promreg.Register(reg, "gateway", false, m.slots()...); err != nil {
 		return nil, err
@@ -62,7 +69,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 
 func (m *metrics) slots() []promreg.Slot {
 	return []promreg.Slot{promreg.Field(&m.requests), promreg.Field(&m.requestDur), promreg.Field(&m.upstreamDur),
-		promreg.Field(&m.storeDur), promreg.Field(&m.storeErrs), promreg.Field(&m.inFlight)}
+		promreg.Field(&m.storeDur), promreg.Field(&m.storeErrs), promreg.Field(&m.inFlight), promreg.Field(&m.waiting)}
 }
 
 // newRegistry is the default registry: the gateway's own, with the Go runtime and

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -194,5 +195,63 @@ func TestStoreCallsAreTimed(t *testing.T) {
 	}
 	if errs["ping"] < 1 || errs["claim"] != 0 {
 		t.Errorf("store errors = %v, want the failed pings only", errs)
+	}
+}
+
+// requests_waiting shows the duplicates waiting, under the wait conflict policy, for a
+// key in progress.
+func TestWaitingGauge(t *testing.T) {
+	t.Parallel()
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		once.Do(func() { close(arrived) })
+		<-release
+		w.WriteHeader(201)
+	}))
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	reg := prometheus.NewRegistry()
+	gw, err := New(Config{Upstream: u, Registerer: reg, Logger: slog.New(slog.DiscardHandler),
+		Idempotency: idempotency.Config{Store: memstore.New(), Conflict: idempotency.ConflictWait}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gw.Shutdown(context.Background()) })
+	gauge := func() float64 {
+		mfs, _ := reg.Gather()
+		for _, mf := range mfs {
+			if mf.GetName() == "retrysafe_gateway_requests_waiting" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		return -1
+	}
+	post := func() int {
+		req := httptest.NewRequest("POST", "/pay", strings.NewReader("{}"))
+		req.Header.Set("Idempotency-Key", "k")
+		w := httptest.NewRecorder()
+		gw.ServeHTTP(w, req)
+		return w.Code
+	}
+	codes := make(chan int, 2)
+	go func() { codes <- post() }()
+	<-arrived
+	go func() { codes <- post() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for gauge() != 1 && time.Now().Before(deadline) {
+		runtime.Gosched() // the duplicate joins the waiters in this process
+	}
+	if g := gauge(); g != 1 {
+		t.Fatalf("requests_waiting = %v with one duplicate waiting, want 1", g)
+	}
+	close(release)
+	for range 2 {
+		if c := <-codes; c != 201 {
+			t.Errorf("status %d, want 201", c)
+		}
+	}
+	if g := gauge(); g != 0 {
+		t.Errorf("requests_waiting = %v after both answered, want 0", g)
 	}
 }
