@@ -28,6 +28,15 @@
 // process last saw the store fail (a store call failing or slow, or its probe, which
 // pings every third of a lease), claims leave expired leases alone.
 //
+// Several policies over one store (a gateway's routes, each with its own methods, key,
+// scope, lease and limits, rebuilt when the configuration is reloaded): make the first
+// middleware with New and every other from it with Middleware.With. They share what the
+// process knows and holds of the store: its health, which decides takeovers (a middleware
+// that missed an outage another saw would take over a key whose live owner is still
+// storing its answer), the probe, the held responses (a retry through any of them gets
+// the answer another holds), the waiters of each key (woken by its owner in any of them),
+// and the bounds MaxBodyMemory and MaxWaiters. One Shutdown serves them all.
+//
 // Work whose answer a retry will want must not end with its client: Detach gives a
 // handler a context that keeps the request's values but not its cancellation, and ends
 // only if the key is taken over. The stores' transaction modes (pgstore.Store.WithTx,

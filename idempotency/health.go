@@ -16,12 +16,22 @@ import (
 // or took a third of a lease or more (a renewal as slow as that may have missed its
 // turn), or no contact with the store for two thirds of a lease (so nothing is known;
 // the probe keeps contact every third of a lease).
+//
+// One health serves every middleware over the store (see Middleware.With), whose leases
+// may differ, so each rule takes the lease that makes it cautious for all of them: what
+// counts as trouble (a slow call, a gap in contact) is judged by the shortest lease,
+// whose owners renew most often and so are the first to miss a renewal, and the probe
+// pings every third of it; takeovers are held back for the longest lease after trouble,
+// the time the slowest-renewing owner needs to renew once the store answers again. The
+// range only widens: a middleware left behind by a reload may still have requests
+// running under its lease.
 type health struct {
-	lease time.Duration
-
-	mu      sync.Mutex
-	trouble time.Time // the last instant the store was seen failing
-	contact time.Time // the end of the last call the store answered in time
+	mu       sync.Mutex
+	shortest time.Duration // the shortest lease of the middlewares sharing this health
+	longest  time.Duration // and the longest
+	trouble  time.Time     // the last instant the store was seen failing
+	contact  time.Time     // the end of the last call the store answered in time
+	narrowed chan struct{} // signalled when shortest shrinks, so the probe speeds up at once
 }
 
 func newHealth(lease time.Duration) *health {
@@ -30,7 +40,28 @@ func newHealth(lease time.Duration) *health {
 	// ended could take a key over before its owner elsewhere stored its answer; the
 	// owner retries within a second of the store's return, so the window is that
 	// second.)
-	return &health{lease: lease, contact: time.Now()}
+	return &health{shortest: lease, longest: lease, contact: time.Now(), narrowed: make(chan struct{}, 1)}
+}
+
+// widen takes a middleware with lease into the leases this health answers for.
+func (h *health) widen(lease time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.longest = max(h.longest, lease)
+	if lease < h.shortest {
+		h.shortest = lease
+		select {
+		case h.narrowed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// shortestLease returns the shortest lease of the middlewares sharing h.
+func (h *health) shortestLease() time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.shortest
 }
 
 // observe records a store call that began at start and ended now with err. Answers
@@ -38,16 +69,16 @@ func newHealth(lease time.Duration) *health {
 // cut short by its caller says nothing.
 func (h *health) observe(start time.Time, err error) {
 	now := time.Now()
-	slow := now.Sub(start) >= h.lease/3
 	failed := err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrLeaseLost) &&
 		!errors.Is(err, context.Canceled)
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	slow := now.Sub(start) >= h.shortest/3
 	switch {
 	case failed || slow:
 		h.trouble = now
 	default:
-		if start.Sub(h.contact) > 2*h.lease/3 {
+		if start.Sub(h.contact) > 2*h.shortest/3 {
 			h.trouble = start // a gap with no word from the store: it may have been down
 		}
 		h.contact = now
@@ -55,28 +86,36 @@ func (h *health) observe(start time.Time, err error) {
 }
 
 // takeoverWait returns how long claims must still leave expired leases alone: zero
-// once the store has answered for a whole lease since this process last saw it fail.
+// once the store has answered for a whole (longest) lease since this process last saw
+// it fail.
 func (h *health) takeoverWait() time.Duration {
 	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if now.Sub(h.contact) > 2*h.lease/3 {
-		return h.lease // no recent word: as if it failed now
+	if now.Sub(h.contact) > 2*h.shortest/3 {
+		return h.longest // no recent word: as if it failed now
 	}
-	return max(0, h.trouble.Add(h.lease).Sub(now))
+	return max(0, h.trouble.Add(h.longest).Sub(now))
 }
 
-// probe pings the store every third of a lease until ctx ends, so that a process with
-// no traffic still learns of an outage that stopped other owners' renewals.
+// probe pings the store every third of the shortest lease until ctx ends, so that a
+// process with no traffic still learns of an outage that stopped other owners'
+// renewals. The period is read again after every ping, and a shorter lease joining
+// (With) brings the next ping forward, so contact is never lost for longer than the
+// shortest lease allows.
 func (m *Middleware) probe(ctx context.Context, p Pinger) {
-	t := time.NewTicker(m.cfg.Lease / 3)
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
-		_ = m.storeCall(ctx, StorePing, p.Ping)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-m.health.narrowed:
+			t.Stop()
 		}
+		start := time.Now()
+		_ = m.storeCall(ctx, StorePing, p.Ping)
+		t.Reset(max(0, m.health.shortestLease()/3-time.Since(start)))
 	}
 }

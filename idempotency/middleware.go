@@ -123,8 +123,9 @@ type Config struct {
 	BodyTimeout time.Duration
 
 	// MaxBodyMemory is the most request-body bytes all requests together may hold in
-	// memory. A request whose body would pass it gets 503 with Retry-After before
-	// anything is claimed. Default DefaultMaxBodyMemory (256 MiB).
+	// memory, through this middleware and those made from it with With. A request whose
+	// body would pass it gets 503 with Retry-After before anything is claimed. Default
+	// DefaultMaxBodyMemory (256 MiB).
 	MaxBodyMemory int64
 
 	// MaxResponse is the largest response body stored. A larger response is sent to the
@@ -157,8 +158,9 @@ type Config struct {
 
 	// MaxWaiters and MaxWaitersPerKey bound the ConflictWait waiters of this process, in
 	// all and for one key (each holds its request's body); past them a duplicate is
-	// answered 409 at once. Defaults DefaultMaxWaiters (1024) and DefaultMaxWaitersPerKey
-	// (128).
+	// answered 409 at once. Middlewares made with With share one MaxWaiters, over all
+	// their waiters, and each checks its own MaxWaitersPerKey against all the key's.
+	// Defaults DefaultMaxWaiters (1024) and DefaultMaxWaitersPerKey (128).
 	MaxWaiters, MaxWaitersPerKey int
 
 	// StoreTimeout bounds each store call. Default DefaultStoreTimeout (5s).
@@ -198,15 +200,34 @@ const (
 // panic(http.ErrAbortHandler), which is what Handler does.
 var ErrAborted = errors.New("idempotency: the response was aborted; the client's connection must be cut")
 
-// Middleware is the Idempotency-Key middleware. Make one with New, wrap handlers with
-// Handler, and call Shutdown when the server has stopped: it stores the responses the
-// store could not take when their requests finished, and stops the store probe.
+// Middleware is the Idempotency-Key middleware. Make one with New (and, for other
+// policies over the same store, more with With), wrap handlers with Handler, and call
+// Shutdown when the server has stopped: it stores the responses the store could not take
+// when their requests finished, and stops the store probe.
 type Middleware struct {
 	cfg     Config
 	methods map[string]bool
-	bodies  bodyBudget
-	health  *health
 
+	keyPointer pointer   // Config.KeyPointer, parsed; nil: the key is in a header
+	ignore     []pointer // Config.FingerprintIgnore, parsed
+
+	*shared
+}
+
+// shared is what the process knows and holds of one store, common to every middleware
+// over it (New's and those made from it by With), whatever their policies: what one of
+// them learns or holds must hold for all, or the guarantees break. The store's health
+// decides takeovers (a middleware that missed the outage another saw would take over a
+// key whose live owner is still trying to store its answer); a held response must answer
+// a retry whichever route it arrives at; the waiters of a key are woken by its owner in
+// any of them (one key is one record); and MaxBodyMemory and MaxWaiters bound the
+// process, not a route.
+type shared struct {
+	health  *health
+	bodies  bodyBudget
+	waiting waiters // requests waiting for keys in progress (ConflictWait)
+
+	prober     *Middleware // the one New made: the probe's pings are its store calls
 	probeOnce  sync.Once
 	probeCtx   context.Context
 	probeStop  context.CancelFunc
@@ -215,10 +236,6 @@ type Middleware struct {
 	bg         sync.WaitGroup // the probe and the flushes of held responses
 	unstored   atomic.Int64   // held responses given up on at shutdown
 	shutdownMu sync.Mutex
-
-	keyPointer pointer   // Config.KeyPointer, parsed; nil: the key is in a header
-	ignore     []pointer // Config.FingerprintIgnore, parsed
-	waiting    waiters   // requests waiting for keys in progress (ConflictWait)
 
 	mu      sync.Mutex
 	pending map[scopeKey]*pending
@@ -233,11 +250,73 @@ func New(cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Middleware{cfg: cfg, methods: map[string]bool{}, health: newHealth(cfg.Lease)}
+	sh := &shared{health: newHealth(cfg.Lease)}
+	sh.bodies.max = cfg.MaxBodyMemory
+	sh.probeCtx, sh.probeStop = context.WithCancel(context.Background())
+	sh.flushCtx, sh.flushStop = context.WithCancel(context.Background())
+	m := newMiddleware(cfg, sh)
+	sh.prober = m
+	return m, nil
+}
+
+// With returns a middleware with cfg's policy over m's store, sharing with m (and with
+// every middleware m shares it with) what the process knows and holds of that store: its
+// health, which decides takeovers; the store probe; the responses held because the store
+// could not take them, which answer a retry through any of them; the waiters of a key,
+// woken by its owner in any of them; and the bounds MaxBodyMemory and MaxWaiters. It is
+// for several policies over one store, such as a gateway's routes, and for their rebuild
+// when a configuration is reloaded: in one process, make every middleware over a store
+// from the first with With, not another with New.
+//
+// cfg.Store must be nil or m's Store (the same value, ==): state over one store is not
+// shared with another. cfg.MaxBodyMemory and cfg.MaxWaiters bound every middleware
+// sharing the state, so they must be zero or equal to m's, and the result has m's.
+// Everything else is cfg's own, with the defaults and checks of New: Methods, the key and
+// scope, Lease, TTL, the limits, the conflict policy and MaxWaitersPerKey, Logger,
+// OnOutcome and OnStoreCall (zero means the default, not m's).
+//
+// A middleware with another Lease makes the whole group more cautious, never less, for
+// as long as the group lives: after the store was seen failing, takeovers are held back
+// for the group's longest lease (the time its slowest-renewing owner needs to renew);
+// a store call counts as slow, and contact as lost, by its shortest lease, and the probe
+// pings every third of it. The probe's pings are store calls of the middleware New made
+// (its StoreTimeout and OnStoreCall). Shutdown on any middleware of the group is the
+// group's.
+func (m *Middleware) With(cfg Config) (*Middleware, error) {
+	switch {
+	case cfg.Store != nil && !sameStore(cfg.Store, m.cfg.Store):
+		return nil, errors.New("idempotency: With: Config.Store is not the middleware's Store (leave it nil to share it)")
+	case cfg.MaxBodyMemory != 0 && cfg.MaxBodyMemory != m.cfg.MaxBodyMemory:
+		return nil, fmt.Errorf("idempotency: With: Config.MaxBodyMemory (%d) is not the middleware's (%d): it bounds every middleware sharing the store", cfg.MaxBodyMemory, m.cfg.MaxBodyMemory)
+	case cfg.MaxWaiters != 0 && cfg.MaxWaiters != m.cfg.MaxWaiters:
+		return nil, fmt.Errorf("idempotency: With: Config.MaxWaiters (%d) is not the middleware's (%d): it bounds every middleware sharing the store", cfg.MaxWaiters, m.cfg.MaxWaiters)
+	}
+	cfg.Store, cfg.MaxBodyMemory, cfg.MaxWaiters = m.cfg.Store, m.cfg.MaxBodyMemory, m.cfg.MaxWaiters
+	cfg, err := cfg.Resolve()
+	if err != nil {
+		return nil, err
+	}
+	m.health.widen(cfg.Lease)
+	return newMiddleware(cfg, m.shared), nil
+}
+
+// sameStore reports whether a and b are the same store; a store whose value cannot be
+// compared is not the same as any.
+func sameStore(a, b Store) (same bool) {
+	defer func() {
+		if recover() != nil {
+			same = false
+		}
+	}()
+	return a == b
+}
+
+// newMiddleware returns the middleware of the resolved cfg over sh.
+func newMiddleware(cfg Config, sh *shared) *Middleware {
+	m := &Middleware{cfg: cfg, methods: map[string]bool{}, shared: sh}
 	for _, meth := range cfg.Methods {
 		m.methods[meth] = true
 	}
-	m.bodies.max = cfg.MaxBodyMemory
 	if cfg.KeyPointer != "" {
 		m.keyPointer, _ = parsePointer(cfg.KeyPointer) // checked by Resolve
 	}
@@ -245,9 +324,7 @@ func New(cfg Config) (*Middleware, error) {
 		p, _ := parsePointer(ig)
 		m.ignore = append(m.ignore, p)
 	}
-	m.probeCtx, m.probeStop = context.WithCancel(context.Background())
-	m.flushCtx, m.flushStop = context.WithCancel(context.Background())
-	return m, nil
+	return m
 }
 
 // Resolve returns cfg with the defaults applied, or the error New would return for it
@@ -367,6 +444,10 @@ func (m *Middleware) Serve(w http.ResponseWriter, r *http.Request, next http.Han
 // stopped serving. It logs each held response it could not store (their keys stay in
 // progress until their leases end, and a retry then runs the request again) and
 // returns an error saying how many there were.
+//
+// The probe and the held responses are those of every middleware sharing m's store state
+// (New's and those made with With): Shutdown on any of them is the group's, so call it
+// once, when nothing serves through any of them any more.
 func (m *Middleware) Shutdown(ctx context.Context) error {
 	m.shutdownMu.Lock()
 	defer m.shutdownMu.Unlock()
@@ -431,8 +512,10 @@ func (m *Middleware) report(r *http.Request, o Outcome) {
 	}
 }
 
-// startProbe starts the store probe on the first keyed request (a store that cannot be
-// pinged learns only from requests).
+// startProbe starts the store probe on the first keyed request of any middleware of the
+// group (a store that cannot be pinged learns only from requests). Its pings are store
+// calls of the middleware New made, so that they go to one StoreTimeout and one
+// OnStoreCall whichever route's request started the probe.
 func (m *Middleware) startProbe() {
 	m.probeOnce.Do(func() {
 		p, ok := m.cfg.Store.(Pinger)
@@ -442,7 +525,7 @@ func (m *Middleware) startProbe() {
 		m.bg.Add(1)
 		go func() {
 			defer m.bg.Done()
-			m.probe(m.probeCtx, p)
+			m.prober.probe(m.probeCtx, p)
 		}()
 	})
 }
@@ -566,8 +649,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // instant the first was decided at (TakeoverBy), so that a claim the network or a client
 // library delivers late takes nothing over on old knowledge, and only when this process
 // has seen the store answer for a whole lease since it last failed (health), so that an
-// owner cut off by an outage has had the time to renew. wait is how long takeovers are
-// still held back.
+// owner cut off by an outage has had the time to renew. The third is of the shortest
+// lease of the middlewares sharing the store's health, as health judges slowness by it:
+// the knowledge a takeover is decided on is no older than the probe keeps it. wait is
+// how long takeovers are still held back.
 func (m *Middleware) claim(ctx context.Context, req ClaimRequest) (res ClaimResult, wait time.Duration, err error) {
 	call := func() error {
 		return m.storeCall(ctx, StoreClaim, func(sctx context.Context) (err error) {
@@ -580,12 +665,13 @@ func (m *Middleware) claim(ctx context.Context, req ClaimRequest) (res ClaimResu
 		return res, 0, err
 	}
 	wait = m.health.takeoverWait()
+	fresh := m.health.shortestLease() / 3
 	rec := res.Existing
-	if wait > 0 || time.Since(start) >= m.cfg.Lease/3 || rec.State != StateInProgress || rec.LeaseUntil.After(res.Now) ||
+	if wait > 0 || time.Since(start) >= fresh || rec.State != StateInProgress || rec.LeaseUntil.After(res.Now) ||
 		rec.Fingerprint != req.Fingerprint && rec.ExpiresAt.After(res.Now) {
 		return res, wait, nil
 	}
-	req.NoTakeover, req.TakeoverBy = false, res.Now.Add(m.cfg.Lease/3)
+	req.NoTakeover, req.TakeoverBy = false, res.Now.Add(fresh)
 	err = call()
 	return res, 0, err
 }

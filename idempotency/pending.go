@@ -10,7 +10,8 @@ import (
 // is alive and holds the key's token: nobody else can have stored or run the request
 // meanwhile, because claims leave an expired lease alone for a lease after this process
 // saw the store fail (health). The middleware keeps trying to store it, and answers
-// retries that reach this process from it.
+// retries that reach this process from it, through any middleware over the store
+// (With).
 type pending struct {
 	claim *Claim
 	resp  Response

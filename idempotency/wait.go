@@ -50,7 +50,9 @@ const (
 )
 
 // waiters are the requests of this process waiting for keys in progress, so that they
-// are bounded (in all and per key) and woken when the owner here finishes.
+// are bounded (in all and per key) and woken when the owner here finishes. They are
+// shared by the middlewares over one store: a key is one record, whichever route its
+// owner and its waiters came through.
 type waiters struct {
 	mu    sync.Mutex
 	total int
@@ -121,7 +123,9 @@ func (ws *waiters) count() int {
 	return ws.total
 }
 
-// Waiting returns how many requests are waiting for keys in progress (ConflictWait).
+// Waiting returns how many requests are waiting for keys in progress (ConflictWait),
+// through m and every middleware it shares its store state with (With): the count
+// MaxWaiters bounds.
 func (m *Middleware) Waiting() int { return m.waiting.count() }
 
 // mustWait reports whether a request that lost its claim to res waits for the owner: the
@@ -141,6 +145,8 @@ func (m *Middleware) mustWait(res ClaimResult, fp string) bool {
 // stored), to be replayed.
 func (m *Middleware) await(ctx context.Context, req ClaimRequest, res ClaimResult, wait time.Duration) (_ ClaimResult, _ time.Duration, held *pending, err error) {
 	k := scopeKey{req.Scope, req.Key}
+	// MaxWaiters is the group's (With keeps it equal); MaxWaitersPerKey is this
+	// middleware's, against all the key's waiters.
 	if !m.waiting.join(k, m.cfg.MaxWaiters, m.cfg.MaxWaitersPerKey) {
 		return res, wait, nil, nil
 	}
