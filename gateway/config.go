@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/retrysafe/retrysafe/idempotency"
-	"github.com/retrysafe/retrysafe/internal/httpname"
 	"github.com/retrysafe/retrysafe/retry"
 )
 
@@ -22,7 +21,8 @@ import (
 type Config struct {
 	// Upstream is the service the gateway forwards to: an absolute http or https URL.
 	// Its path, if any, prefixes the request's path (httputil.ProxyRequest.SetURL).
-	// Required.
+	// Required, unless Routes are set: then nil means that a request no route matches is
+	// answered 404 (ProblemNoRoute) and not forwarded.
 	Upstream *url.URL
 
 	// Idempotency configures the idempotency middleware the gateway runs every request
@@ -81,11 +81,17 @@ type Config struct {
 	// server resets its stream with PROTOCOL_ERROR, whether or not the server acted.
 	Transport http.RoundTripper
 
+	// Routes give the requests that match their patterns a policy of their own, the
+	// most specific route first (see Route). The fields above are the policy of the
+	// requests no route matches, the catch-all route "/", unless a route has that
+	// pattern. Default none: one policy for every request.
+	Routes []Route
+
 	// ShutdownTimeout bounds each phase of Run's graceful shutdown: how long the
 	// requests in flight get to finish before their connections are closed (a request
 	// whose connection was closed still records the upstream's answer before Run
 	// returns), and then how long answers the store could not take get to be stored.
-	// Default UpstreamTimeout + DefaultShutdownGrace.
+	// Default the longest upstream timeout of the routes + DefaultShutdownGrace.
 	ShutdownTimeout time.Duration
 }
 
@@ -101,27 +107,52 @@ const (
 
 // Resolve returns cfg with the defaults applied, the middleware's by
 // idempotency.Config.Resolve, or the error New would return for it (but for a missing
-// Idempotency.Store): a command line can check its flags with it before it opens a
-// store.
+// Idempotency.Store): a command line can check its flags or its file with it before it
+// opens a store. An error of one of Routes is a *RouteError.
 func (cfg Config) Resolve() (Config, error) {
+	cfg, _, err := cfg.resolve()
+	return cfg, err
+}
+
+// resolve is Resolve, which also returns the policies of the routes, the catch-all
+// first. cfg must not have been resolved already (the middleware's Resolve sets a
+// default scope, which would read as the caller's own).
+func (cfg Config) resolve() (Config, []policy, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
-		return cfg, err
+		return cfg, nil, err
 	}
+	ps, err := cfg.policies()
+	if err != nil {
+		return cfg, nil, err
+	}
+	// The gateway-wide fields: the bounds of Idempotency, which every route shares.
 	if cfg.Idempotency, err = cfg.Idempotency.Resolve(); err != nil {
-		return cfg, fmt.Errorf("gateway: %w", err)
+		return cfg, nil, fmt.Errorf("gateway: %w", err)
 	}
-	return cfg, checkTTL(cfg.Idempotency, cfg.UpstreamTimeout)
+	longest := time.Duration(0)
+	mux := http.NewServeMux()
+	for i, p := range ps {
+		longest = max(longest, p.upstreamTimeout)
+		if register(mux, p.pattern) != nil {
+			return cfg, nil, &RouteError{Index: p.index, Pattern: p.pattern, Err: conflicts(ps, i)}
+		}
+	}
+	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, longest+DefaultShutdownGrace)
+	return cfg, ps, nil
 }
 
 // withDefaults checks the gateway's own fields and fills in their defaults; the
-// middleware's are idempotency.Config.Resolve's to check and fill.
+// middleware's are idempotency.Config.Resolve's to check and fill, and the policies'
+// (scope, methods, TTL) policies'.
 func (cfg Config) withDefaults() (Config, error) {
-	if cfg.Upstream == nil {
+	if cfg.Upstream == nil && len(cfg.Routes) == 0 {
 		return cfg, errors.New("gateway: Config.Upstream is required")
 	}
-	if err := checkUpstream(cfg.Upstream); err != nil {
-		return cfg, err
+	if cfg.Upstream != nil {
+		if err := checkUpstream(cfg.Upstream); err != nil {
+			return cfg, err
+		}
 	}
 	if cfg.UpstreamTimeout < 0 {
 		return cfg, errors.New("gateway: Config.UpstreamTimeout is negative")
@@ -129,31 +160,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.ShutdownTimeout < 0 {
 		return cfg, errors.New("gateway: Config.ShutdownTimeout is negative")
 	}
-	if cfg.ScopeHeader != "" && !httpname.Valid(cfg.ScopeHeader) {
-		return cfg, fmt.Errorf("gateway: Config.ScopeHeader %q is not a header name", cfg.ScopeHeader)
-	}
-	if cfg.ScopeCookie != "" && !httpname.Valid(cfg.ScopeCookie) {
-		return cfg, fmt.Errorf("gateway: Config.ScopeCookie %q is not a cookie name", cfg.ScopeCookie)
-	}
-	sources := 0
-	for _, set := range []bool{cfg.ScopeHeader != "", cfg.ScopeCookie != "", cfg.ScopeNone, cfg.Idempotency.Scope != nil} {
-		if set {
-			sources++
-		}
-	}
-	if sources > 1 {
-		return cfg, errors.New("gateway: more than one scope source is set: Config.ScopeHeader, Config.ScopeCookie, Config.ScopeNone and Config.Idempotency.Scope exclude each other")
-	}
-	for _, m := range cfg.Idempotency.Methods {
-		switch strings.ToUpper(m) {
-		case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
-			// Safe methods have no effect to do twice, and Go's HTTP client resends them
-			// by itself on a broken connection, which would break one forward per claim.
-			return cfg, fmt.Errorf("gateway: Config.Idempotency.Methods: %s is a safe method and cannot need a key", strings.ToUpper(m))
-		}
-	}
 	cfg.UpstreamTimeout = cmp.Or(cfg.UpstreamTimeout, DefaultUpstreamTimeout)
-	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, cfg.UpstreamTimeout+DefaultShutdownGrace)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}

@@ -22,6 +22,22 @@
 // together, in memory (Idempotency.MaxBodyMemory, 503 with Retry-After), before anything is
 // claimed.
 //
+// # Routes
+//
+// A real API is mixed: POST /payments must need a key, POST /search must pass through
+// untouched, a webhook carries its key in the body. Config.Routes give the requests
+// that match a net/http pattern a policy of their own (Route): the key's source, the
+// scope, the fingerprint, the limits, the conflict policy, the upstream, or Off. Of the
+// routes a request matches, the most specific has it, as ServeMux decides, and the
+// Config's own fields are the policy of the requests no route matches. Matching is
+// ServeMux's, on the cleaned path and the method in upper case, so that no spelling of
+// a path or a method takes a request out of a route that needs a key; the request is
+// forwarded as it came. Reload swaps in new routes atomically: a request keeps the
+// route it was matched to until it ends. Every route's middleware is made with
+// idempotency.Middleware.With from one root, so they share what the process knows of
+// the store (its health, which decides takeovers), the answers it could not store yet,
+// the waiters and the memory bound of request bodies, across routes and reloads.
+//
 // # The upstream call and what its failures mean
 //
 // Each claim is forwarded once. The transport goes through retry.SendOnce, so Go's HTTP
@@ -70,9 +86,12 @@
 // when the store has one. Every keyed request is logged on one line (log/slog) with its
 // outcome and latency. Metrics (all prefixed retrysafe_gateway_):
 //
-//	requests_total{outcome}                   counter: requests by idempotency outcome
-//	request_duration_seconds{outcome}         histogram: whole request latency
-//	upstream_duration_seconds{result}         histogram: upstream round trips, by status
+//	requests_total{route,outcome}             counter: requests by route (its pattern;
+//	                                          "/" for the catch-all) and outcome
+//	request_duration_seconds{route,outcome}   histogram: whole request latency
+//	upstream_duration_seconds{upstream,result}
+//	                                          histogram: upstream round trips, by
+//	                                          upstream (host:port) and status
 //	                                          class (2xx…5xx) or failure (unreachable,
 //	                                          timeout, failed)
 //	store_duration_seconds{operation}         histogram: store calls (claim, complete, …)

@@ -35,19 +35,32 @@ import (
 // Gateway is the idempotency reverse proxy. Make one with New; it is an http.Handler.
 type Gateway struct {
 	cfg      Config
-	mw       *idempotency.Middleware
+	root     *idempotency.Middleware // the store's shared state; every route's middleware is made With it
 	metrics  *metrics
 	gatherer prometheus.Gatherer // nil: no /metrics
-	proxy    *httputil.ReverseProxy
-	handler  http.Handler // deadline.Middleware, then serve
-	forwardH http.Handler // forward, made once: the middleware's handler
-	// protected are the request headers the upstream must receive as the gateway saw
-	// them: the key, the scope's source and the content type (both fingerprinted).
-	protected []string
+	buffers  *bufferPool
+
+	table    atomic.Pointer[table] // the routes; Reload swaps it
+	reloadMu sync.Mutex
 
 	active   tracker     // requests being served
 	draining atomic.Bool // Run is shutting down: /readyz answers 503
 	running  atomic.Bool
+}
+
+// route is one route as the gateway serves it.
+type route struct {
+	policy
+	label     string                  // the route label of the metrics: its pattern
+	mw        *idempotency.Middleware // nil: the route is Off
+	proxy     *httputil.ReverseProxy
+	handler   http.Handler // deadline.Middleware, then serve
+	forwardH  http.Handler // forward: the middleware's handler
+	keyHeader string       // logged
+	logRoute  bool         // the gateway has several routes: its lines name the route
+	// protected are the request headers the upstream must receive as the gateway saw
+	// them: the key, the scope's source and the content type (both fingerprinted).
+	protected []string
 }
 
 // New returns a Gateway, or an error when cfg is unusable.
@@ -55,12 +68,11 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Idempotency.Store == nil {
 		return nil, errors.New("gateway: Config.Idempotency.Store is required")
 	}
-	ownScope := cfg.Idempotency.Scope != nil // Resolve sets the default
-	cfg, err := cfg.Resolve()
+	cfg, ps, err := cfg.resolve()
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg}
+	g := &Gateway{cfg: cfg, buffers: &bufferPool{}}
 	reg := cfg.Registerer
 	if reg == nil {
 		r := newRegistry()
@@ -68,9 +80,9 @@ func New(cfg Config) (*Gateway, error) {
 	} else if ga, ok := reg.(prometheus.Gatherer); ok {
 		g.gatherer = ga
 	}
-	var mw atomic.Pointer[idempotency.Middleware] // set once the middleware is made
+	var root atomic.Pointer[idempotency.Middleware] // set once the middleware is made
 	waiting := func() int {
-		if m := mw.Load(); m != nil {
+		if m := root.Load(); m != nil {
 			return m.Waiting()
 		}
 		return 0
@@ -78,59 +90,172 @@ func New(cfg Config) (*Gateway, error) {
 	if g.metrics, err = newMetrics(reg, waiting); err != nil {
 		return nil, err
 	}
-
-	mcfg := cfg.Idempotency
-	// The headers the key and the scope come from, and the fingerprinted content type.
-	g.protected = []string{http.CanonicalHeaderKey(mcfg.KeyHeader), "Content-Type"}
-	switch {
-	case cfg.ScopeHeader != "":
-		mcfg.Scope = idempotency.HeaderScope(cfg.ScopeHeader)
-		g.protected = append(g.protected, http.CanonicalHeaderKey(cfg.ScopeHeader))
-	case cfg.ScopeCookie != "":
-		mcfg.Scope = idempotency.CookieScope(cfg.ScopeCookie)
-		g.protected = append(g.protected, "Cookie")
-	case cfg.ScopeNone:
-		mcfg.Scope = idempotency.NoScope
-	case !ownScope: // the default, the Authorization header's hash
-		g.protected = append(g.protected, "Authorization")
-	}
-	userObserver := mcfg.OnStoreCall
-	mcfg.OnStoreCall = func(op idempotency.StoreOp, took time.Duration, err error) {
-		g.metrics.observeStore(string(op), took, err)
-		if userObserver != nil {
-			userObserver(op, took, err)
-		}
-	}
-	if g.mw, err = idempotency.New(mcfg); err != nil {
+	// The root holds what every route shares of the store: what it knows of the
+	// store's health, the answers it could not store yet, the memory of request bodies
+	// and the waiters. It serves no request itself.
+	rcfg := cfg.Idempotency
+	rcfg.OnOutcome, rcfg.OnStoreCall = nil, g.observeStore(cfg.Idempotency.OnStoreCall)
+	if g.root, err = idempotency.New(rcfg); err != nil {
 		promreg.Unregister(reg, g.metrics.slots()...) // so that a corrected Config can register them again
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	mw.Store(g.mw)
-	g.proxy = &httputil.ReverseProxy{
+	root.Store(g.root)
+	t, err := g.build(ps)
+	if err != nil {
+		promreg.Unregister(reg, g.metrics.slots()...)
+		return nil, err
+	}
+	g.table.Store(t)
+	return g, nil
+}
+
+// Reload replaces the gateway's routes and policies with those of cfg, atomically: a
+// request already matched to a route finishes under that route's policy, and the next
+// ones have the new routes. On error nothing changes. What the gateway shares across
+// routes stays New's: cfg's Idempotency.Store must be nil or the gateway's, its
+// Idempotency.MaxBodyMemory and MaxWaiters zero or New's, and its Logger, Registerer,
+// Transport and ShutdownTimeout are not used (the gateway keeps its own). Keys and
+// answers are the store's, so a record made under one configuration is replayed under
+// the next, if the request still matches it.
+func (g *Gateway) Reload(cfg Config) error {
+	g.reloadMu.Lock()
+	defer g.reloadMu.Unlock()
+	own := g.cfg.Idempotency
+	switch {
+	case cfg.Idempotency.Store != nil && cfg.Idempotency.Store != own.Store:
+		return errors.New("gateway: Reload: Config.Idempotency.Store is not the gateway's; a new store needs a new Gateway")
+	case cfg.Idempotency.MaxBodyMemory != 0 && cfg.Idempotency.MaxBodyMemory != own.MaxBodyMemory,
+		cfg.Idempotency.MaxWaiters != 0 && cfg.Idempotency.MaxWaiters != own.MaxWaiters:
+		return fmt.Errorf("gateway: Reload: Config.Idempotency.MaxBodyMemory and MaxWaiters bound the whole gateway and cannot change (%d bytes, %d waiters)", own.MaxBodyMemory, own.MaxWaiters)
+	}
+	cfg.Idempotency.Store = own.Store
+	cfg.Idempotency.MaxBodyMemory, cfg.Idempotency.MaxWaiters = own.MaxBodyMemory, own.MaxWaiters
+	cfg.Logger, cfg.Registerer, cfg.Transport, cfg.ShutdownTimeout = g.cfg.Logger, g.cfg.Registerer, g.cfg.Transport, g.cfg.ShutdownTimeout
+	_, ps, err := cfg.resolve()
+	if err != nil {
+		return err
+	}
+	t, err := g.build(ps)
+	if err != nil {
+		return err
+	}
+	g.table.Store(t)
+	return nil
+}
+
+// observeStore returns the OnStoreCall of the routes' middlewares: the gateway's
+// metrics, then the caller's own.
+func (g *Gateway) observeStore(user func(idempotency.StoreOp, time.Duration, error)) func(idempotency.StoreOp, time.Duration, error) {
+	return func(op idempotency.StoreOp, took time.Duration, err error) {
+		g.metrics.observeStore(string(op), took, err)
+		if user != nil {
+			user(op, took, err)
+		}
+	}
+}
+
+// build makes the routes of ps into a table.
+func (g *Gateway) build(ps []policy) (*table, error) {
+	routes := make([]*route, len(ps))
+	for i, p := range ps {
+		rt, err := g.newRoute(p)
+		if err != nil {
+			return nil, g.routeError(ps, i, err)
+		}
+		routes[i] = rt
+	}
+	t := &table{byPattern: make(map[string]*route, len(routes))}
+	if len(routes) == 1 && routes[0].pattern == catchAll {
+		t.single = routes[0]
+		return t, nil
+	}
+	t.mux = http.NewServeMux()
+	for i, rt := range routes {
+		rt.logRoute = true
+		t.byPattern[rt.pattern] = rt
+		if rt.pattern == catchAll {
+			t.fallback = rt
+		}
+		if err := registerRoute(t.mux, rt); err != nil {
+			return nil, g.routeError(ps, i, conflicts(ps, i))
+		}
+	}
+	return t, nil
+}
+
+// routeError reports an error of ps[i]: a RouteError, but for the implicit catch-all,
+// whose fields are the Config's own.
+func (g *Gateway) routeError(ps []policy, i int, err error) error {
+	if ps[i].index < 0 {
+		return err
+	}
+	return &RouteError{Index: ps[i].index, Pattern: ps[i].pattern, Err: err}
+}
+
+func registerRoute(mux *http.ServeMux, rt *route) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%v", v)
+		}
+	}()
+	mux.Handle(rt.pattern, routeHandler{rt})
+	return nil
+}
+
+// newRoute makes the middleware, proxy and handlers of p.
+func (g *Gateway) newRoute(p policy) (*route, error) {
+	rt := &route{policy: p, label: p.pattern, keyHeader: p.mw.KeyHeader}
+	if !p.off {
+		mcfg := p.mw
+		mcfg.Store = g.cfg.Idempotency.Store
+		// The headers the key and the scope come from, and the fingerprinted content type.
+		rt.protected = []string{http.CanonicalHeaderKey(mcfg.KeyHeader), "Content-Type"}
+		switch {
+		case p.scopeHeader != "":
+			mcfg.Scope = idempotency.HeaderScope(p.scopeHeader)
+			rt.protected = append(rt.protected, http.CanonicalHeaderKey(p.scopeHeader))
+		case p.scopeCookie != "":
+			mcfg.Scope = idempotency.CookieScope(p.scopeCookie)
+			rt.protected = append(rt.protected, "Cookie")
+		case p.scopeNone:
+			mcfg.Scope = idempotency.NoScope
+		case !p.ownScope: // the default, the Authorization header's hash
+			mcfg.Scope = idempotency.AuthorizationScope
+			rt.protected = append(rt.protected, "Authorization")
+		}
+		mcfg.OnStoreCall = g.observeStore(p.mw.OnStoreCall)
+		mw, err := g.root.With(mcfg)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+		rt.mw = mw
+	}
+	upstream := p.upstream
+	rt.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(cfg.Upstream)
+			pr.SetURL(upstream)
 			pr.SetXForwarded()
 		},
 		// deadline.Transport tells the upstream, in Request-Budget-Ms, how long the
 		// gateway will wait for it: what is left of UpstreamTimeout.
-		Transport:      deadline.Transport{Base: cfg.Transport},
+		Transport:      deadline.Transport{Base: g.cfg.Transport},
 		ModifyResponse: g.modifyResponse,
 		ErrorHandler:   g.upstreamError,
 		// What the proxy logs of a failed round trip or body copy, the request's own
 		// line says (upstream_error): the proxy's lines are for debugging.
-		ErrorLog: log.New(slogWriter{cfg.Logger, slog.LevelDebug}, "", 0),
+		ErrorLog: log.New(slogWriter{g.cfg.Logger, slog.LevelDebug}, "", 0),
 		// Without a pool ReverseProxy allocates a 32 KiB copy buffer per request: over
 		// half the bytes a proxied request allocated in BenchmarkGateway's profile.
-		BufferPool: &bufferPool{},
+		BufferPool: g.buffers,
 	}
 	// The server's budget for a request is the time to receive its body and to call the
 	// upstream: a caller whose own budget (Request-Budget-Ms) is already spent is
 	// answered 504 before anything is claimed, and one whose budget runs out while its
 	// body arrives is answered 504 too; a body slower than BodyTimeout is a 408.
-	budget := g.mw.Config().BodyTimeout + cfg.UpstreamTimeout
-	g.forwardH = http.HandlerFunc(g.forward)
-	g.handler = deadline.Middleware(deadline.Config{Budget: budget, Logger: cfg.Logger})(http.HandlerFunc(g.serve))
-	return g, nil
+	budget := p.mw.BodyTimeout + p.upstreamTimeout
+	rt.forwardH = http.HandlerFunc(g.forward)
+	rt.handler = deadline.Middleware(deadline.Config{Budget: budget, Logger: g.cfg.Logger})(http.HandlerFunc(g.serve))
+	return rt, nil
 }
 
 // ProblemHopByHop (400): the request's Connection header lists a header the upstream
@@ -143,14 +268,16 @@ const (
 	outcomeHopByHop        = "hop-by-hop"       // 400: Connection names a protected header
 	outcomeBudgetExhausted = "budget-exhausted" // 504 from deadline.Middleware: nothing ran
 	outcomeError           = "error"            // the request panicked before an outcome
+	outcomeNoRoute         = "no-route"         // 404: no route matched
 )
 
-// hopByHop returns the first protected header r's Connection header lists, or "".
-func (g *Gateway) hopByHop(r *http.Request) string {
+// hopByHop returns the first header protected by rt that r's Connection header lists,
+// or "".
+func (rt *route) hopByHop(r *http.Request) string {
 	for _, v := range r.Header.Values("Connection") {
 		for name := range strings.SplitSeq(v, ",") {
 			name = http.CanonicalHeaderKey(strings.TrimSpace(name))
-			if slices.Contains(g.protected, name) {
+			if slices.Contains(rt.protected, name) {
 				return name
 			}
 		}
@@ -164,6 +291,7 @@ func (g *Gateway) hopByHop(r *http.Request) string {
 type exchange struct {
 	start  time.Time
 	client *clientWriter
+	rt     *route // nil: no route matched
 
 	sent     atomic.Bool   // the upstream request's headers were written
 	noServer withoutServer // the upstream call's context, as the proxy sees it
@@ -196,16 +324,23 @@ func exchangeFrom(ctx context.Context) *exchange {
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.active.add()
 	defer g.active.done()
-	ex := &exchange{start: time.Now(), client: &clientWriter{ResponseWriter: w}}
+	rt := g.table.Load().match(r)
+	ex := &exchange{start: time.Now(), client: &clientWriter{ResponseWriter: w}, rt: rt}
 	defer g.finish(r, ex) // also when the request panics
-	if name := g.hopByHop(r); name != "" {
+	if rt == nil {
+		ex.setOutcome(outcomeNoRoute)
+		idempotency.WriteProblem(ex.client, idempotency.Problem{Type: ProblemNoRoute, Title: "No route",
+			Status: http.StatusNotFound, Detail: "No route of the gateway matches " + r.Method + " " + r.URL.Path + ": the request was not forwarded."}, 0)
+		return
+	}
+	if name := rt.hopByHop(r); name != "" {
 		ex.setOutcome(outcomeHopByHop)
 		idempotency.WriteProblem(ex.client, idempotency.Problem{Type: ProblemHopByHop, Title: "Header listed as hop-by-hop",
 			Status: http.StatusBadRequest,
 			Detail: "The Connection header lists " + name + ", which the upstream must receive (it is the key, the scope or fingerprinted): the request was not forwarded."}, 0)
 		return
 	}
-	g.handler.ServeHTTP(ex.client, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, ex)))
+	rt.handler.ServeHTTP(ex.client, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, ex)))
 	ex.mu.Lock()
 	if ex.outcome == "" {
 		// serve never ran: deadline.Middleware answered, the caller's budget being spent.
@@ -221,11 +356,17 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// serve runs the request through the idempotency middleware, with forward as the
-// handler, and keeps the outcome it returns.
+// serve runs the request through its route's idempotency middleware, with forward as
+// the handler, and keeps the outcome it returns; the request of an Off route goes to
+// forward as it is.
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
-	o, err := g.mw.Serve(w, r, g.forwardH)
 	ex := exchangeFrom(r.Context())
+	o, err := idempotency.OutcomePassThrough, error(nil)
+	if ex.rt.mw == nil {
+		g.forward(w, r)
+	} else {
+		o, err = ex.rt.mw.Serve(w, r, ex.rt.forwardH)
+	}
 	ex.mu.Lock()
 	ex.outcome = string(o)
 	ex.abort = ex.abort || errors.Is(err, idempotency.ErrAborted)
@@ -250,7 +391,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 		parent = context.WithoutCancel(parent)
 		settled = claim.Stored()
 	}
-	call := startUpstreamCall(parent, g.cfg.UpstreamTimeout, settled)
+	call := startUpstreamCall(parent, ex.rt.upstreamTimeout, settled)
 	defer call.stop()
 	ex.mu.Lock()
 	ex.call = call
@@ -261,7 +402,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 	ex.noServer.Context = call.ctx // in the exchange, which is on the heap already
 	ctx := sentTrace(&ex.noServer, &ex.sent)
 	start := time.Now()
-	g.proxy.ServeHTTP(w, r.WithContext(ctx))
+	ex.rt.proxy.ServeHTTP(w, r.WithContext(ctx))
 
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
@@ -286,7 +427,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 	default:
 		result = "other"
 	}
-	g.metrics.upstreamDur.WithLabelValues(result).Observe(ex.upstreamDur.Seconds())
+	g.metrics.upstreamDur.WithLabelValues(ex.rt.upstream.Host, result).Observe(ex.upstreamDur.Seconds())
 }
 
 // withoutServer hides the http.Server from the context the ReverseProxy sees: under a
@@ -332,7 +473,13 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, out *http.Request, err er
 		ex.mu.Unlock()
 	}
 	claim, keyed := idempotency.ClaimFromContext(ctx)
-	leaseDur := g.mw.Config().Lease
+	var leaseDur, timeout time.Duration
+	if ex != nil {
+		timeout = ex.rt.upstreamTimeout
+		if ex.rt.mw != nil {
+			leaseDur = ex.rt.mw.Config().Lease
+		}
+	}
 	lease := int(math.Ceil(leaseDur.Seconds()))
 	retry := "Retry it with the same Idempotency-Key."
 	if keyed {
@@ -358,7 +505,7 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, out *http.Request, err er
 		Detail: "The request was forwarded and the connection to the upstream failed before an answer: it may or may not have been executed. " + retry}
 	if f == failTimeout {
 		p = idempotency.Problem{Type: ProblemUpstreamTimeout, Title: "Upstream timed out", Status: http.StatusGatewayTimeout,
-			Detail: fmt.Sprintf("The request was forwarded and the upstream did not answer within %s: it may or may not have been executed. %s", g.cfg.UpstreamTimeout, retry)}
+			Detail: fmt.Sprintf("The request was forwarded and the upstream did not answer within %s: it may or may not have been executed. %s", timeout, retry)}
 	}
 	idempotency.WriteProblem(w, p, lease)
 }
@@ -381,8 +528,12 @@ func (g *Gateway) finish(r *http.Request, ex *exchange) {
 	case status == 0:
 		status = http.StatusOK // what net/http sends for a handler that wrote nothing
 	}
-	g.metrics.requests.WithLabelValues(outcome).Inc()
-	g.metrics.requestDur.WithLabelValues(outcome).Observe(d.Seconds())
+	label, keyHeader := "", ""
+	if ex.rt != nil {
+		label, keyHeader = ex.rt.label, ex.rt.keyHeader
+	}
+	g.metrics.requests.WithLabelValues(label, outcome).Inc()
+	g.metrics.requestDur.WithLabelValues(label, outcome).Observe(d.Seconds())
 
 	level := slog.LevelInfo
 	if outcome == string(idempotency.OutcomePassThrough) {
@@ -400,7 +551,10 @@ func (g *Gateway) finish(r *http.Request, ex *exchange) {
 		slog.Int("status", status),
 		slog.Duration("latency", d),
 	)
-	if k := r.Header.Get(g.cfg.Idempotency.KeyHeader); k != "" {
+	if ex.rt != nil && ex.rt.logRoute {
+		attrs = append(attrs, slog.String("route", label))
+	}
+	if k := r.Header.Get(keyHeader); keyHeader != "" && k != "" {
 		if len(k) > 80 {
 			k = k[:80] + "…"
 		}

@@ -855,6 +855,7 @@ func TestAdminAndMetrics(t *testing.T) {
 	f.do("POST", "/pay", "", `{}`)
 	admin := httptest.NewServer(f.gw.Admin())
 	t.Cleanup(admin.Close)
+	upstreamHost := strings.TrimPrefix(f.up.URL, "http://")
 	for path, want := range map[string]int{"/healthz": 200, "/readyz": 200, "/metrics": 200, "/nope": 404} {
 		res, err := http.Get(admin.URL + path)
 		if err != nil {
@@ -869,14 +870,14 @@ func TestAdminAndMetrics(t *testing.T) {
 			continue
 		}
 		for _, line := range []string{
-			`retrysafe_gateway_requests_total{outcome="executed"} 1`,
-			`retrysafe_gateway_requests_total{outcome="replayed"} 1`,
-			`retrysafe_gateway_requests_total{outcome="missing-key"} 1`,
+			`retrysafe_gateway_requests_total{outcome="executed",route="/"} 1`,
+			`retrysafe_gateway_requests_total{outcome="replayed",route="/"} 1`,
+			`retrysafe_gateway_requests_total{outcome="missing-key",route="/"} 1`,
 			`retrysafe_gateway_store_duration_seconds_count{operation="claim"} 2`,
 			`retrysafe_gateway_store_duration_seconds_count{operation="complete"} 1`,
-			`retrysafe_gateway_upstream_duration_seconds_count{result="2xx"} 1`,
+			`retrysafe_gateway_upstream_duration_seconds_count{result="2xx",upstream="` + upstreamHost + `"} 1`,
 			`retrysafe_gateway_keys_in_flight 0`,
-			`retrysafe_gateway_request_duration_seconds_bucket{outcome="executed",le="+Inf"} 1`,
+			`retrysafe_gateway_request_duration_seconds_bucket{outcome="executed",route="/",le="+Inf"} 1`,
 			`go_goroutines`,
 		} {
 			if !strings.Contains(string(b), line) {

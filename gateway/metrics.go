@@ -32,17 +32,17 @@ func newMetrics(reg prometheus.Registerer, waiting func() int) (*metrics, error)
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Subsystem: subsystem, Name: "requests_total",
-			Help: "Requests by idempotency outcome (executed, replayed, conflict, mismatch, missing-key, released, abandoned, …).",
-		}, []string{"outcome"}),
+			Help: "Requests by route (its pattern) and idempotency outcome (executed, replayed, conflict, mismatch, missing-key, released, abandoned, …).",
+		}, []string{"route", "outcome"}),
 		requestDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, Name: "request_duration_seconds",
-			Help: "Latency of whole requests through the gateway, by outcome.", Buckets: latency,
-		}, []string{"outcome"}),
+			Help: "Latency of whole requests through the gateway, by route and outcome.", Buckets: latency,
+		}, []string{"route", "outcome"}),
 		upstreamDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, Name: "upstream_duration_seconds",
-			Help:    "Latency of upstream round trips (body included), by status class (2xx…5xx) or failure (unreachable, timeout, failed, body-failed).",
+			Help:    "Latency of upstream round trips (body included), by upstream (host:port) and status class (2xx…5xx) or failure (unreachable, timeout, failed, body-failed).",
 			Buckets: latency,
-		}, []string{"result"}),
+		}, []string{"upstream", "result"}),
 		storeDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, Name: "store_duration_seconds",
 			Help:    "Latency of idempotency store calls, by operation (claim, extend, complete, release, abandon, get, delete_expired, ping).",

@@ -148,7 +148,7 @@ func (g *Gateway) Run(ctx context.Context, ln, adminLn net.Listener) error {
 // each one it could not store, and stops the store probe. Run calls it; call it
 // yourself, after your server has stopped, when you serve the Gateway another way.
 func (g *Gateway) Shutdown(ctx context.Context) error {
-	if err := g.mw.Shutdown(ctx); err != nil {
+	if err := g.root.Shutdown(ctx); err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	return nil
