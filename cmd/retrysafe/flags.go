@@ -7,9 +7,10 @@ import (
 	"io"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/retrysafe/retrysafe/internal/bytesize"
 )
 
 // newFlagSet returns a flag set that reports nothing by itself: parse does.
@@ -90,39 +91,16 @@ func oneLine(v any) string {
 	return strings.Join(strings.Fields(s), " ")
 }
 
-// byteSize is a flag value of bytes: an integer with an optional unit, B, KiB, MiB,
-// GiB (powers of 1024; K, M and G alone are the same), or KB, MB, GB (powers of 1000).
+// byteSize is a flag value of bytes, read and written by package bytesize: an integer
+// with an optional unit, B, KiB, MiB, GiB (powers of 1024; K, M and G alone are the
+// same), or KB, MB, GB (powers of 1000), as sizes are in the configuration file.
 type byteSize int64
 
-var sizeUnits = map[string]int64{
-	"": 1, "b": 1,
-	"k": 1 << 10, "kib": 1 << 10, "kb": 1000,
-	"m": 1 << 20, "mib": 1 << 20, "mb": 1000 * 1000,
-	"g": 1 << 30, "gib": 1 << 30, "gb": 1000 * 1000 * 1000,
-}
-
-func parseSize(s string) (int64, error) {
-	t := strings.TrimSpace(s)
-	i := 0
-	for i < len(t) && t[i] >= '0' && t[i] <= '9' {
-		i++
-	}
-	if i == 0 {
-		return 0, fmt.Errorf("invalid size %q: want bytes, or a number with KiB, MiB or GiB (e.g. 512KiB, 4MiB)", s)
-	}
-	n, err := strconv.ParseInt(t[:i], 10, 64)
-	mult, known := sizeUnits[strings.ToLower(strings.TrimSpace(t[i:]))]
-	switch {
-	case !known:
-		return 0, fmt.Errorf("invalid size %q: unknown unit %q (use B, KiB, MiB, GiB, KB, MB or GB)", s, strings.TrimSpace(t[i:]))
-	case err != nil, n > (1<<62)/mult:
-		return 0, fmt.Errorf("invalid size %q: too large", s)
-	}
-	return n * mult, nil
-}
+// parseSize reads a size as the flags do.
+func parseSize(s string) (int64, error) { return bytesize.Parse(s) }
 
 func (b *byteSize) Set(s string) error {
-	n, err := parseSize(s)
+	n, err := bytesize.Parse(s)
 	if err != nil {
 		return err
 	}
@@ -130,18 +108,7 @@ func (b *byteSize) Set(s string) error {
 	return nil
 }
 
-func (b *byteSize) String() string {
-	n := int64(*b)
-	switch {
-	case n >= 1<<30 && n%(1<<30) == 0:
-		return strconv.FormatInt(n>>30, 10) + "GiB"
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return strconv.FormatInt(n>>20, 10) + "MiB"
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return strconv.FormatInt(n>>10, 10) + "KiB"
-	}
-	return strconv.FormatInt(n, 10)
-}
+func (b *byteSize) String() string { return bytesize.Format(int64(*b)) }
 
 // flagDoc is one flag's entry in a command's --help. The default shown is the flag's
 // own default value (flag.Flag.DefValue), so the help cannot drift from what the flag
