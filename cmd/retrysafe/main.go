@@ -48,7 +48,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cmd, rest := args[0], args[1:]
 	commands := map[string]func(context.Context, []string, io.Writer, io.Writer) int{
 		"gateway": runGateway, "migrate": runMigrate, "keys": runKeys, "demo": runDemo,
-		"check": runCheck, "sim": runSim, "dlq": runDLQ,
+		"check": runCheck, "sim": runSim, "dlq": runDLQ, "config": runConfig,
 	}
 	if run, ok := commands[cmd]; ok {
 		return run(ctx, rest, stdout, stderr)
@@ -71,7 +71,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				fmt.Fprint(stdout, h)
 				return exitOK
 			}
-			fmt.Fprintf(stderr, "retrysafe help: unknown command %q (commands: gateway, demo, keys, check, sim, dlq, migrate, version, help)\n", rest[0])
+			fmt.Fprintf(stderr, "retrysafe help: unknown command %q (commands: gateway, config, demo, keys, check, sim, dlq, migrate, version, help)\n", rest[0])
 			return exitUsage
 		}
 		fmt.Fprint(stdout, usage)
@@ -84,7 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func helps() map[string]string {
 	return map[string]string{
 		"gateway": gatewayHelp(), "migrate": migrateHelp, "keys": keysHelp, "demo": demoHelp,
-		"check": checkHelp, "sim": simHelp, "dlq": dlqHelp,
+		"check": checkHelp, "sim": simHelp, "dlq": dlqHelp, "config": configHelp,
 		"version": "usage: retrysafe version\n\nPrints the module version the binary was built from (\"dev\" for a\nbuild from a work tree), and the Go version and platform.\n\nexamples:\n  retrysafe version\n",
 		"help":    usage,
 	}
@@ -96,6 +96,7 @@ usage: retrysafe <command> [flags]
 
 commands:
   gateway   a reverse proxy that gives any HTTP API Idempotency-Key semantics
+  config    check a gateway configuration file and print its route table (check FILE)
   demo      run the gateway against a flaky network for a few seconds, in process
   keys      list, show and delete idempotency records (list|show|delete)
   check     check whether an endpoint honours Idempotency-Key (sends real requests)
@@ -109,6 +110,7 @@ examples:
   retrysafe demo
   retrysafe gateway --upstream http://127.0.0.1:3000
   retrysafe gateway --upstream http://api:3000 --store postgres://app@db/app --listen :8080
+  retrysafe config check examples/gateway.yaml
   retrysafe keys list --store sqlite:retrysafe.db --state in_progress
   retrysafe migrate --store postgres://app@db/app
 

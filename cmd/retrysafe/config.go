@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/retrysafe/retrysafe/gateway/configfile"
+)
+
+const configHelp = `usage: retrysafe config check FILE
+
+Reads a gateway configuration file and checks all that can be checked without
+connecting to anything: every key and value, the routes' patterns (two that conflict
+are an error), the rules between the settings (the TTL longer than the lease and the
+upstream timeout, …), the upstream URLs and the form of the store's DSN. ${NAME} in
+the store and upstream URLs is read from the environment.
+
+The file (YAML) holds the upstreams, the defaults and the routes, each route with its
+own policy: examples/gateway.yaml is one, and every key with its default is in
+go doc github.com/retrysafe/retrysafe/gateway/configfile.
+
+On success it prints "FILE: ok (N routes, M upstreams)" and the route table, each
+route with its effective policy (the defaults filled in), and exits 0. Otherwise it
+prints every error found, one per line as FILE:LINE: message, on stderr, and exits 1.
+Bad arguments: exit 2.
+
+examples:
+  retrysafe config check examples/gateway.yaml
+  # a file with store: ${RETRYSAFE_STORE}, its password kept out of it
+  RETRYSAFE_STORE='postgres://retrysafe:pw@db/app' retrysafe config check gateway.yaml
+`
+
+func runConfig(_ context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "retrysafe config: want a subcommand: check (see retrysafe config --help)")
+		return exitUsage
+	}
+	switch args[0] {
+	case "check":
+		return runConfigCheck(args[1:], stdout, stderr)
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, configHelp)
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "retrysafe config: unknown subcommand %q: want check (see retrysafe config --help)\n", args[0])
+	return exitUsage
+}
+
+func runConfigCheck(args []string, stdout, stderr io.Writer) int {
+	const cmd = "retrysafe config check"
+	fs := newFlagSet(cmd)
+	// No flag of this command is read from the environment: it has none but --help.
+	if ok, status := parse(fs, args, configHelp, []string{}, true, stdout, stderr); !ok {
+		return status
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintf(stderr, "%s: want one FILE, not %d arguments (see %s --help)\n", cmd, fs.NArg(), cmd)
+		return exitUsage
+	}
+	path := fs.Arg(0)
+	f, err := configfile.Load(path, configfile.Options{CheckStore: checkStoreDSN})
+	if err != nil {
+		for _, e := range joined(err) {
+			fmt.Fprintln(stderr, oneLine(e))
+		}
+		return exitFail
+	}
+	fmt.Fprintf(stdout, "%s: ok (%d routes, %d upstreams)\n", path, f.RouteCount(), len(f.Upstreams))
+	if err := f.WriteTable(stdout); err != nil {
+		return fail(stderr, cmd, err, exitFail)
+	}
+	return exitOK
+}
+
+// joined returns the errors err joins (errors.Join), or err alone.
+func joined(err error) []error {
+	var j interface{ Unwrap() []error }
+	if errors.As(err, &j) {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
+// checkStoreDSN checks the form of a store DSN without opening the store: its scheme
+// is one that --store takes, and a PostgreSQL or Redis DSN is a URL with a host part.
+// The rest (its parameters, the server) is checked when the gateway opens it, as
+// storedsn parses a DSN only in Open, which connects.
+func checkStoreDSN(dsn string) error {
+	t := strings.TrimSpace(dsn)
+	if t == "" {
+		return nil // the default store
+	}
+	scheme, rest, _ := strings.Cut(t, ":")
+	switch strings.ToLower(scheme) {
+	case "sqlite", "sqlite3":
+		return nil
+	case "memory", "mem":
+		if rest != "" && rest != "//" {
+			return errors.New("invalid store: memory: takes no argument")
+		}
+		return nil
+	case "postgres", "postgresql", "redis", "rediss":
+		if !strings.HasPrefix(rest, "//") {
+			return fmt.Errorf("invalid store: want %s://…", strings.ToLower(scheme))
+		}
+		return nil
+	}
+	// The DSN may hold a password: only its scheme is shown.
+	return fmt.Errorf("unknown store %q: want sqlite:PATH, postgres://…, redis://… or memory:", scheme+":…")
+}
