@@ -3,7 +3,6 @@ package configfile_test
 import (
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -72,7 +71,7 @@ func route(t *testing.T, f *configfile.File, pattern string) gateway.Route {
 	return gateway.Route{}
 }
 
-func TestExample(t *testing.T) {
+func TestConfigExample(t *testing.T) {
 	t.Parallel()
 	f, err := configfile.Load(filepath.Join("..", "..", "examples", "gateway.yaml"), configfile.Options{LookupEnv: env(nil)})
 	if err != nil {
@@ -129,7 +128,7 @@ func TestExample(t *testing.T) {
 
 // A route takes each key it leaves out from the defaults, and the packages' default
 // when the defaults leave it out too; key, scope and fingerprint are taken whole.
-func TestInheritance(t *testing.T) {
+func TestConfigInheritance(t *testing.T) {
 	t.Parallel()
 	f := mustParse(t, `
 upstreams: {api: "http://a:1"}
@@ -183,7 +182,7 @@ routes:
 	}
 }
 
-func TestUpstreams(t *testing.T) {
+func TestConfigUpstreams(t *testing.T) {
 	t.Parallel()
 	t.Run("the only one is the default", func(t *testing.T) {
 		t.Parallel()
@@ -226,7 +225,7 @@ routes:
 
 // Defaults with mode off forward the requests no route matches untouched: the Config
 // has a route "/" for them, unless the file has its own.
-func TestCatchAllOff(t *testing.T) {
+func TestConfigCatchAllOff(t *testing.T) {
 	t.Parallel()
 	f := mustParse(t, `
 upstreams: {api: "http://a:1"}
@@ -266,7 +265,7 @@ routes: [{match: /, mode: optional}]
 }
 
 // Each bad input is reported at its line, with its path, in the file's terms.
-func TestErrors(t *testing.T) {
+func TestConfigErrors(t *testing.T) {
 	t.Parallel()
 	const ok = "upstreams: {api: 'http://a:1'}\n"
 	for _, c := range []struct {
@@ -366,7 +365,7 @@ func TestErrors(t *testing.T) {
 }
 
 // Every error of a file is reported, in the order of the lines, each a *Error.
-func TestAllErrors(t *testing.T) {
+func TestConfigAllErrors(t *testing.T) {
 	t.Parallel()
 	_, err := parse(`upstreams: {api: "http://a:1"}
 routes:
@@ -392,7 +391,7 @@ defaults:
 	}
 }
 
-func TestErrorValues(t *testing.T) {
+func TestConfigErrorValues(t *testing.T) {
 	t.Parallel()
 	_, err := parse("upstreams: {api: 'http://a:1'}\nroutes:\n  - match: POST /a/{x}\n  - match: POST /{y}/b\n", configfile.Options{})
 	var re *gateway.RouteError
@@ -413,7 +412,7 @@ func TestErrorValues(t *testing.T) {
 	}
 }
 
-func TestEnv(t *testing.T) {
+func TestConfigEnv(t *testing.T) {
 	t.Parallel()
 	src := `
 listen: "127.0.0.1:${PORT}"
@@ -469,7 +468,7 @@ routes:
 	}
 }
 
-func TestCheckStore(t *testing.T) {
+func TestConfigCheckStore(t *testing.T) {
 	t.Parallel()
 	check := func(dsn string) error {
 		if strings.HasPrefix(dsn, "mysql:") {
@@ -484,7 +483,7 @@ func TestCheckStore(t *testing.T) {
 	mustParse(t, "upstreams: {api: 'http://a'}\nstore: 'memory:'\n", configfile.Options{CheckStore: check})
 }
 
-func TestOverrides(t *testing.T) {
+func TestConfigOverrides(t *testing.T) {
 	t.Parallel()
 	const src = `
 upstreams: {api: "http://a:1"}
@@ -564,7 +563,7 @@ routes:
 	}
 }
 
-func TestLoad(t *testing.T) {
+func TestConfigLoad(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	_, err := configfile.Load(filepath.Join(dir, "missing.yaml"), configfile.Options{})
@@ -582,7 +581,7 @@ func TestLoad(t *testing.T) {
 	}
 }
 
-func TestTableOfDefaults(t *testing.T) {
+func TestConfigTableOfDefaults(t *testing.T) {
 	t.Parallel()
 	f := mustParse(t, "upstreams: {api: 'http://u:secret@a'}\n", configfile.Options{})
 	var b strings.Builder
@@ -597,7 +596,7 @@ func TestTableOfDefaults(t *testing.T) {
 }
 
 // The placeholder URL of the checks never reaches a File.
-func TestNoPlaceholder(t *testing.T) {
+func TestConfigNoPlaceholder(t *testing.T) {
 	t.Parallel()
 	f := mustParse(t, "upstreams: {a: 'http://a', b: 'http://b'}\nroutes: [{match: POST /x, upstream: a}]\n", configfile.Options{})
 	for _, r := range f.Gateway.Routes {
@@ -608,5 +607,4 @@ func TestNoPlaceholder(t *testing.T) {
 	if f.Gateway.Upstream != nil {
 		t.Errorf("catch-all %v", f.Gateway.Upstream)
 	}
-	_ = url.URL{}
 }
