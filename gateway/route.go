@@ -135,7 +135,7 @@ func (cfg Config) routePolicy(r Route) (policy, error) {
 	case mw.MaxBodyMemory != 0 || mw.MaxWaiters != 0:
 		return policy{}, errors.New("Idempotency.MaxBodyMemory and Idempotency.MaxWaiters must be zero: they bound the whole gateway (Config.Idempotency)")
 	}
-	if method != "" && len(mw.Methods) == 0 {
+	if method != "" && len(mw.Methods) == 0 && !r.Off {
 		mw.Methods = []string{method}
 	}
 	// The gateway-wide bounds, so that MaxBody is checked against them.
@@ -186,7 +186,7 @@ func (p *policy) resolve() error {
 		return errors.New("gateway: more than one scope source is set: Config.ScopeHeader, Config.ScopeCookie, Config.ScopeNone and Config.Idempotency.Scope exclude each other")
 	}
 	for _, m := range p.mw.Methods {
-		if isSafe(strings.ToUpper(m)) {
+		if !p.off && isSafe(strings.ToUpper(m)) {
 			// Safe methods have no effect to do twice, and Go's HTTP client resends them
 			// by itself on a broken connection, which would break one forward per claim.
 			return fmt.Errorf("gateway: Config.Idempotency.Methods: %s is a safe method and cannot need a key", strings.ToUpper(m))

@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
 	"github.com/retrysafe/retrysafe/gateway/configfile"
 )
 
@@ -84,30 +85,10 @@ func joined(err error) []error {
 	return []error{err}
 }
 
-// checkStoreDSN checks the form of a store DSN without opening the store: its scheme
-// is one that --store takes, and a PostgreSQL or Redis DSN is a URL with a host part.
-// The rest (its parameters, the server) is checked when the gateway opens it, as
-// storedsn parses a DSN only in Open, which connects.
+// checkStoreDSN checks a store DSN as --store would take it, without opening the store.
 func checkStoreDSN(dsn string) error {
-	t := strings.TrimSpace(dsn)
-	if t == "" {
-		return nil // the default store
+	if err := storedsn.Check(dsn); err != nil {
+		return errors.New(strings.TrimPrefix(err.Error(), "storedsn: "))
 	}
-	scheme, rest, _ := strings.Cut(t, ":")
-	switch strings.ToLower(scheme) {
-	case "sqlite", "sqlite3":
-		return nil
-	case "memory", "mem":
-		if rest != "" && rest != "//" {
-			return errors.New("invalid store: memory: takes no argument")
-		}
-		return nil
-	case "postgres", "postgresql", "redis", "rediss":
-		if !strings.HasPrefix(rest, "//") {
-			return fmt.Errorf("invalid store: want %s://…", strings.ToLower(scheme))
-		}
-		return nil
-	}
-	// The DSN may hold a password: only its scheme is shown.
-	return fmt.Errorf("unknown store %q: want sqlite:PATH, postgres://…, redis://… or memory:", scheme+":…")
+	return nil
 }

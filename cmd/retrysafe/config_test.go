@@ -69,7 +69,7 @@ func TestConfigCheckErrors(t *testing.T) {
 			`7: routes[0].mode: "sometimes" is not a mode: want required, optional or off`,
 		}},
 		{"ttl under lease", head + "defaults:\n  lease: 2m\n  ttl: 1m\n", []string{`5: defaults: ttl (1m0s) must be longer than lease (2m0s)`}},
-		{"store", head + "store: mysql://app:hunter2@db/app\n", []string{`3: store: unknown store "mysql:…": want sqlite:PATH, postgres://…, redis://… or memory:`}},
+		{"store", head + "store: mysql://app:hunter2@db/app\n", []string{`3: store: unknown store "mysql://app:xxxxx@db/app": want sqlite:PATH, postgres://…, redis://… or memory:`}},
 		{"empty", "", []string{` the file is empty: want a mapping of keys (upstreams, defaults, routes, …)`}},
 		{"a list", "- listen: :80\n", []string{`1: the file is a list: want a mapping of keys (upstreams, defaults, routes, …)`}},
 	} {
@@ -161,12 +161,12 @@ func TestConfigCheckBinary(t *testing.T) {
 
 func TestConfigStoreDSN(t *testing.T) {
 	t.Parallel()
-	for _, ok := range []string{"", "sqlite:gw.db", "sqlite:///var/lib/gw.db", "memory:", "postgres://app@db/app?schema=rs", "redis://cache:6379/0", "REDISS://c/1"} {
+	for _, ok := range []string{"", "sqlite:gw.db", "sqlite:///var/lib/gw.db", "memory:", "postgres://app@db/app?schema=rs", "redis://cache:6379/0", "rediss://c/1"} {
 		if err := checkStoreDSN(ok); err != nil {
 			t.Errorf("%q: %v", ok, err)
 		}
 	}
-	for _, bad := range []string{"mysql://u:pw@db", "postgres:host=db password=pw", "redis:cache", "memory:x", "nonsense"} {
+	for _, bad := range []string{"mysql://u:pw@db", "postgres:host=db password=pw", "redis:cache", "memory:x", "nonsense", "sqlite:gw.db?batch=maybe"} {
 		err := checkStoreDSN(bad)
 		if err == nil {
 			t.Errorf("%q accepted", bad)

@@ -1,17 +1,23 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
 	"github.com/retrysafe/retrysafe/gateway"
+	"github.com/retrysafe/retrysafe/gateway/configfile"
 	"github.com/retrysafe/retrysafe/idempotency"
 )
 
@@ -51,6 +57,7 @@ examples:
 
 type gatewayFlags struct {
 	upstream, listen, admin, store, methods, scopeHeader, logFormat, logLevel, conflict string
+	config                                                                              string
 	keyHeader, keyPointer, fingerprintIgnore, scopeCookie                               string
 	ttl, lease, upstreamTimeout, shutdownTimeout, bodyTimeout, waitTimeout              time.Duration
 	requireKey, failOpen, scopeNone                                                     bool
@@ -65,6 +72,7 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 	f := &gatewayFlags{maxBody: idempotency.DefaultMaxBody, maxResponse: idempotency.DefaultMaxResponse,
 		maxBodyMemory: idempotency.DefaultMaxBodyMemory}
 	fs := newFlagSet("retrysafe gateway")
+	fs.StringVar(&f.config, "config", "", "")
 	fs.StringVar(&f.upstream, "upstream", "", "")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "")
 	fs.StringVar(&f.admin, "admin", "127.0.0.1:9090", "")
@@ -91,7 +99,8 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 	fs.StringVar(&f.logFormat, "log-format", "text", "")
 	fs.StringVar(&f.logLevel, "log-level", "info", "")
 	docs := []flagDoc{
-		{name: "upstream", arg: "URL", help: "the API to protect: http:// or https:// (required)", def: "-"},
+		{name: "config", arg: "FILE", help: "a YAML file of routes, each with its own policy and upstream (see retrysafe config check --help and examples/gateway.yaml); the flags set beside it override its defaults; SIGHUP reloads it", def: "-"},
+		{name: "upstream", arg: "URL", help: "the API to protect: http:// or https:// (required without --config)", def: "-"},
 		{name: "listen", arg: "ADDR", help: "proxy address; port 0 picks one, and the address is logged"},
 		{name: "admin", arg: "ADDR", help: `/healthz, /readyz, /metrics; "off" disables`},
 		{name: "store", arg: "DSN", help: "sqlite:PATH, postgres://… (optional ?schema=NAME), redis://… (optional ?prefix=P), memory: — the schema is applied at start. SQLite and PostgreSQL batch the writes of concurrent requests into shared commits (group commit); ?batch=false turns it off"},
@@ -133,18 +142,121 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if ok, status := parse(fs, args, gatewayHelp(), nil, false, stdout, stderr); !ok {
 		return status
 	}
-
 	// Everything that can be checked without I/O, before the store is opened.
-	logger, err := newLogger(stderr, f.logFormat, f.logLevel)
+	var (
+		s      gatewaySetup
+		reload func() (*configfile.File, error)
+	)
+	if f.config != "" {
+		opts := configfile.Options{Overrides: flagOverrides(fs), CheckStore: checkStoreDSN}
+		reload = func() (*configfile.File, error) { return configfile.Load(f.config, opts) }
+		file, err := reload()
+		if err != nil {
+			return failConfig(stderr, cmd, err)
+		}
+		if s, err = fileSetup(f, file, stderr); err != nil {
+			return fail(stderr, cmd, err, exitUsage)
+		}
+	} else {
+		var err error
+		if s, err = flagSetup(f, docs, stderr); err != nil {
+			return fail(stderr, cmd, err, exitUsage)
+		}
+	}
+	cfg, logger := s.cfg, s.cfg.Logger
+	adminAddr := s.admin
+	if strings.EqualFold(adminAddr, "off") {
+		adminAddr = ""
+	}
+
+	store, err := storedsn.Open(ctx, s.store, logger)
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}
+	defer store.Close()
+	if err := store.Migrate(ctx); err != nil {
+		return fail(stderr, cmd, fmt.Errorf("applying the schema of %s: %w", store.Name, err), exitUsage)
+	}
+	cfg.Idempotency.Store = store.Store
+	gw, err := gateway.New(cfg)
+	if err != nil {
+		return fail(stderr, cmd, flagError(err, docs), exitUsage)
+	}
+	ln, err := net.Listen("tcp", s.listen)
+	if err != nil {
+		return fail(stderr, cmd, fmt.Errorf("--listen: %w", err), exitUsage)
+	}
+	var adminLn net.Listener
+	adminBound := "off"
+	if adminAddr != "" {
+		if adminLn, err = net.Listen("tcp", adminAddr); err != nil {
+			_ = ln.Close()
+			return fail(stderr, cmd, fmt.Errorf("--admin: %w", err), exitUsage)
+		}
+		adminBound = adminLn.Addr().String()
+	}
+	attrs := []any{"addr", ln.Addr().String(), "admin", adminBound}
+	if cfg.Upstream != nil {
+		attrs = append(attrs, "upstream", cfg.Upstream.Redacted())
+	}
+	if f.config != "" {
+		attrs = append(attrs, "config", f.config, "routes", len(cfg.Routes))
+	}
+	logger.Info("retrysafe gateway listening", append(attrs, "store", store.Name, "version", version())...)
+
+	// SIGHUP reloads the file; without one it is logged and ignored rather than, as by
+	// default, ending the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	runCtx, stopReloads := context.WithCancel(ctx)
+	reloaded := make(chan struct{})
+	go func() {
+		defer close(reloaded)
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-hup:
+				if reload == nil {
+					logger.Warn("SIGHUP ignored: there is no --config file to reload")
+					continue
+				}
+				s = reloadConfig(gw, reload, s, logger)
+			}
+		}
+	}()
+	err = gw.Run(ctx, ln, adminLn)
+	stopReloads()
+	<-reloaded
+	if err != nil {
+		logger.Error("retrysafe gateway stopped", "err", err)
+		return exitFail
+	}
+	logger.Info("retrysafe gateway stopped")
+	return exitOK
+}
+
+// gatewaySetup is what the flags or the file say to run: the gateway's Config (its
+// Logger set, its Store not) and the addresses and store it needs.
+type gatewaySetup struct {
+	cfg                  gateway.Config
+	listen, admin, store string
+	file                 *configfile.File // nil without --config
+}
+
+// flagSetup is the one-route gateway of the flags alone.
+func flagSetup(f *gatewayFlags, docs []flagDoc, stderr io.Writer) (gatewaySetup, error) {
+	logger, err := newLogger(stderr, f.logFormat, f.logLevel)
+	if err != nil {
+		return gatewaySetup{}, err
+	}
 	if f.upstream == "" {
-		return fail(stderr, cmd, errors.New("--upstream is required (the URL of the API to protect; see --help)"), exitUsage)
+		return gatewaySetup{}, errors.New("--upstream is required (the URL of the API to protect; see --help), or --config FILE")
 	}
 	upstream, err := gateway.ParseUpstream(f.upstream)
 	if err != nil {
-		return fail(stderr, cmd, err, exitUsage)
+		return gatewaySetup{}, err
 	}
 	// Zero means "the default" to the packages; on the command line it is a mistake.
 	for _, d := range []struct {
@@ -152,18 +264,18 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		v    time.Duration
 	}{{"--ttl", f.ttl}, {"--lease", f.lease}, {"--upstream-timeout", f.upstreamTimeout}, {"--body-timeout", f.bodyTimeout}, {"--wait-timeout", f.waitTimeout}} {
 		if d.v <= 0 {
-			return fail(stderr, cmd, fmt.Errorf("%s must be positive, not %s", d.name, d.v), exitUsage)
+			return gatewaySetup{}, fmt.Errorf("%s must be positive, not %s", d.name, d.v)
 		}
 	}
 	if f.shutdownTimeout < 0 {
-		return fail(stderr, cmd, fmt.Errorf("--shutdown-timeout must not be negative"), exitUsage)
+		return gatewaySetup{}, fmt.Errorf("--shutdown-timeout must not be negative")
 	}
 	if f.maxBody <= 0 || f.maxResponse <= 0 || f.maxBodyMemory <= 0 {
-		return fail(stderr, cmd, errors.New("--max-body, --max-body-memory and --max-response must be positive"), exitUsage)
+		return gatewaySetup{}, errors.New("--max-body, --max-body-memory and --max-response must be positive")
 	}
 	methods := splitList(strings.ToUpper(f.methods))
 	if len(methods) == 0 {
-		return fail(stderr, cmd, errors.New("--methods is empty"), exitUsage)
+		return gatewaySetup{}, errors.New("--methods is empty")
 	}
 	cfg := gateway.Config{
 		Upstream:        upstream,
@@ -194,48 +306,112 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	// …) are the packages', checked once, here before any I/O; their errors name the
 	// Config fields, shown as the flags that set them.
 	if _, err := cfg.Resolve(); err != nil {
-		return fail(stderr, cmd, flagError(err, docs), exitUsage)
+		return gatewaySetup{}, flagError(err, docs)
 	}
-	adminAddr := f.admin
-	if strings.EqualFold(adminAddr, "off") {
-		adminAddr = ""
-	}
+	return gatewaySetup{cfg: cfg, listen: f.listen, admin: f.admin, store: f.store}, nil
+}
 
-	store, err := storedsn.Open(ctx, f.store, logger)
+// fileSetup is the gateway of a --config file, whose flags have been applied to it as
+// overrides; what the file leaves unset has the flags' defaults.
+func fileSetup(f *gatewayFlags, file *configfile.File, stderr io.Writer) (gatewaySetup, error) {
+	logger, err := newLogger(stderr, cmp.Or(file.LogFormat, f.logFormat), cmp.Or(file.LogLevel, f.logLevel))
 	if err != nil {
-		return fail(stderr, cmd, err, exitUsage)
+		return gatewaySetup{}, err
 	}
-	defer store.Close()
-	if err := store.Migrate(ctx); err != nil {
-		return fail(stderr, cmd, fmt.Errorf("applying the schema of %s: %w", store.Name, err), exitUsage)
-	}
-	cfg.Idempotency.Store = store.Store
-	gw, err := gateway.New(cfg)
+	cfg := file.Gateway
+	cfg.Logger = logger
+	return gatewaySetup{cfg: cfg, listen: cmp.Or(file.Listen, f.listen), admin: cmp.Or(file.Admin, f.admin),
+		store: cmp.Or(file.Store, f.store), file: file}, nil
+}
+
+// reloadConfig reads the file again and gives the gateway its routes. A file that
+// does not load, or a gateway that refuses it, is logged on one line and changes
+// nothing; what only a restart can change (the addresses, the store, the logging and
+// the gateway-wide bounds) is logged and kept. It returns the setup now running.
+func reloadConfig(gw *gateway.Gateway, load func() (*configfile.File, error), running gatewaySetup, logger *slog.Logger) gatewaySetup {
+	file, err := load()
 	if err != nil {
-		return fail(stderr, cmd, err, exitUsage)
+		logger.Error("config reload refused; the running configuration stays", "file", running.file.Path, "err", oneLine(err))
+		return running
 	}
-	ln, err := net.Listen("tcp", f.listen)
-	if err != nil {
-		return fail(stderr, cmd, fmt.Errorf("--listen: %w", err), exitUsage)
-	}
-	var adminLn net.Listener
-	adminBound := "off"
-	if adminAddr != "" {
-		if adminLn, err = net.Listen("tcp", adminAddr); err != nil {
-			_ = ln.Close()
-			return fail(stderr, cmd, fmt.Errorf("--admin: %w", err), exitUsage)
+	old := running.file
+	cfg := file.Gateway
+	var kept []string
+	for _, c := range []struct {
+		name     string
+		was, now any
+	}{
+		{"listen", old.Listen, file.Listen}, {"admin", old.Admin, file.Admin}, {"store", old.Store, file.Store},
+		{"log", old.LogFormat + " " + old.LogLevel, file.LogFormat + " " + file.LogLevel},
+		{"shutdown_timeout", old.Gateway.ShutdownTimeout, cfg.ShutdownTimeout},
+		{"max_body_memory", old.Gateway.Idempotency.MaxBodyMemory, cfg.Idempotency.MaxBodyMemory},
+		{"max_waiters", old.Gateway.Idempotency.MaxWaiters, cfg.Idempotency.MaxWaiters},
+	} {
+		if c.was != c.now {
+			kept = append(kept, c.name)
 		}
-		adminBound = adminLn.Addr().String()
 	}
-	logger.Info("retrysafe gateway listening", "addr", ln.Addr().String(), "admin", adminBound,
-		"upstream", upstream.Redacted(), "store", store.Name, "version", version())
-	err = gw.Run(ctx, ln, adminLn)
-	if err != nil {
-		logger.Error("retrysafe gateway stopped", "err", err)
-		return exitFail
+	// The gateway keeps its own bounds; zero says so.
+	cfg.Idempotency.MaxBodyMemory, cfg.Idempotency.MaxWaiters = 0, 0
+	if err := gw.Reload(cfg); err != nil {
+		logger.Error("config reload refused; the running configuration stays", "file", file.Path, "err", oneLine(err))
+		return running
 	}
-	logger.Info("retrysafe gateway stopped")
-	return exitOK
+	if len(kept) > 0 {
+		logger.Warn("config reloaded, but these settings take effect only at a restart; the running ones stay", "file", file.Path, "settings", strings.Join(kept, ", "))
+	}
+	logger.Info("config reloaded", "file", file.Path, "routes", len(cfg.Routes))
+	running.file = &configfile.File{Path: file.Path, Listen: old.Listen, Admin: old.Admin, Store: old.Store,
+		LogFormat: old.LogFormat, LogLevel: old.LogLevel, Gateway: cfg}
+	running.file.Gateway.ShutdownTimeout = old.Gateway.ShutdownTimeout
+	running.file.Gateway.Idempotency.MaxBodyMemory = old.Gateway.Idempotency.MaxBodyMemory
+	running.file.Gateway.Idempotency.MaxWaiters = old.Gateway.Idempotency.MaxWaiters
+	return running
+}
+
+// overrideKeys are the keys of the file that the flags set, when given beside --config.
+var overrideKeys = map[string]string{
+	"upstream": "defaults.upstream", "listen": "listen", "admin": "admin", "store": "store",
+	"ttl": "defaults.ttl", "lease": "defaults.lease", "methods": "defaults.methods",
+	"scope-header": "defaults.scope.header", "scope-cookie": "defaults.scope.cookie",
+	"key-header": "defaults.key.header", "key-pointer": "defaults.key.pointer",
+	"fingerprint-ignore": "defaults.fingerprint.ignore", "max-body": "defaults.max_body",
+	"body-timeout": "defaults.body_timeout", "max-body-memory": "max_body_memory",
+	"max-response": "defaults.max_response", "upstream-timeout": "defaults.upstream_timeout",
+	"shutdown-timeout": "shutdown_timeout", "conflict": "defaults.conflict",
+	"wait-timeout": "defaults.wait_timeout", "log-format": "log.format", "log-level": "log.level",
+}
+
+// flagOverrides returns the flags set on the command line or from the environment as
+// overrides of the file's keys.
+func flagOverrides(fs *flag.FlagSet) []configfile.Override {
+	var out []configfile.Override
+	fs.Visit(func(fl *flag.Flag) {
+		o := configfile.Override{Key: overrideKeys[fl.Name], Value: fl.Value.String(), Source: "--" + fl.Name}
+		switch fl.Name {
+		case "config":
+			return
+		case "require-key":
+			o.Key, o.Value = "defaults.mode", map[bool]string{true: "required", false: "optional"}[fl.Value.String() == "true"]
+		case "fail-open":
+			o.Key, o.Value = "defaults.on_store_error", map[bool]string{true: "open", false: "closed"}[fl.Value.String() == "true"]
+		case "scope-none":
+			if fl.Value.String() != "true" {
+				return
+			}
+			o.Key, o.Value = "defaults.scope", "none"
+		}
+		out = append(out, o)
+	})
+	return out
+}
+
+// failConfig prints each error of a file on its own line and returns exitUsage.
+func failConfig(stderr io.Writer, cmd string, err error) int {
+	for _, e := range joined(err) {
+		fmt.Fprintf(stderr, "%s: %s\n", cmd, oneLine(e))
+	}
+	return exitUsage
 }
 
 // splitList splits a comma-separated flag value, dropping blanks.

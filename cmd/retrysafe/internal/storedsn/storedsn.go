@@ -162,6 +162,14 @@ type spec struct {
 	cluster *redis.ClusterOptions
 }
 
+// Check reports whether Open would accept dsn, without opening or connecting to
+// anything: for checking a configuration before it runs. Its errors are Open's for a
+// DSN it cannot parse, and never show a password.
+func Check(dsn string) error {
+	_, err := parse(dsn)
+	return err
+}
+
 // parse reads dsn (see the package doc) without opening anything. Its errors match
 // ErrUnknownScheme or ErrInvalid.
 func parse(dsn string) (*spec, error) {
