@@ -22,6 +22,7 @@ import (
 )
 
 const gatewayIntro = `usage: retrysafe gateway --upstream URL [flags]
+       retrysafe gateway --config FILE [flags]
 
 A reverse proxy that gives any HTTP API Idempotency-Key semantics. Keyed requests
 (POST and PATCH by default) are claimed in the store, forwarded, and their responses
@@ -38,6 +39,14 @@ flight, store the answers kept, exit 0 (1 if some could not be stored; each is l
 
 The TTL must be longer than the lease and the upstream timeout, so that no record can
 expire while its request may still run.
+
+With --config, a YAML file gives each route (a net/http pattern: POST /payments,
+/webhooks/) its own policy — required, optional or off; the key from a header or from
+the JSON body; the scope; the fingerprint; limits; reject or wait; the upstream, by
+name — and the flags set beside it override its defaults. retrysafe config check FILE
+prints the route table it makes. SIGHUP reloads the file: the next requests have the
+new routes, those in flight finish under theirs, and a file that fails to load is
+refused with one log line while the running routes stay.
 
 flags (each can also be set from the environment: --max-body from RETRYSAFE_MAX_BODY,
 --upstream from RETRYSAFE_UPSTREAM, and so on; a flag on the command line wins):
