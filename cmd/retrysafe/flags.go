@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/retrysafe/retrysafe/internal/bytesize"
+	"github.com/retrysafe/retrysafe/internal/durfmt"
 )
 
 // newFlagSet returns a flag set that reports nothing by itself: parse does.
@@ -170,21 +171,9 @@ func flagHelp(fs *flag.FlagSet, docs []flagDoc) string {
 // not 24h0m0s), empty strings as nothing.
 func formatDefault(v string) string {
 	if d, err := time.ParseDuration(v); err == nil && strings.ContainsAny(v, "hms") {
-		return formatDuration(d)
+		return durfmt.Format(d)
 	}
 	return v
-}
-
-// formatDuration writes d without zero units: 24h, 1m30s, 5s.
-func formatDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
 }
 
 // flagError rewrites an error of the packages' Config checks in the command line's

@@ -10,6 +10,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/gateway"
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/internal/durfmt"
 )
 
 func TestParseSize(t *testing.T) {
@@ -77,10 +78,10 @@ func TestGatewayHelpIsTheFlags(t *testing.T) {
 	})
 	help := strings.Join(strings.Fields(gatewayHelp()), " ") // as read, across the wrapping
 	for flagName, want := range map[string]string{
-		"ttl":              formatDuration(idempotency.DefaultTTL),
-		"lease":            formatDuration(idempotency.DefaultLease),
-		"body-timeout":     formatDuration(idempotency.DefaultBodyTimeout),
-		"upstream-timeout": formatDuration(gateway.DefaultUpstreamTimeout),
+		"ttl":              durfmt.Format(idempotency.DefaultTTL),
+		"lease":            durfmt.Format(idempotency.DefaultLease),
+		"body-timeout":     durfmt.Format(idempotency.DefaultBodyTimeout),
+		"upstream-timeout": durfmt.Format(gateway.DefaultUpstreamTimeout),
 		"methods":          strings.Join(idempotency.DefaultMethods(), ","),
 	} {
 		if got := formatDefault(fs.Lookup(flagName).DefValue); got != want {
@@ -88,11 +89,11 @@ func TestGatewayHelpIsTheFlags(t *testing.T) {
 		}
 	}
 	for _, want := range []string{
-		"(default " + formatDuration(idempotency.DefaultTTL) + ")",
+		"(default " + durfmt.Format(idempotency.DefaultTTL) + ")",
 		"(default " + (*byteSize)(ptr(int64(idempotency.DefaultMaxBody))).String() + ")",
 		"(default " + (*byteSize)(ptr(int64(idempotency.DefaultMaxResponse))).String() + ")",
 		"(default " + (*byteSize)(ptr(int64(idempotency.DefaultMaxBodyMemory))).String() + ")",
-		"upstream timeout + " + formatDuration(gateway.DefaultShutdownGrace),
+		"upstream timeout + " + durfmt.Format(gateway.DefaultShutdownGrace),
 	} {
 		if !strings.Contains(help, want) {
 			t.Errorf("--help lacks %q", want)

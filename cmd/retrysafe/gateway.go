@@ -19,6 +19,7 @@ import (
 	"github.com/retrysafe/retrysafe/gateway"
 	"github.com/retrysafe/retrysafe/gateway/configfile"
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/internal/durfmt"
 )
 
 const gatewayIntro = `usage: retrysafe gateway --upstream URL [flags]
@@ -129,7 +130,7 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 		{name: "max-response", arg: "SIZE", field: "MaxResponse", help: "largest response body stored. Answers up to it are read whole from the upstream, stored, then sent at the client's pace; larger ones are passed on as they come and stored without their body"},
 		{name: "upstream-timeout", arg: "DUR", field: "UpstreamTimeout", help: "bound on each upstream call until its answer is stored; then only each wait for the upstream's bytes"},
 		{name: "shutdown-timeout", arg: "DUR", field: "ShutdownTimeout", help: "time the requests in flight get at shutdown, and then the answers the store could not take get to be stored",
-			def: "upstream timeout + " + formatDuration(gateway.DefaultShutdownGrace)},
+			def: "upstream timeout + " + durfmt.Format(gateway.DefaultShutdownGrace)},
 		{name: "fail-open", help: "forward unprotected when the store fails", def: "false: 503"},
 		{name: "conflict", arg: "reject|wait", field: "Conflict", help: "a duplicate of a request in progress: reject answers 409 with Retry-After; wait waits for the first to finish and answers with its response, replayed (for clients that take a 409 as final)"},
 		{name: "wait-timeout", arg: "DUR", field: "WaitTimeout", help: "the longest a duplicate waits with --conflict wait; then 409"},

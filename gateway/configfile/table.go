@@ -8,10 +8,10 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/bytesize"
+	"github.com/retrysafe/retrysafe/internal/durfmt"
 )
 
 // WriteTable writes what the gateway will do, as `nginx -t` does: the upstreams, then
@@ -114,10 +114,10 @@ func policyColumns(off bool, mw idempotency.Config, scopeHeader, scopeCookie str
 	}
 	conflict := string(mw.Conflict)
 	if mw.Conflict == idempotency.ConflictWait {
-		conflict += " " + formatDuration(mw.WaitTimeout)
+		conflict += " " + durfmt.Format(mw.WaitTimeout)
 	}
 	limits := "body " + bytesize.Format(mw.MaxBody) + ", response " + bytesize.Format(mw.MaxResponse)
-	return []string{mode, key, scope, fp, conflict, formatDuration(mw.TTL), formatDuration(mw.Lease), limits}, nil
+	return []string{mode, key, scope, fp, conflict, durfmt.Format(mw.TTL), durfmt.Format(mw.Lease), limits}, nil
 }
 
 // patternMethod returns the method a net/http pattern names, or "" for all.
@@ -129,16 +129,4 @@ func patternMethod(pattern string) string {
 		return pattern[:i]
 	}
 	return ""
-}
-
-// formatDuration writes d without zero units: 24h, 1m30s, 5s.
-func formatDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
 }
