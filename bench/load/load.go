@@ -134,6 +134,18 @@ type Config struct {
 
 	// Tags are copied into the Result, to label it in reports.
 	Tags map[string]string
+
+	// CPU, when set, is the processes whose processor time (each with its descendants)
+	// is read from /proc at the start and at the end of the measured window, and
+	// reported per process in Result.CPU: seconds, and microseconds per response. The
+	// window starts when the warm-up ends and ends when the last measured request is
+	// answered. Linux only.
+	CPU []Process
+	// ClockTicks is the unit of /proc's CPU times (`getconf CLK_TCK`). Default
+	// DefaultClockTicks.
+	ClockTicks int
+	// ProcRoot is where the proc file system is mounted. Default /proc.
+	ProcRoot string
 }
 
 // Result is what a run measured. Latencies are in milliseconds.
@@ -168,6 +180,15 @@ type Result struct {
 	ByStatus map[string]Summary `json:"by_status"`
 	// ErrorSamples counts the first few distinct error messages.
 	ErrorSamples map[string]int64 `json:"error_samples,omitempty"`
+
+	// CPU is the processor time of each of Config.CPU's process trees in the measured
+	// window, by name; CPUWindowS is that window's length in seconds (it starts and
+	// ends with the reads of /proc, within a millisecond or so of the measured phase).
+	CPU        map[string]CPU `json:"cpu,omitempty"`
+	CPUWindowS float64        `json:"cpu_window_s,omitempty"`
+	// CPUError says why CPU is missing when a process could not be read at the end
+	// of the window (it exited, for one).
+	CPUError string `json:"cpu_error,omitempty"`
 }
 
 // Validate reports what is wrong with cfg, as Run would, without doing anything.
@@ -203,6 +224,17 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, errors.New("load: negative Users")
 	case cfg.Keys < KeyUnique || cfg.Keys > KeyNone:
 		return cfg, fmt.Errorf("load: unknown key mode %d", int(cfg.Keys))
+	case cfg.ClockTicks < 0:
+		return cfg, errors.New("load: negative ClockTicks")
+	}
+	if err := checkProcesses(cfg.CPU); err != nil {
+		return cfg, err
+	}
+	if cfg.ClockTicks == 0 {
+		cfg.ClockTicks = DefaultClockTicks
+	}
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = "/proc"
 	}
 	if cfg.Clients == 0 {
 		cfg.Clients = 1
@@ -420,6 +452,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		hc = &http.Client{Transport: retry.SendOnce(t), Timeout: cfg.Timeout}
 	}
 	rec := &recorder{all: NewHistogram(), errs: map[string]int64{}}
+	if len(cfg.CPU) > 0 {
+		// Every process must be there at the start: a run that cannot be attributed
+		// is not made.
+		if _, err := sampleCPU(cfg.ProcRoot, cfg.CPU); err != nil {
+			return nil, err
+		}
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -493,6 +532,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Duration > 0 {
 		deadline = measureFrom.Add(cfg.Duration)
 	}
+	cpu := startCPU(&cfg, measureFrom)
 	close(start)
 	stopWatch := make(chan struct{})
 	go func() {
@@ -515,7 +555,61 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		res.ElapsedS = el.Seconds()
 	}
 	rec.fill(res)
+	cpu.finish(res)
 	return res, nil
+}
+
+// cpuWindow reads the CPU of Config.CPU when the measured window starts and ends.
+type cpuWindow struct {
+	cfg     *Config
+	timer   *time.Timer   // fires at the window's start; nil without a warm-up
+	started chan struct{} // closed once the first sample is taken
+	from    time.Time
+	before  cpuSample
+	err     error
+}
+
+// startCPU takes the first sample at from: now when there is no warm-up, else from a
+// timer, so that the warm-up's requests are not counted.
+func startCPU(cfg *Config, from time.Time) *cpuWindow {
+	w := &cpuWindow{cfg: cfg, started: make(chan struct{})}
+	if len(cfg.CPU) == 0 {
+		return w
+	}
+	take := func() {
+		w.from = time.Now()
+		w.before, w.err = sampleCPU(cfg.ProcRoot, cfg.CPU)
+		close(w.started)
+	}
+	if d := time.Until(from); d > 0 {
+		w.timer = time.AfterFunc(d, take)
+	} else {
+		take()
+	}
+	return w
+}
+
+// finish takes the second sample and fills res.CPU, or res.CPUError.
+func (w *cpuWindow) finish(res *Result) {
+	if len(w.cfg.CPU) == 0 {
+		return
+	}
+	if w.timer != nil && w.timer.Stop() {
+		res.CPUError = "the run ended before its measured window began"
+		return
+	}
+	<-w.started
+	after, err := sampleCPU(w.cfg.ProcRoot, w.cfg.CPU)
+	end := time.Now()
+	switch {
+	case w.err != nil:
+		res.CPUError = w.err.Error()
+	case err != nil:
+		res.CPUError = err.Error()
+	default:
+		res.CPU = cpuDelta(w.cfg.CPU, w.before, after, w.cfg.ClockTicks, res.Responses)
+		res.CPUWindowS = end.Sub(w.from).Seconds()
+	}
 }
 
 // fill copies the recorder's figures into res.
@@ -586,6 +680,18 @@ func (res *Result) WriteText(w io.Writer) error {
 	sort.Strings(classes)
 	for _, k := range classes {
 		writeSummary(&b, "  "+k, res.ByStatus[k])
+	}
+	names := make([]string, 0, len(res.CPU))
+	for k := range res.CPU {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		c := res.CPU[k]
+		fmt.Fprintf(&b, "  cpu %-12s %.3f s, %.1f µs/response (%d processes)\n", k, c.Seconds, c.USPerRequest, c.Processes)
+	}
+	if res.CPUError != "" {
+		fmt.Fprintf(&b, "  cpu: %s\n", res.CPUError)
 	}
 	msgs := make([]string, 0, len(res.ErrorSamples))
 	for k := range res.ErrorSamples {

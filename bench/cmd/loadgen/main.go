@@ -7,6 +7,10 @@
 //	cd bench && go run ./cmd/loadgen --url http://127.0.0.1:8081/payments -c 32 -d 10s \
 //	    --body '{"amount":1250,"currency":"EUR"}' -H 'Content-Type: application/json' --users 32
 //
+// With --cpu NAME=PID (repeatable), the processor time of each named process and its
+// descendants in the measured window is reported too, in seconds and µs per response;
+// --idle D measures only that, over D, sending nothing (a shared server's background).
+//
 // Exit status: 0 after a run (errors are counted in the result), 1 when the run could
 // not be made, 2 for bad flags.
 package main
@@ -21,8 +25,10 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/retrysafe/retrysafe/bench/load"
 )
@@ -33,6 +39,10 @@ A closed-loop load generator: --clients concurrent clients, each sending its nex
 request when the previous one is answered, for --duration (after --warmup) or until
 --requests are done. Every request carries an Idempotency-Key: a new one each time
 (--keys unique), one for all (--keys shared), or none (--keys none).
+
+--cpu NAME=PID (repeatable; PID "self" is loadgen) adds the processor time each
+process and its descendants used in the measured window, from /proc (Linux). --idle D
+sends nothing and measures only that, over D; --url is then not needed.
 
 flags:
 `
@@ -66,6 +76,34 @@ func (t tags) Set(s string) error {
 	return nil
 }
 
+// procs is a repeatable --cpu NAME=PID flag; PID "self" is this process.
+type procs []load.Process
+
+func (p *procs) String() string { return "" }
+
+func (p *procs) Set(s string) error {
+	name, v, ok := strings.Cut(s, "=")
+	if !ok || name == "" {
+		return fmt.Errorf("cpu %q: want NAME=PID", s)
+	}
+	pid := os.Getpid()
+	if v != "self" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("cpu %q: PID %q is not a positive number or self", s, v)
+		}
+		pid = n
+	}
+	*p = append(*p, load.Process{Name: name, PID: pid})
+	return nil
+}
+
+// options are the flags that are not load.Config's.
+type options struct {
+	format string
+	idle   time.Duration
+}
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -74,7 +112,7 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cfg, format, err := parse(args, stderr)
+	cfg, o, err := parse(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
@@ -82,12 +120,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "loadgen: %v\n", err)
 		return 2
 	}
-	res, err := load.Run(ctx, cfg)
+	var res *load.Result
+	if o.idle > 0 {
+		res, err = load.MeasureIdle(ctx, load.IdleConfig{CPU: cfg.CPU, Duration: o.idle, ClockTicks: cfg.ClockTicks, Tags: cfg.Tags})
+	} else {
+		res, err = load.Run(ctx, cfg)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "loadgen: %v\n", err)
 		return 1
 	}
-	if format == "json" {
+	if o.format == "json" {
 		b, err := json.Marshal(res)
 		if err == nil {
 			_, err = fmt.Fprintf(stdout, "%s\n", b)
@@ -105,8 +148,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func parse(args []string, stderr io.Writer) (load.Config, string, error) {
+func parse(args []string, stderr io.Writer) (load.Config, options, error) {
 	var cfg load.Config
+	var o options
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -115,7 +159,8 @@ func parse(args []string, stderr io.Writer) (load.Config, string, error) {
 	}
 	hdr := headers{}
 	tg := tags{}
-	var body, bodyFile, keys, format string
+	var body, bodyFile, keys string
+	var cpu procs
 	fs.StringVar(&cfg.URL, "url", "", "target URL (required)")
 	fs.StringVar(&cfg.Method, "method", "POST", "request method")
 	fs.StringVar(&body, "body", "", "request body")
@@ -136,31 +181,47 @@ func parse(args []string, stderr io.Writer) (load.Config, string, error) {
 	fs.StringVar(&cfg.AuthFormat, "auth-format", "Bearer user%d", "Authorization header of a user number (one %d)")
 	fs.StringVar(&cfg.Preconnect, "preconnect", "", "URL every client GETs once before all start together")
 	fs.Var(tg, "tag", "key=value copied into the result (repeatable)")
-	fs.StringVar(&format, "format", "text", "output: text or json (one line)")
+	fs.StringVar(&o.format, "format", "text", "output: text or json (one line)")
+	fs.Var(&cpu, "cpu", "NAME=PID: report the processor time of PID and its descendants (repeatable; PID self is loadgen)")
+	fs.IntVar(&cfg.ClockTicks, "clk-tck", load.DefaultClockTicks, "unit of /proc's CPU times (getconf CLK_TCK)")
+	fs.DurationVar(&o.idle, "idle", 0, "send nothing: measure the --cpu processes over this long")
 	if err := fs.Parse(args); err != nil {
-		return cfg, "", err
+		return cfg, o, err
 	}
 	if fs.NArg() > 0 {
-		return cfg, "", fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return cfg, o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if o.format != "text" && o.format != "json" {
+		return cfg, o, fmt.Errorf("--format %q: want text or json", o.format)
+	}
+	if len(tg) > 0 {
+		cfg.Tags = tg
+	}
+	cfg.CPU = cpu
+	if o.idle < 0 {
+		return cfg, o, errors.New("--idle: negative duration")
+	}
+	if o.idle > 0 {
+		if len(cpu) == 0 {
+			return cfg, o, errors.New("--idle needs at least one --cpu")
+		}
+		return cfg, o, nil
 	}
 	if cfg.URL == "" {
-		return cfg, "", errors.New("--url is required (see --help)")
-	}
-	if format != "text" && format != "json" {
-		return cfg, "", fmt.Errorf("--format %q: want text or json", format)
+		return cfg, o, errors.New("--url is required (see --help)")
 	}
 	km, err := load.ParseKeyMode(keys)
 	if err != nil {
-		return cfg, "", err
+		return cfg, o, err
 	}
 	cfg.Keys = km
 	switch {
 	case body != "" && bodyFile != "":
-		return cfg, "", errors.New("--body and --body-file exclude each other")
+		return cfg, o, errors.New("--body and --body-file exclude each other")
 	case bodyFile != "":
 		b, err := os.ReadFile(bodyFile)
 		if err != nil {
-			return cfg, "", fmt.Errorf("--body-file: %w", err)
+			return cfg, o, fmt.Errorf("--body-file: %w", err)
 		}
 		cfg.Body = b
 	case body != "":
@@ -169,11 +230,8 @@ func parse(args []string, stderr io.Writer) (load.Config, string, error) {
 	if len(hdr) > 0 {
 		cfg.Header = http.Header(hdr)
 	}
-	if len(tg) > 0 {
-		cfg.Tags = tg
-	}
 	if err := cfg.Validate(); err != nil {
-		return cfg, "", err
+		return cfg, o, err
 	}
-	return cfg, format, nil
+	return cfg, o, nil
 }
