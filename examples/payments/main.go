@@ -8,6 +8,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -18,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -63,6 +65,7 @@ type options struct {
 	tx            bool
 	batch         bool
 	noIdempotency bool
+	pad           int
 }
 
 func main() {
@@ -93,6 +96,9 @@ func parse(args []string, out io.Writer) (options, error) {
 			"(pgstore's Config.Batch, group commit)")
 	fs.BoolVar(&o.noIdempotency, "no-idempotency", false,
 		"serve POST /payments unprotected, without Idempotency-Key (the benchmark baseline; retries pay twice)")
+	fs.IntVar(&o.pad, "pad", 0,
+		"pad every application/json answer to this many bytes with a \"pad\" member (benchmarks of body sizes;\n"+
+			"0: none). Added in front of the idempotency middleware: a stored response is the unpadded one")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage)
 		fs.PrintDefaults()
@@ -107,6 +113,9 @@ func parse(args []string, out io.Writer) (options, error) {
 	fs.Visit(func(f *flag.Flag) { txSet = txSet || f.Name == "tx" })
 	if o.noIdempotency && txSet && o.tx {
 		return o, errors.New("--tx and --no-idempotency exclude each other")
+	}
+	if o.pad < 0 || o.pad > maxPad {
+		return o, fmt.Errorf("--pad %d: want 0 to %d", o.pad, maxPad)
 	}
 	return o, nil
 }
@@ -138,7 +147,11 @@ func run(ctx context.Context, args []string, out io.Writer, logger *slog.Logger)
 		}
 	}()
 
-	hs := &http.Server{Addr: o.addr, Handler: srv, ReadHeaderTimeout: 10 * time.Second,
+	var h http.Handler = srv
+	if o.pad > 0 {
+		h = padJSON(srv, o.pad)
+	}
+	hs := &http.Server{Addr: o.addr, Handler: h, ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
 	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {
@@ -192,4 +205,87 @@ func open(ctx context.Context, o options, cfg ledger.Config) (srv *ledger.Server
 	default:
 		return nil, nil, "", fmt.Errorf("--store %q: want sqlite:<file> or a postgres:// URL", o.store)
 	}
+}
+
+// maxPad bounds --pad: a benchmark's large body, not a memory test.
+const maxPad = 16 << 20
+
+// padJSON makes every application/json answer of h that is a JSON object at least n
+// bytes long, by adding a "pad" member of 'x's before its closing brace; other answers,
+// and those already that long, pass unchanged. The answer is held whole to be padded,
+// so Content-Length stays exact.
+func padJSON(h http.Handler, n int) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		pw := &padWriter{w: w, header: http.Header{}}
+		h.ServeHTTP(pw, r)
+		pw.flush(n)
+	})
+}
+
+// padWriter holds an answer until its handler returns.
+type padWriter struct {
+	w      http.ResponseWriter
+	header http.Header
+	status int
+	body   []byte
+}
+
+func (p *padWriter) Header() http.Header { return p.header }
+
+func (p *padWriter) WriteHeader(code int) {
+	if p.status == 0 {
+		p.status = code
+	}
+}
+
+func (p *padWriter) Write(b []byte) (int, error) {
+	if p.status == 0 {
+		p.status = http.StatusOK
+	}
+	p.body = append(p.body, b...)
+	return len(b), nil
+}
+
+func (p *padWriter) flush(n int) {
+	if p.status == 0 {
+		p.status = http.StatusOK
+	}
+	body := padded(p.header.Get("Content-Type"), p.body, n)
+	h := p.w.Header()
+	for k, v := range p.header {
+		h[k] = v
+	}
+	if len(p.body) > 0 || h.Get("Content-Length") != "" {
+		h.Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	p.w.WriteHeader(p.status)
+	_, _ = p.w.Write(body)
+}
+
+// padded is body, a JSON object of content type ct, grown to n bytes with a "pad"
+// member; body itself when it is no JSON object, or when it is n bytes or more.
+func padded(ct string, body []byte, n int) []byte {
+	mt, _, _ := strings.Cut(ct, ";")
+	if !strings.EqualFold(strings.TrimSpace(mt), "application/json") {
+		return body
+	}
+	trimmed := bytes.TrimRight(body, " \t\r\n")
+	end := len(trimmed) - 1
+	if end < 1 || trimmed[0] != '{' || trimmed[end] != '}' {
+		return body
+	}
+	sep := `,"pad":"`
+	if len(bytes.TrimSpace(trimmed[1:end])) == 0 {
+		sep = `"pad":"`
+	}
+	fill := n - len(body) - len(sep) - 1 // the closing quote
+	if fill < 0 {
+		return body
+	}
+	out := make([]byte, 0, n)
+	out = append(out, trimmed[:end]...)
+	out = append(out, sep...)
+	out = append(out, bytes.Repeat([]byte{'x'}, fill)...)
+	out = append(out, '"')
+	return append(out, body[end:]...) // the brace and the white space after it
 }
