@@ -69,7 +69,7 @@ func runConfigCheck(args []string, stdout, stderr io.Writer) int {
 		}
 		return exitFail
 	}
-	fmt.Fprintf(stdout, "%s: ok (%d routes, %d upstreams)\n", path, f.RouteCount(), len(f.Upstreams))
+	fmt.Fprintf(stdout, "%s: ok (%s, %s)\n", path, plural(f.RouteCount(), "route"), plural(len(f.Upstreams), "upstream"))
 	if err := f.WriteTable(stdout); err != nil {
 		return fail(stderr, cmd, err, exitFail)
 	}
@@ -91,4 +91,12 @@ func checkStoreDSN(dsn string) error {
 		return errors.New(strings.TrimPrefix(err.Error(), "storedsn: "))
 	}
 	return nil
+}
+
+// plural writes n and noun, with an s unless n is 1.
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

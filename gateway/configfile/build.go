@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -218,12 +217,6 @@ func (s *spec) idempotency() idempotency.Config {
 func (s *spec) route(pattern string, up *url.URL) gateway.Route {
 	r := gateway.Route{Pattern: pattern, Off: s.mode == "off", Upstream: up, Idempotency: s.idempotency(),
 		UpstreamTimeout: s.upstreamTimeout}
-	if m := patternMethod(pattern); r.Off && len(r.Idempotency.Methods) == 0 && safeMethod(m) {
-		// A route that is off reads no key, whatever the method; the keyed methods it
-		// would have by default (its pattern's, GET) are refused by the gateway's check
-		// that no safe method is keyed, which does not look at Off.
-		r.Idempotency.Methods = idempotency.DefaultMethods()
-	}
 	switch s.scopeKind {
 	case "header":
 		r.ScopeHeader = s.scopeName
@@ -348,7 +341,11 @@ func (p *parser) build(f *File, d *doc) {
 		case r.bad["match"]:
 			// Without a pattern the route is not checked further.
 		default:
-			p.errorf(r.at, r.path, "no upstream: name one of %s in upstream (defaults names none)", p.upstreamList(d))
+			if list := p.upstreamList(d); list != "" {
+				p.errorf(r.at, r.path, "no upstream: name one of %s in upstream (defaults names none)", list)
+			} else {
+				p.errorf(r.at, r.path, "no upstream: the file has none; add one under upstreams: (name: URL) or set upstream: to a URL")
+			}
 			m.bad["upstream"] = true
 		}
 		if !checkable(m) {
@@ -474,13 +471,4 @@ func where(at pos) string {
 		return at.source
 	}
 	return fmt.Sprintf("line %d", at.line)
-}
-
-// safeMethod reports whether m is a method the gateway never keys.
-func safeMethod(m string) bool {
-	switch strings.ToUpper(m) {
-	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
-		return true
-	}
-	return false
 }

@@ -745,6 +745,12 @@ func (p *parser) scope(k, v *yaml.Node, path string, s *spec) bool {
 				ok = false
 				return
 			}
+			if strings.TrimSpace(val) == "" {
+				// An empty name would fall back to the Authorization scope unseen.
+				p.errorf(at, join(path, sub), "is empty: want the %s's name", sub)
+				ok = false
+				return
+			}
 			n++
 			s.scopeKind, s.scopeName = sub, val
 			s.own["scope."+sub] = at
