@@ -330,6 +330,8 @@ func TestConfigErrors(t *testing.T) {
 		{"bad upstream name", "upstreams:\n  'a b': http://a\n", `gw.yaml:2: upstreams: "a b" is not an upstream name`},
 		{"no upstream", "listen: :1\n", `gw.yaml: no upstream: add upstreams (name: URL) and routes, or defaults.upstream`},
 		{"several upstreams, no route", "upstreams:\n  a: http://a\n  b: http://b\n", `gw.yaml:1: upstreams: there are several and no route: name the one for all requests in defaults.upstream`},
+		{"empty key header", "upstreams: {a: 'http://a'}\nroutes:\n  - match: POST /x\n    key: {header: ''}\n", `gw.yaml:4: routes[0].key.header: is empty: want the key's header`},
+		{"empty key pointer", "upstreams: {a: 'http://a'}\nroutes:\n  - match: POST /x\n    key: {pointer: ' '}\n", `gw.yaml:4: routes[0].key.pointer: is empty: want the key's pointer`},
 		{"empty scope cookie", "upstreams: {a: 'http://a'}\nroutes:\n  - match: POST /x\n    scope: {cookie: ''}\n", `gw.yaml:4: routes[0].scope.cookie: is empty: want the cookie's name`},
 		{"no upstreams at all", "routes:\n  - match: POST /x\n", `gw.yaml:2: routes[0]: no upstream: the file has none; add one under upstreams: (name: URL) or set upstream: to a URL`},
 		{"route without upstream", "upstreams: {a: 'http://a', b: 'http://b'}\nroutes:\n  - match: POST /x\n", `gw.yaml:3: routes[0]: no upstream: name one of a, b in upstream (defaults names none)`},

@@ -704,6 +704,12 @@ func (p *parser) key(k, v *yaml.Node, path string, s *spec) bool {
 			ok = false
 			return
 		}
+		if strings.TrimSpace(val) == "" {
+			// An empty header or pointer would fall back to the default key unseen.
+			p.errorf(at, join(path, sub), "is empty: want the key's %s", sub)
+			ok = false
+			return
+		}
 		n++
 		s.own["key."+sub] = at
 		if sub == "header" {
