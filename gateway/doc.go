@@ -108,16 +108,17 @@
 // # One keyed request, file by file
 //
 // A POST with an Idempotency-Key, from the listener to a PostgreSQL store and back, is
-// read in eight files of four packages (nine with route.go, when there are routes). Each request's state lives in two places only:
-// the gateway's exchange (gateway.go) and the middleware's Claim and recorder (claim.go,
-// recorder.go); what happened to it is the Outcome that Serve returns, never read back
-// from a status code.
+// read in eight files of four packages (nine with route.go, when there are routes).
+// Each request's state lives in two places only: the gateway's exchange (gateway.go)
+// and the middleware's Claim and recorder (claim.go, recorder.go); what happened to it
+// is the Outcome that Serve returns, never read back from a status code.
 //
 //  1. gateway/run.go — Run serves the listener with an http.Server whose handler is the
 //     Gateway, and at shutdown waits for the requests in flight and the answers held.
 //  2. gateway/gateway.go — ServeHTTP finds the request's route in the current table
-//     (route.go's match, a ServeMux lookup), makes the request's exchange, refuses a Connection
-//     header that names a protected header, and hands the request to the budget layer,
+//     (route.go's match, a ServeMux lookup), makes the request's exchange, refuses a
+//     Connection header that names a protected header, and hands the request to the
+//     budget layer of its route,
 //     then serve, which calls the middleware's Serve with forward as the handler and
 //     keeps the Outcome it returns. forward sends the request once through the
 //     ReverseProxy (retry.SendOnce under it), bounded by an upstreamCall; its hooks,
