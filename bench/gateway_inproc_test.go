@@ -6,10 +6,11 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/retrysafe/retrysafe/gateway"
@@ -35,45 +36,102 @@ func (cannedUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
 		ContentLength: int64(len(cannedBody)), Request: r, ProtoMajor: 1, ProtoMinor: 1}, nil
 }
 
+// reusedWriter is a ResponseWriter that keeps the status and drops the body, reused
+// from one request to the next, so that the client's side costs the benchmark next to
+// nothing.
+type reusedWriter struct {
+	h      http.Header
+	status int
+}
+
+func (w *reusedWriter) Header() http.Header { return w.h }
+
+func (w *reusedWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+}
+
+func (w *reusedWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return len(p), nil
+}
+
+func (w *reusedWriter) reset() {
+	clear(w.h)
+	w.status = 0
+}
+
 // BenchmarkGatewayInProcess measures the gateway's own CPU and allocations per request,
-// with no network on either side (the upstream is a RoundTripper, the client a
-// recorder) and the memory store: new-key (claim, forward, complete) and replay.
+// with no network on either side (the upstream is a RoundTripper, the client a reused
+// ResponseWriter) and the memory store: new-key (claim, forward, complete) and replay.
+// bare is an httputil.ReverseProxy alone over the same upstream, with the gateway's
+// Rewrite and a copy-buffer pool: the floor of a proxied request.
 //
 //	cd bench && go test -run '^$' -bench BenchmarkGatewayInProcess -benchmem
 func BenchmarkGatewayInProcess(b *testing.B) {
+	u, _ := url.Parse("http://upstream.invalid")
+	bare := &httputil.ReverseProxy{
+		Rewrite:    func(pr *httputil.ProxyRequest) { pr.SetURL(u); pr.SetXForwarded() },
+		Transport:  cannedUpstream{},
+		BufferPool: &copyBuffers{},
+	}
 	for _, c := range []struct {
 		name string
 		key  func(i int) string
-		want int
+		bare bool
 	}{
-		{"new-key", func(i int) string { return "k-" + strconv.Itoa(i) }, http.StatusCreated},
-		{"replay", func(int) string { return "same" }, http.StatusCreated},
+		{"new-key", func(i int) string { return "k-" + strconv.Itoa(i) }, false},
+		{"replay", func(int) string { return "same" }, false},
+		{"bare", func(i int) string { return "k-" + strconv.Itoa(i) }, true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			u, _ := url.Parse("http://upstream.invalid")
-			gw, err := gateway.New(gateway.Config{Upstream: u, Logger: slog.New(slog.DiscardHandler), Transport: cannedUpstream{},
-				Idempotency: idempotency.Config{Store: memstore.New()}})
-			if err != nil {
-				b.Fatal(err)
+			var h http.Handler = bare
+			if !c.bare {
+				gw, err := gateway.New(gateway.Config{Upstream: u, Logger: slog.New(slog.DiscardHandler), Transport: cannedUpstream{},
+					Idempotency: idempotency.Config{Store: memstore.New()}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { _ = gw.Shutdown(context.Background()) })
+				h = gw
 			}
-			b.Cleanup(func() { _ = gw.Shutdown(context.Background()) })
+			w := &reusedWriter{h: make(http.Header)}
 			serve := func(i int) int {
-				r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(paymentBody))
+				r, err := http.NewRequest(http.MethodPost, "http://gateway.invalid/payments", strings.NewReader(paymentBody))
+				if err != nil {
+					b.Fatal(err)
+				}
+				r.RemoteAddr = "192.0.2.1:1234"
 				r.Header.Set("Content-Type", "application/json")
 				r.Header.Set("Idempotency-Key", c.key(i))
-				w := httptest.NewRecorder()
-				gw.ServeHTTP(w, r)
-				return w.Code
+				w.reset()
+				h.ServeHTTP(w, r)
+				return w.status
 			}
 			serve(0)
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {
 				i++
-				if code := serve(i); code != c.want {
+				if code := serve(i); code != http.StatusCreated {
 					b.Fatalf("status %d", code)
 				}
 			}
 		})
 	}
 }
+
+// copyBuffers is a ReverseProxy's pool of 32 KiB copy buffers, as the gateway has.
+type copyBuffers struct{ p sync.Pool }
+
+func (c *copyBuffers) Get() []byte {
+	if v, ok := c.p.Get().(*[]byte); ok {
+		return *v
+	}
+	return make([]byte, 32<<10)
+}
+
+func (c *copyBuffers) Put(buf []byte) { c.p.Put(&buf) }
