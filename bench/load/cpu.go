@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -21,9 +22,17 @@ const DefaultClockTicks = 100
 // the process and all its descendants (nginx's workers, a PostgreSQL cluster's
 // backends, node's cluster workers), including the descendants that exited during the
 // window: their time is in their parent's cutime and cstime once reaped.
+//
+// With Match set, the figure is instead that of PID's live descendants whose command
+// line (/proc/PID/cmdline, which a PostgreSQL backend rewrites to "postgres: …: USER
+// DATABASE HOST(PORT) STATE") holds Match: the backends of one database role, say, on
+// a cluster other work shares. A matching process that exits during the window loses
+// what it used since the first sample (its time goes to its parent, which does not
+// match), so Match suits long-lived processes such as a pool's connections.
 type Process struct {
-	Name string
-	PID  int
+	Name  string
+	PID   int
+	Match string
 }
 
 // CPU is the processor time (user + system) one process tree used in the measured
@@ -41,6 +50,16 @@ type CPU struct {
 type procStat struct {
 	ppid  int
 	ticks uint64 // utime + stime + cutime + cstime
+}
+
+// cmdlineHolds reports whether the command line of pid under root holds match (its
+// NUL-separated arguments read as one space-separated string).
+func cmdlineHolds(root string, pid int, match string) bool {
+	b, err := os.ReadFile(filepath.Join(root, strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return false
+	}
+	return bytes.Contains(bytes.ReplaceAll(b, []byte{0}, []byte{' '}), []byte(match))
 }
 
 // parseStat reads the parent and the CPU times of one /proc/PID/stat line. The second
@@ -120,10 +139,29 @@ func treeTicks(procs map[int]procStat, children map[int][]int, pid int) (ticks u
 	return ticks, n, true
 }
 
-// cpuSample is the ticks and process count of each process tree at one instant.
+// matchTicks is the ticks of each of p.PID's descendants whose command line holds
+// p.Match.
+func matchTicks(root string, procs map[int]procStat, children map[int][]int, p Process) map[int]uint64 {
+	out := map[int]uint64{}
+	stack := slices.Clone(children[p.PID])
+	for len(stack) > 0 {
+		q := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		stack = append(stack, children[q]...)
+		if cmdlineHolds(root, q, p.Match) {
+			out[q] = procs[q].ticks
+		}
+	}
+	return out
+}
+
+// cpuSample is the ticks and process count of each process tree at one instant, and
+// for a Process with Match the ticks of each matching process: the set changes
+// while the window runs, so its delta is taken process by process.
 type cpuSample struct {
-	ticks []uint64
-	n     []int
+	ticks   []uint64
+	n       []int
+	matched []map[int]uint64
 }
 
 // sampleCPU reads every tree of ps at one instant from the /proc under root.
@@ -136,24 +174,44 @@ func sampleCPU(root string, ps []Process) (cpuSample, error) {
 	for pid, st := range procs {
 		children[st.ppid] = append(children[st.ppid], pid)
 	}
-	s := cpuSample{ticks: make([]uint64, len(ps)), n: make([]int, len(ps))}
+	s := cpuSample{ticks: make([]uint64, len(ps)), n: make([]int, len(ps)), matched: make([]map[int]uint64, len(ps))}
 	for i, p := range ps {
-		t, n, ok := treeTicks(procs, children, p.PID)
-		if !ok {
+		if _, ok := procs[p.PID]; !ok {
 			return cpuSample{}, fmt.Errorf("load: process %s (pid %d) not found", p.Name, p.PID)
 		}
-		s.ticks[i], s.n[i] = t, n
+		if p.Match != "" {
+			m := matchTicks(root, procs, children, p)
+			s.matched[i], s.n[i] = m, len(m)
+			for _, t := range m {
+				s.ticks[i] += t
+			}
+			continue
+		}
+		s.ticks[i], s.n[i], _ = treeTicks(procs, children, p.PID)
 	}
 	return s, nil
 }
 
 // cpuDelta is the CPU of each tree between two samples. A tree whose total went down
-// (a descendant that exited and was not reaped by a process of the tree) counts 0.
+// (a descendant that exited and was not reaped by a process of the tree) counts 0. For
+// a Process with Match it is the sum over the processes matching at the end of what
+// each used since the first sample, or since it started if it was not there then; a
+// process that matched at the start and exited adds nothing (what it used in the
+// window is lost, rather than its whole life subtracted).
 func cpuDelta(ps []Process, before, after cpuSample, clockTicks int, responses int64) map[string]CPU {
 	out := make(map[string]CPU, len(ps))
 	for i, p := range ps {
 		var d uint64
-		if after.ticks[i] > before.ticks[i] {
+		switch {
+		case p.Match != "" && after.matched != nil && before.matched != nil:
+			for pid, t := range after.matched[i] {
+				if b, ok := before.matched[i][pid]; !ok {
+					d += t
+				} else if t > b {
+					d += t - b
+				}
+			}
+		case after.ticks[i] > before.ticks[i]:
 			d = after.ticks[i] - before.ticks[i]
 		}
 		c := CPU{Seconds: float64(d) / float64(clockTicks), Processes: after.n[i]}

@@ -65,7 +65,7 @@ func TestSampleCPUSumsTrees(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ps := []Process{{"nginx", 10}, {"app", 20}, {"worker", 12}}
+	ps := []Process{{Name: "nginx", PID: 10}, {Name: "app", PID: 20}, {Name: "worker", PID: 12}}
 	s, err := sampleCPU(root, ps)
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +73,7 @@ func TestSampleCPUSumsTrees(t *testing.T) {
 	if want := []uint64{176, 10, 6}; fmt.Sprint(s.ticks) != fmt.Sprint(want) || fmt.Sprint(s.n) != "[4 1 2]" {
 		t.Errorf("ticks %v, processes %v; want %v, [4 1 2]", s.ticks, s.n, want)
 	}
-	if _, err := sampleCPU(root, []Process{{"gone", 99}}); err == nil || !strings.Contains(err.Error(), "gone") {
+	if _, err := sampleCPU(root, []Process{{Name: "gone", PID: 99}}); err == nil || !strings.Contains(err.Error(), "gone") {
 		t.Errorf("a missing process: %v", err)
 	}
 
@@ -91,6 +91,50 @@ func TestSampleCPUSumsTrees(t *testing.T) {
 	}
 }
 
+func TestSampleCPUMatches(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	// A postmaster (2) with two backends of role rsb (3, 5), one of another role (4)
+	// and a background process (6).
+	fakeProc(t, root, map[int][5]int{2: {1, 100, 100, 500, 500}, 3: {2, 10, 5, 0, 0}, 4: {2, 70, 30, 0, 0}, 5: {2, 1, 1, 0, 0}, 6: {2, 9, 9, 0, 0}})
+	for pid, title := range map[int]string{2: "/usr/lib/postgresql/15/bin/postgres\x00-D\x00/var/lib",
+		3: "postgres: 15/main: rsb test 127.0.0.1(1) idle", 4: "postgres: 15/main: other test 127.0.0.1(2) idle",
+		5: "postgres: 15/main: rsb test 127.0.0.1(3) INSERT", 6: "postgres: 15/main: walwriter "} {
+		if err := os.WriteFile(filepath.Join(root, fmt.Sprint(pid), "cmdline"), []byte(strings.ReplaceAll(title, `\x00`, "\x00")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := sampleCPU(root, []Process{{Name: "ours", PID: 2, Match: ": rsb "}, {Name: "aux", PID: 2, Match: "walwriter"}, {Name: "all", PID: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(s.ticks) != "[17 18 1335]" || fmt.Sprint(s.n) != "[2 1 5]" {
+		t.Errorf("ticks %v, processes %v; want [17 18 1335], [2 1 5]", s.ticks, s.n)
+	}
+
+	// Then backend 3 exits (after 15 ticks of life), 5 uses 4 ticks more and a new
+	// backend 7 starts and uses 6: the window's figure is 10, not 10 − 15.
+	ps := []Process{{Name: "ours", PID: 2, Match: ": rsb "}}
+	before, err := sampleCPU(root, ps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(root, "3")); err != nil {
+		t.Fatal(err)
+	}
+	fakeProc(t, root, map[int][5]int{5: {2, 3, 3, 0, 0}, 7: {2, 6, 0, 0, 0}})
+	if err := os.WriteFile(filepath.Join(root, "7", "cmdline"), []byte("postgres: 15/main: rsb test 127.0.0.1(4) idle"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	after, err := sampleCPU(root, ps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cpuDelta(ps, before, after, 100, 0)["ours"]; got.Seconds != 0.1 || got.Processes != 2 {
+		t.Errorf("delta %+v, want 0.1 s over 2 processes", got)
+	}
+}
+
 func TestRunMeasuresCPU(t *testing.T) {
 	t.Parallel()
 	if runtime.GOOS != "linux" {
@@ -102,7 +146,7 @@ func TestRunMeasuresCPU(t *testing.T) {
 	defer ts.Close()
 	self := os.Getpid()
 	res, err := Run(context.Background(), Config{URL: ts.URL, Clients: 2, Requests: 200, Warmup: 10 * time.Millisecond,
-		CPU: []Process{{"self", self}}})
+		CPU: []Process{{Name: "self", PID: self}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,10 +161,10 @@ func TestRunMeasuresCPU(t *testing.T) {
 	if err := res.WriteText(&b); err != nil || !strings.Contains(b.String(), "cpu self") {
 		t.Errorf("text: %v\n%s", err, b.String())
 	}
-	if _, err := Run(context.Background(), Config{URL: ts.URL, Requests: 1, CPU: []Process{{"x", self}, {"x", self}}}); err == nil {
+	if _, err := Run(context.Background(), Config{URL: ts.URL, Requests: 1, CPU: []Process{{Name: "x", PID: self}, {Name: "x", PID: self}}}); err == nil {
 		t.Error("a name twice: no error")
 	}
-	if _, err := Run(context.Background(), Config{URL: ts.URL, Requests: 1, CPU: []Process{{"x", -1}}}); err == nil {
+	if _, err := Run(context.Background(), Config{URL: ts.URL, Requests: 1, CPU: []Process{{Name: "x", PID: -1}}}); err == nil {
 		t.Error("pid -1: no error")
 	}
 }
@@ -129,7 +173,7 @@ func TestMeasureIdle(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
 	fakeProc(t, root, map[int][5]int{5: {1, 3, 4, 0, 0}})
-	res, err := MeasureIdle(context.Background(), IdleConfig{CPU: []Process{{"pg", 5}}, Duration: time.Millisecond,
+	res, err := MeasureIdle(context.Background(), IdleConfig{CPU: []Process{{Name: "pg", PID: 5}}, Duration: time.Millisecond,
 		ProcRoot: root, Tags: map[string]string{"kind": "idle"}})
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +186,7 @@ func TestMeasureIdle(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := MeasureIdle(ctx, IdleConfig{CPU: []Process{{"pg", 5}}, ProcRoot: root}); err == nil {
+	if _, err := MeasureIdle(ctx, IdleConfig{CPU: []Process{{Name: "pg", PID: 5}}, ProcRoot: root}); err == nil {
 		t.Error("a cancelled context: no error")
 	}
 }

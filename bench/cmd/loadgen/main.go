@@ -41,8 +41,10 @@ request when the previous one is answered, for --duration (after --warmup) or un
 (--keys unique), one for all (--keys shared), or none (--keys none).
 
 --cpu NAME=PID (repeatable; PID "self" is loadgen) adds the processor time each
-process and its descendants used in the measured window, from /proc (Linux). --idle D
-sends nothing and measures only that, over D; --url is then not needed.
+process and its descendants used in the measured window, from /proc (Linux);
+NAME=PID:MATCH counts only PID's descendants whose command line holds MATCH (the
+backends of one PostgreSQL role). --idle D sends nothing and measures only that, over
+D; --url is then not needed.
 
 flags:
 `
@@ -76,7 +78,7 @@ func (t tags) Set(s string) error {
 	return nil
 }
 
-// procs is a repeatable --cpu NAME=PID flag; PID "self" is this process.
+// procs is a repeatable --cpu NAME=PID[:MATCH] flag; PID "self" is this process.
 type procs []load.Process
 
 func (p *procs) String() string { return "" }
@@ -84,8 +86,9 @@ func (p *procs) String() string { return "" }
 func (p *procs) Set(s string) error {
 	name, v, ok := strings.Cut(s, "=")
 	if !ok || name == "" {
-		return fmt.Errorf("cpu %q: want NAME=PID", s)
+		return fmt.Errorf("cpu %q: want NAME=PID or NAME=PID:MATCH", s)
 	}
+	v, match, _ := strings.Cut(v, ":")
 	pid := os.Getpid()
 	if v != "self" {
 		n, err := strconv.Atoi(v)
@@ -94,7 +97,7 @@ func (p *procs) Set(s string) error {
 		}
 		pid = n
 	}
-	*p = append(*p, load.Process{Name: name, PID: pid})
+	*p = append(*p, load.Process{Name: name, PID: pid, Match: match})
 	return nil
 }
 
@@ -182,7 +185,8 @@ func parse(args []string, stderr io.Writer) (load.Config, options, error) {
 	fs.StringVar(&cfg.Preconnect, "preconnect", "", "URL every client GETs once before all start together")
 	fs.Var(tg, "tag", "key=value copied into the result (repeatable)")
 	fs.StringVar(&o.format, "format", "text", "output: text or json (one line)")
-	fs.Var(&cpu, "cpu", "NAME=PID: report the processor time of PID and its descendants (repeatable; PID self is loadgen)")
+	fs.Var(&cpu, "cpu", "NAME=PID[:MATCH]: report the processor time of PID and its descendants, or of those of its\n"+
+		"descendants whose command line holds MATCH (repeatable; PID self is loadgen)")
 	fs.IntVar(&cfg.ClockTicks, "clk-tck", load.DefaultClockTicks, "unit of /proc's CPU times (getconf CLK_TCK)")
 	fs.DurationVar(&o.idle, "idle", 0, "send nothing: measure the --cpu processes over this long")
 	if err := fs.Parse(args); err != nil {

@@ -27,8 +27,9 @@ func TestParse(t *testing.T) {
 		cfg.Tags["subject"] != "x" || string(cfg.Body) != "{}" {
 		t.Errorf("parsed %+v, options %+v", cfg, o)
 	}
-	cfg, o, err = parse([]string{"--idle", "1s", "--cpu", "pg=42", "--cpu", "me=self", "--clk-tck", "250"}, io.Discard)
-	if err != nil || o.idle != time.Second || len(cfg.CPU) != 2 || cfg.CPU[0] != (load.Process{Name: "pg", PID: 42}) ||
+	cfg, o, err = parse([]string{"--idle", "1s", "--cpu", "pg=42", "--cpu", "me=self", "--cpu", "ours=42: rsb ", "--clk-tck", "250"}, io.Discard)
+	if err != nil || o.idle != time.Second || len(cfg.CPU) != 3 || cfg.CPU[0] != (load.Process{Name: "pg", PID: 42}) ||
+		cfg.CPU[2] != (load.Process{Name: "ours", PID: 42, Match: " rsb "}) ||
 		cfg.CPU[1].PID != os.Getpid() || cfg.ClockTicks != 250 {
 		t.Errorf("--idle: %+v, %+v, %v", cfg, o, err)
 	}
