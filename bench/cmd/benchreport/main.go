@@ -1,14 +1,19 @@
 // Command benchreport turns the JSON lines bench/run.sh records (one load.Result per
-// measured point, tagged kind, subject, clients and round; plus pgbench and ledger-row
-// records) into the Markdown tables of bench/README.md.
+// measured point, tagged kind, subject, body, clients and round, with the CPU of each
+// process involved; plus idle, pgbench and ledger-row records) into the Markdown
+// tables of bench/README.md: the goal figures, the cost per request (throughput,
+// latency and CPU per process) at every concurrency and answer size, the storm, the
+// replays and pgbench's ceilings. With -summary, only the goal figures and the cost
+// at 32 clients: what fits on one screen.
 //
-//	cd bench && go run ./cmd/benchreport results.jsonl
+//	cd bench && go run ./cmd/benchreport [-summary] results.jsonl
 package main
 
 import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -21,13 +26,27 @@ import (
 )
 
 // record is a line of the results file: a load.Result, or one of run.sh's own records
-// (pgbench: Throughput and Latency.MeanMS set; ledger rows: Rows set).
+// (pgbench: Throughput, Responses (transactions), Latency.MeanMS and CPU set; ledger
+// rows: Rows set; idle: CPU and CPUWindowS of the shared servers with nothing sent).
 type record struct {
 	load.Result
 	Rows *int64 `json:"rows,omitempty"`
+
+	// us is the CPU per response of each process, in µs, the shared servers' less
+	// their idle rate (see prepare).
+	us map[string]float64
 }
 
 func (r *record) tag(k string) string { return r.Tags[k] }
+
+// subject is the record's subject under today's name.
+func (r *record) subject() string {
+	s := r.tag("subject")
+	if a, ok := subjectAliases[s]; ok {
+		return a
+	}
+	return s
+}
 
 func (r *record) clients() int {
 	n, err := strconv.Atoi(r.tag("clients"))
@@ -37,27 +56,49 @@ func (r *record) clients() int {
 	return n
 }
 
-// subjectRank orders the subjects in the tables as bench/run.sh lists them.
+// subjectOrder is the order of the subjects in the tables, as bench/run.sh lists them.
+var subjectOrder = []string{
+	"direct", "nginx", "bareproxy", "payments-tx", "payments-mw", "payments-tx-nobatch",
+	"gw-memory", "gw-sqlite", "gw-postgres", "gw-redis", "gw-sqlite-nobatch", "gw-postgres-nobatch",
+	"express", "express-cluster2", "express-autocommit",
+}
+
 func subjectRank(s string) int {
-	order := []string{
-		"unprotected", "payments-tx", "payments-mw", "payments-tx-nobatch",
-		"gw-memory", "gw-sqlite", "gw-postgres", "gw-redis", "gw-sqlite-nobatch", "gw-postgres-nobatch",
-		"express", "express-cluster2", "express-autocommit",
-	}
-	if i := slices.Index(order, s); i >= 0 {
+	if i := slices.Index(subjectOrder, s); i >= 0 {
 		return i
 	}
-	return len(order)
+	return len(subjectOrder)
+}
+
+func sortSubjects(ss []string) {
+	sort.Slice(ss, func(i, j int) bool {
+		ri, rj := subjectRank(ss[i]), subjectRank(ss[j])
+		if ri != rj {
+			return ri < rj
+		}
+		return ss[i] < ss[j]
+	})
 }
 
 func main() {
-	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: benchreport results.jsonl")
+	fs := flag.NewFlagSet("benchreport", flag.ContinueOnError)
+	short := fs.Bool("summary", false, "only the goal figures and the cost at 32 clients")
+	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
-	recs, err := read(os.Args[1])
+	if fs.NArg() != 1 {
+		fmt.Fprintln(os.Stderr, "usage: benchreport [-summary] results.jsonl")
+		os.Exit(2)
+	}
+	recs, err := read(fs.Arg(0))
 	if err == nil {
-		err = report(os.Stdout, recs)
+		if *short {
+			var b strings.Builder
+			summary(&b, recs)
+			_, err = io.WriteString(os.Stdout, b.String())
+		} else {
+			err = report(os.Stdout, recs)
+		}
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "benchreport: %v\n", err)
@@ -90,7 +131,39 @@ func read(path string) ([]record, error) {
 	if len(recs) == 0 {
 		return nil, errors.New("no records")
 	}
+	prepare(recs)
 	return recs, nil
+}
+
+// prepare sets every record's CPU per response. The shared servers (PostgreSQL,
+// Redis) also serve other work on the machine: their figure is the window's CPU less
+// the idle rate of the last idle record before it (run.sh measures one at the start
+// of every round), never below zero. Other processes are the run's own and are
+// taken as measured.
+func prepare(recs []record) {
+	rate := map[string]float64{} // CPU seconds per second, by process
+	for i := range recs {
+		r := &recs[i]
+		if r.tag("kind") == "idle" {
+			if r.CPUWindowS > 0 {
+				for name, c := range r.CPU {
+					rate[name] = c.Seconds / r.CPUWindowS
+				}
+			}
+			continue
+		}
+		if len(r.CPU) == 0 || r.Responses <= 0 {
+			continue
+		}
+		r.us = make(map[string]float64, len(r.CPU))
+		for name, c := range r.CPU {
+			sec := c.Seconds - rate[name]*r.CPUWindowS
+			if sec < 0 {
+				sec = 0
+			}
+			r.us[name] = sec * 1e6 / float64(r.Responses)
+		}
+	}
 }
 
 func median(xs []float64) float64 {
@@ -115,78 +188,41 @@ func rng(xs []float64, format string) string {
 	return fmt.Sprintf(format+"–"+format, slices.Min(xs), slices.Max(xs))
 }
 
-// point is the rounds of one subject at one concurrency.
-type point struct {
-	tput, p50, p99, ratio []float64
-	bad                   int64 // non-2xx responses and errors
-	loads                 []float64
-}
-
 func report(w io.Writer, recs []record) error {
 	var b strings.Builder
-	matrix(&b, recs)
+	ps := collect(recs, "matrix", "bodies", "replay", "first")
+	pg := collectPgbench(recs)
+	goals(&b, ps, pg)
+	costTables(&b, ps)
+	matrix(&b, ps)
 	storm(&b, recs)
-	replay(&b, recs)
-	pgbench(&b, recs)
+	replay(&b, ps)
+	pgbench(&b, pg)
+	idleRates(&b, recs)
 	_, err := io.WriteString(w, b.String())
 	return err
 }
 
-func matrix(b *strings.Builder, recs []record) {
-	// points[clients][subject]; baseline[clients][round] = unprotected req/s.
-	points := map[int]map[string]*point{}
-	base := map[int]map[string]float64{}
-	for i := range recs {
-		r := &recs[i]
-		if r.tag("kind") != "matrix" {
-			continue
-		}
-		c := r.clients()
-		if points[c] == nil {
-			points[c], base[c] = map[string]*point{}, map[string]float64{}
-		}
-		if r.tag("subject") == "unprotected" {
-			base[c][r.tag("round")] = r.Throughput
-		}
-	}
-	for i := range recs {
-		r := &recs[i]
-		if r.tag("kind") != "matrix" {
-			continue
-		}
-		c, s := r.clients(), r.tag("subject")
-		p := points[c][s]
-		if p == nil {
-			p = &point{}
-			points[c][s] = p
-		}
-		p.tput = append(p.tput, r.Throughput)
-		p.p50 = append(p.p50, r.Latency.P50MS)
-		p.p99 = append(p.p99, r.Latency.P99MS)
-		if bt := base[c][r.tag("round")]; bt > 0 {
-			p.ratio = append(p.ratio, r.Throughput/bt)
-		}
-		p.bad += r.Errors
-		for k, n := range r.Status {
-			if !strings.HasPrefix(k, "2") {
-				p.bad += n
-			}
-		}
-		if l, err := strconv.ParseFloat(r.tag("loadavg"), 64); err == nil {
-			p.loads = append(p.loads, l)
-		}
-	}
-	if len(points) == 0 {
+// matrix writes the throughput and latency tables of the matrix, every point of it,
+// the README's targets and the comparison with the Express baseline.
+func matrix(b *strings.Builder, ps points) {
+	cs := ps.clients("matrix", 0)
+	if len(cs) == 0 {
 		return
 	}
-	cs := make([]int, 0, len(points))
-	for c := range points {
-		cs = append(cs, c)
+	var subjects []string
+	for _, c := range cs {
+		for _, s := range ps.subjects("matrix", 0, c) {
+			if !slices.Contains(subjects, s) {
+				subjects = append(subjects, s)
+			}
+		}
 	}
-	sort.Ints(cs)
+	sortSubjects(subjects)
+	get := func(c int, s string) *point { return ps.get("matrix", 0, c, s) }
 
-	b.WriteString("### Throughput against the unprotected endpoint\n\n")
-	b.WriteString("req/s: median of the rounds; ratio: median of the per-round ratios to `unprotected` (measured in the same round).\n\n")
+	b.WriteString("### Throughput against direct\n\n")
+	b.WriteString("req/s: median of the rounds; ratio: median of the per-round ratios to `direct` (measured in the same round).\n\n")
 	// table writes one row per subject and one column per client count, each cell
 	// cell(p), or — where the subject was not measured at that count.
 	table := func(cell func(p *point) string) {
@@ -199,10 +235,10 @@ func matrix(b *strings.Builder, recs []record) {
 			b.WriteString("---:|")
 		}
 		b.WriteString("\n")
-		for _, s := range sortedSubjects(points) {
+		for _, s := range subjects {
 			fmt.Fprintf(b, "| %s |", s)
 			for _, c := range cs {
-				if p := points[c][s]; p == nil {
+				if p := get(c, s); p == nil {
 					b.WriteString(" — |")
 				} else {
 					b.WriteString(" " + cell(p) + " |")
@@ -214,41 +250,35 @@ func matrix(b *strings.Builder, recs []record) {
 	table(func(p *point) string { return fmt.Sprintf("%.0f (%.2f)", median(p.tput), median(p.ratio)) })
 	b.WriteString("\n### Latency (ms)\n\np50 / p99, medians of the rounds.\n\n")
 	table(func(p *point) string { return fmt.Sprintf("%.2f / %.2f", median(p.p50), median(p.p99)) })
-	b.WriteString("\n### Every point\n\n| clients | subject | req/s (rounds) | ratio (rounds) | p50 ms | p99 ms | non-2xx + errors | load avg |\n|---:|---|---|---|---|---|---:|---|\n")
+	b.WriteString("\n### Every point\n\n| clients | subject | req/s (rounds) | ratio (rounds) | p50 ms | p99 ms | total CPU µs (rounds) | non-2xx + errors | load avg |\n|---:|---|---|---|---|---|---|---:|---|\n")
 	for _, c := range cs {
-		for _, s := range sortedSubjects(points) {
-			p := points[c][s]
-			if p == nil {
-				continue
-			}
-			fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %s | %d | %s |\n", c, s, join(p.tput, "%.0f"), join(p.ratio, "%.2f"),
-				join(p.p50, "%.2f"), join(p.p99, "%.2f"), p.bad, rng(p.loads, "%.1f"))
+		for _, s := range ps.subjects("matrix", 0, c) {
+			p := get(c, s)
+			fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %s | %s | %d | %s |\n", c, s, join(p.tput, "%.0f"), join(p.ratio, "%.2f"),
+				join(p.p50, "%.2f"), join(p.p99, "%.2f"), join(p.cpu[totalCPU], "%.0f"), p.bad, rng(p.loads, "%.1f"))
 		}
 	}
 	b.WriteString("\n")
 
-	// The targets, at 32 clients: gw-postgres ≥ 0.5× and payments-tx ≥ 0.8× unprotected,
+	// The targets, at 32 clients: gw-postgres ≥ 0.5× and payments-tx ≥ 0.8× direct,
 	// and payments-tx, payments-mw and gw-postgres each ahead of both Express variants
 	// on throughput and p99.
-	p32 := points[32]
-	if p32 == nil {
+	if get(goalClients, baseline) == nil {
 		return
 	}
-	b.WriteString("### Targets (32 clients)\n\n| target | measured | met |\n|---|---|---|\n")
-	target := func(name, s string, min float64) {
-		p := p32[s]
-		if p == nil {
-			return
+	fmt.Fprintf(b, "### Targets (%d clients)\n\n| target | measured | met |\n|---|---|---|\n", goalClients)
+	for _, s := range []string{"gw-postgres", "payments-tx"} {
+		p := get(goalClients, s)
+		if p == nil || len(p.ratio) == 0 {
+			continue
 		}
 		r := median(p.ratio)
-		fmt.Fprintf(b, "| %s ≥ %.2f× unprotected | %.2f× (%.0f vs %.0f req/s; rounds %s) | %s |\n", name, min, r,
-			median(p.tput), median(p32["unprotected"].tput), join(p.ratio, "%.2f"), yesNo(r >= min))
+		fmt.Fprintf(b, "| %s ≥ %.2f× direct | %.2f× (%.0f vs %.0f req/s; rounds %s) | %s |\n", s, targets[s], r,
+			median(p.tput), median(get(goalClients, baseline).tput), join(p.ratio, "%.2f"), yesNo(r >= targets[s]))
 	}
-	target("gateway, PostgreSQL store", "gw-postgres", 0.5)
-	target("payments, transaction mode", "payments-tx", 0.8)
 	for _, ours := range []string{"payments-tx", "payments-mw", "gw-postgres"} {
 		for _, peer := range []string{"express", "express-cluster2"} {
-			po, pp := p32[ours], p32[peer]
+			po, pp := get(goalClients, ours), get(goalClients, peer)
 			if po == nil || pp == nil {
 				continue
 			}
@@ -262,26 +292,31 @@ func matrix(b *strings.Builder, recs []record) {
 
 	// Against the Express baseline at every concurrency: ahead means ahead of both the
 	// single process and the cluster.
-	b.WriteString("### Against the Express baseline, every concurrency\n\n")
-	b.WriteString("req/s and p99 (ms), medians of the rounds; ahead = better than both `express` and `express-cluster2`.\n\n")
-	b.WriteString("| clients | subject | req/s | express / cluster2 req/s | ahead on req/s | p99 | express / cluster2 p99 | ahead on p99 |\n")
-	b.WriteString("|---:|---|---:|---|---|---:|---|---|\n")
+	var rows []string
 	for _, c := range cs {
-		pe, pc := points[c]["express"], points[c]["express-cluster2"]
+		pe, pc := get(c, "express"), get(c, "express-cluster2")
 		if pe == nil || pc == nil {
 			continue
 		}
 		for _, ours := range []string{"payments-tx", "payments-mw", "gw-postgres"} {
-			po := points[c][ours]
+			po := get(c, ours)
 			if po == nil {
 				continue
 			}
 			to, te, tc := median(po.tput), median(pe.tput), median(pc.tput)
 			qo, qe, qc := median(po.p99), median(pe.p99), median(pc.p99)
-			fmt.Fprintf(b, "| %d | %s | %.0f | %.0f / %.0f | %s | %.2f | %.2f / %.2f | %s |\n", c, ours, to, te, tc,
-				yesNo(to > te && to > tc), qo, qe, qc, yesNo(qo < qe && qo < qc))
+			rows = append(rows, fmt.Sprintf("| %d | %s | %.0f | %.0f / %.0f | %s | %.2f | %.2f / %.2f | %s |\n", c, ours, to, te, tc,
+				yesNo(to > te && to > tc), qo, qe, qc, yesNo(qo < qe && qo < qc)))
 		}
 	}
+	if len(rows) == 0 {
+		return
+	}
+	b.WriteString("### Against the Express baseline, every concurrency\n\n")
+	b.WriteString("req/s and p99 (ms), medians of the rounds; ahead = better than both `express` and `express-cluster2`.\n\n")
+	b.WriteString("| clients | subject | req/s | express / cluster2 req/s | ahead on req/s | p99 | express / cluster2 p99 | ahead on p99 |\n")
+	b.WriteString("|---:|---|---:|---|---|---:|---|---|\n")
+	b.WriteString(strings.Join(rows, ""))
 	b.WriteString("\n")
 }
 
@@ -300,27 +335,6 @@ func join(xs []float64, format string) string {
 	return strings.Join(parts, ", ")
 }
 
-func sortedSubjects(points map[int]map[string]*point) []string {
-	seen := map[string]bool{}
-	for _, m := range points {
-		for s := range m {
-			seen[s] = true
-		}
-	}
-	out := make([]string, 0, len(seen))
-	for s := range seen {
-		out = append(out, s)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		ri, rj := subjectRank(out[i]), subjectRank(out[j])
-		if ri != rj {
-			return ri < rj
-		}
-		return out[i] < out[j]
-	})
-	return out
-}
-
 func storm(b *strings.Builder, recs []record) {
 	rows := map[string]int64{}
 	var runs []*record
@@ -329,7 +343,7 @@ func storm(b *strings.Builder, recs []record) {
 		switch r.tag("kind") {
 		case "storm-rows":
 			if r.Rows != nil {
-				rows[r.tag("subject")] = *r.Rows
+				rows[r.subject()] = *r.Rows
 			}
 		case "storm":
 			runs = append(runs, r)
@@ -338,13 +352,13 @@ func storm(b *strings.Builder, recs []record) {
 	if len(runs) == 0 {
 		return
 	}
-	sort.SliceStable(runs, func(i, j int) bool { return subjectRank(runs[i].tag("subject")) < subjectRank(runs[j].tag("subject")) })
+	sort.SliceStable(runs, func(i, j int) bool { return subjectRank(runs[i].subject()) < subjectRank(runs[j].subject()) })
 	b.WriteString("### Duplicate storm: 1,000 concurrent requests, one key\n\n")
 	b.WriteString("Each client opened its connection first, then all sent at once. Executions: ledger rows made under the storm's user.\n\n")
 	b.WriteString("| subject | executions | responses | first (2xx, not replayed) ms | 409 | 409 p50 / p99 ms | replayed | replayed p50 / p99 ms | other | errors | all p99 / max ms |\n")
 	b.WriteString("|---|---:|---|---:|---:|---|---:|---|---|---:|---|\n")
 	for _, r := range runs {
-		s := r.tag("subject")
+		s := r.subject()
 		ex := "?"
 		if n, ok := rows[s]; ok {
 			ex = strconv.FormatInt(n, 10)
@@ -384,28 +398,17 @@ func pair(s load.Summary) string {
 	return fmt.Sprintf("%.1f / %.1f", s.P50MS, s.P99MS)
 }
 
-func replay(b *strings.Builder, recs []record) {
-	type key struct {
-		subject string
-		clients int
-	}
-	first, rep := map[key]*record{}, map[key]*record{}
-	for i := range recs {
-		r := &recs[i]
-		k := key{r.tag("subject"), r.clients()}
-		switch r.tag("kind") {
-		case "first":
-			first[k] = r
-		case "replay":
-			rep[k] = r
+// replay writes replay against first execution, back to back per subject, with the
+// CPU per response of each.
+func replay(b *strings.Builder, ps points) {
+	var keys []pkey
+	for k := range ps {
+		if k.kind == "replay" {
+			keys = append(keys, k)
 		}
 	}
-	if len(rep) == 0 {
+	if len(keys) == 0 {
 		return
-	}
-	keys := make([]key, 0, len(rep))
-	for k := range rep {
-		keys = append(keys, k)
 	}
 	sort.Slice(keys, func(i, j int) bool {
 		if keys[i].clients != keys[j].clients {
@@ -414,32 +417,60 @@ func replay(b *strings.Builder, recs []record) {
 		return subjectRank(keys[i].subject) < subjectRank(keys[j].subject)
 	})
 	b.WriteString("### Replay vs first execution\n\n")
-	b.WriteString("Back to back per subject: new keys (first executions), then one completed key sent again and again (replays).\n\n")
-	b.WriteString("| clients | subject | first: req/s | first: p50 / p99 ms | replay: req/s | replay: p50 / p99 ms | replay/first req/s | replayed share |\n")
-	b.WriteString("|---:|---|---:|---|---:|---|---:|---:|\n")
-	for _, k := range keys {
-		r := rep[k]
-		f := first[k]
-		share := 0.0
-		if r.Responses > 0 {
-			share = float64(r.Replayed) / float64(r.Responses)
+	b.WriteString("Back to back per subject: new keys (first executions), then one completed key sent again and again (replays). " +
+		"CPU: µs per response of the subject's own process (the gateway, or the payments or Express server), of the upstream " +
+		"behind a gateway, and of PostgreSQL (less its idle rate).\n\n")
+	b.WriteString("| clients | subject | first: req/s | first: p50 / p99 ms | replay: req/s | replay: p50 / p99 ms | replay/first req/s | replayed share | first: own / upstream / postgres µs | replay: own / upstream / postgres µs |\n")
+	b.WriteString("|---:|---|---:|---|---:|---|---:|---:|---|---|\n")
+	// own is the subject's own process: the gateway's proxy, else the app server.
+	cpu := func(p *point, gateway bool) string {
+		if gateway {
+			return p.cpuCell("proxy") + " / " + p.cpuCell("app") + " / " + p.cpuCell("postgres")
 		}
+		return p.cpuCell("app") + " / — / " + p.cpuCell("postgres")
+	}
+	for _, k := range keys {
+		r := ps[k]
+		gw := strings.HasPrefix(k.subject, "gw-")
+		share := 0.0
+		if r.responses > 0 {
+			share = float64(r.replayed) / float64(r.responses)
+		}
+		f := ps.get("first", k.body, k.clients, k.subject)
 		if f == nil {
-			fmt.Fprintf(b, "| %d | %s | — | — | %.0f | %s | — | %.3f |\n", k.clients, k.subject, r.Throughput, pair(r.Latency), share)
+			fmt.Fprintf(b, "| %d | %s | — | — | %.0f | %s | — | %.3f | — | %s |\n", k.clients, k.subject, median(r.tput),
+				pairs(r.p50, r.p99), share, cpu(r, gw))
 			continue
 		}
-		fmt.Fprintf(b, "| %d | %s | %.0f | %s | %.0f | %s | %.2f× | %.3f |\n", k.clients, k.subject, f.Throughput, pair(f.Latency),
-			r.Throughput, pair(r.Latency), r.Throughput/f.Throughput, share)
+		fmt.Fprintf(b, "| %d | %s | %.0f | %s | %.0f | %s | %.2f× | %.3f | %s | %s |\n", k.clients, k.subject, median(f.tput),
+			pairs(f.p50, f.p99), median(r.tput), pairs(r.p50, r.p99), median(r.tput)/median(f.tput), share, cpu(f, gw), cpu(r, gw))
 	}
 	b.WriteString("\n")
 }
 
-func pgbench(b *strings.Builder, recs []record) {
-	type key struct {
-		script  string
-		clients int
+func pairs(p50, p99 []float64) string {
+	if len(p50) == 0 {
+		return "—"
 	}
-	tps, lat, ratio := map[key][]float64{}, map[key][]float64{}, map[key][]float64{}
+	return fmt.Sprintf("%.1f / %.1f", median(p50), median(p99))
+}
+
+// pgKey is one pgbench script at one concurrency.
+type pgKey struct {
+	script  string
+	clients int
+}
+
+// pgPoint is the rounds of one pgKey; failed counts the rounds pgbench failed.
+type pgPoint struct {
+	tps, lat, ratio, us []float64
+	failed              int
+}
+
+// collectPgbench gathers the pgbench records: transactions per second, mean latency,
+// the ratio to insert in the same round and PostgreSQL's CPU per transaction (less
+// its idle rate).
+func collectPgbench(recs []record) map[pgKey]*pgPoint {
 	insert := map[string]float64{} // clients/round → insert tps
 	for i := range recs {
 		r := &recs[i]
@@ -447,33 +478,47 @@ func pgbench(b *strings.Builder, recs []record) {
 			insert[r.tag("clients")+"/"+r.tag("round")] = r.Throughput
 		}
 	}
-	var scripts []string
-	var cs []int
-	failed := map[key]int{}
+	out := map[pgKey]*pgPoint{}
 	for i := range recs {
 		r := &recs[i]
 		if r.tag("kind") != "pgbench" {
 			continue
 		}
-		k := key{r.tag("subject"), r.clients()}
+		k := pgKey{r.tag("subject"), r.clients()}
+		p := out[k]
+		if p == nil {
+			p = &pgPoint{}
+			out[k] = p
+		}
+		if r.Throughput == 0 {
+			p.failed++
+			continue
+		}
+		p.tps = append(p.tps, r.Throughput)
+		p.lat = append(p.lat, r.Latency.MeanMS)
+		if in := insert[r.tag("clients")+"/"+r.tag("round")]; in > 0 {
+			p.ratio = append(p.ratio, r.Throughput/in)
+		}
+		if us, ok := r.us["postgres"]; ok {
+			p.us = append(p.us, us)
+		}
+	}
+	return out
+}
+
+func pgbench(b *strings.Builder, pg map[pgKey]*pgPoint) {
+	if len(pg) == 0 {
+		return
+	}
+	var scripts []string
+	var cs []int
+	for k := range pg {
 		if !slices.Contains(scripts, k.script) {
 			scripts = append(scripts, k.script)
 		}
 		if !slices.Contains(cs, k.clients) {
 			cs = append(cs, k.clients)
 		}
-		if r.Throughput == 0 {
-			failed[k]++
-			continue
-		}
-		tps[k] = append(tps[k], r.Throughput)
-		lat[k] = append(lat[k], r.Latency.MeanMS)
-		if in := insert[r.tag("clients")+"/"+r.tag("round")]; in > 0 {
-			ratio[k] = append(ratio[k], r.Throughput/in)
-		}
-	}
-	if len(scripts) == 0 {
-		return
 	}
 	order := []string{"insert", "claim", "txmode", "express-tx"}
 	sort.Slice(scripts, func(i, j int) bool {
@@ -486,7 +531,8 @@ func pgbench(b *strings.Builder, recs []record) {
 	sort.Ints(cs)
 	b.WriteString("### PostgreSQL's own ceiling (pgbench)\n\n")
 	b.WriteString("Transactions per second (one script execution = one payment's SQL; median of the rounds), the median ratio to `insert` " +
-		"in the same round, mean latency in ms; -M prepared, no HTTP.\n\n| script |")
+		"in the same round, mean latency in ms, and PostgreSQL's CPU per transaction in µs (pgbench's backends over the " +
+		"middle of its run, per second, divided by the transactions per second); -M prepared, no HTTP.\n\n| script |")
 	for _, c := range cs {
 		fmt.Fprintf(b, " %d clients |", c)
 	}
@@ -498,21 +544,57 @@ func pgbench(b *strings.Builder, recs []record) {
 	for _, s := range scripts {
 		fmt.Fprintf(b, "| %s |", s)
 		for _, c := range cs {
-			k := key{s, c}
+			p := pg[pgKey{s, c}]
 			switch {
-			case len(tps[k]) == 0 && failed[k] > 0:
+			case p == nil:
+				b.WriteString(" — |")
+			case len(p.tps) == 0 && p.failed > 0:
 				b.WriteString(" failed |")
-			case len(tps[k]) == 0:
+			case len(p.tps) == 0:
 				b.WriteString(" — |")
 			default:
-				r := "—"
-				if len(ratio[k]) > 0 {
-					r = fmt.Sprintf("%.2f×", median(ratio[k]))
+				r, us := "—", ""
+				if len(p.ratio) > 0 {
+					r = fmt.Sprintf("%.2f×", median(p.ratio))
 				}
-				fmt.Fprintf(b, " %.0f (%s, %.2f ms) |", median(tps[k]), r, median(lat[k]))
+				if len(p.us) > 0 {
+					us = fmt.Sprintf(", %.0f µs", median(p.us))
+				}
+				fmt.Fprintf(b, " %.0f (%s, %.2f ms%s) |", median(p.tps), r, median(p.lat), us)
 			}
 		}
 		b.WriteString("\n")
+	}
+	b.WriteString("\n")
+}
+
+// idleRates writes the shared servers' background CPU, measured with nothing of the
+// run sending, that the CPU figures above have been given less of.
+func idleRates(b *strings.Builder, recs []record) {
+	rates := map[string][]float64{}
+	for i := range recs {
+		r := &recs[i]
+		if r.tag("kind") != "idle" || r.CPUWindowS <= 0 {
+			continue
+		}
+		for name, c := range r.CPU {
+			rates[name] = append(rates[name], c.Seconds/r.CPUWindowS*1000)
+		}
+	}
+	if len(rates) == 0 {
+		return
+	}
+	names := make([]string, 0, len(rates))
+	for n := range rates {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	b.WriteString("### Background CPU of the shared servers\n\n")
+	b.WriteString("ms of CPU per second with nothing of this run sending, measured at the start of every round " +
+		"(other work on the machine uses the same servers); each window's figure above is less the last rate measured before it.\n\n")
+	b.WriteString("| server | samples | median | min–max |\n|---|---:|---:|---|\n")
+	for _, n := range names {
+		fmt.Fprintf(b, "| %s | %d | %.1f | %s |\n", n, len(rates[n]), median(rates[n]), rng(rates[n], "%.1f"))
 	}
 	b.WriteString("\n")
 }

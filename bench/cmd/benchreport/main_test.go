@@ -40,14 +40,16 @@ func TestReport(t *testing.T) {
 	out := b.String()
 	for _, want := range []string{
 		"| payments-tx | 900 (0.90) |",
-		"| gateway, PostgreSQL store ≥ 0.50× unprotected | 0.40×",
-		"| payments, transaction mode ≥ 0.80× unprotected | 0.90×",
+		"| gw-postgres ≥ 0.50× direct | 0.40×",
+		"| payments-tx ≥ 0.80× direct | 0.90×",
+		"| 3 | gw-postgres req/s ÷ direct's | 0.40× (400 against 1000; rounds 0.40) | ≥ 0.50× | **no** |",
 		"| 32 | payments-tx | 900 | 500 / 450 | **yes** |",
 		"| payments-tx | 1 | 1000 | 1× 50.0 | 99 | — | 900 |",
 		"| 1 | payments-tx | 100 |",
 		"| txmode | 500 (0.25×, 4.00 ms) |",
 		"| claim | failed |",
-		"| 32 | payments-tx | 900 | 0.90 | 1.00 | 2.00 | 4 |",
+		"| 32 | payments-tx | 900 | 0.90 | 1.00 | 2.00 |  | 4 |",
+		"| direct | 1000 (1.00) |", // "unprotected" is read as direct
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
@@ -61,5 +63,86 @@ func TestReport(t *testing.T) {
 		if _, err := read(p); err == nil {
 			t.Errorf("%q: no error", bad)
 		}
+	}
+}
+
+// TestCPU checks the CPU columns: per response, the shared servers less the last idle
+// rate before the window, the totals, the ratios to direct and nginx, the body sizes,
+// the replays and the goal figures built from them.
+func TestCPU(t *testing.T) {
+	t.Parallel()
+	// Round 1 at 32 clients: idle PostgreSQL at 0.1 CPU-s per second; every window is 2 s
+	// and 1,000 responses, so 0.2 s of PostgreSQL's figure is background.
+	lines := `{"tags":{"kind":"idle","at":"matrix"},"cpu_window_s":1,"cpu":{"postgres":{"seconds":0.1}}}
+{"tags":{"kind":"matrix","subject":"direct","body":"0","clients":"32","round":"1"},"throughput":500,"responses":1000,"latency":{"p50_ms":1,"p99_ms":4},"cpu_window_s":2,"cpu":{"app":{"seconds":0.1},"postgres":{"seconds":0.4},"loadgen":{"seconds":0.05}}}
+{"tags":{"kind":"matrix","subject":"nginx","body":"0","clients":"32","round":"1"},"throughput":400,"responses":1000,"latency":{"p50_ms":1,"p99_ms":6},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.02},"app":{"seconds":0.1},"postgres":{"seconds":0.4}}}
+{"tags":{"kind":"matrix","subject":"gw-memory","body":"0","clients":"32","round":"1"},"throughput":200,"responses":1000,"latency":{"p50_ms":3,"p99_ms":8},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.06},"app":{"seconds":0.1},"postgres":{"seconds":0.4}}}
+{"tags":{"kind":"matrix","subject":"gw-postgres","body":"0","clients":"32","round":"1"},"throughput":100,"responses":1000,"latency":{"p50_ms":3,"p99_ms":12},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.08},"app":{"seconds":0.1},"postgres":{"seconds":0.9}}}
+{"tags":{"kind":"matrix","subject":"gw-redis","body":"0","clients":"32","round":"1"},"throughput":100,"responses":1000,"latency":{"p50_ms":3,"p99_ms":12},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.08},"app":{"seconds":0.1},"postgres":{"seconds":0.1},"redis":{"seconds":0.03}}}
+{"tags":{"kind":"idle","at":"bodies"},"cpu_window_s":1,"cpu":{"postgres":{"seconds":0}}}
+{"tags":{"kind":"bodies","subject":"direct","body":"65536","clients":"32","round":"1"},"throughput":250,"responses":500,"latency":{"p50_ms":2,"p99_ms":5},"cpu_window_s":2,"cpu":{"app":{"seconds":0.1},"postgres":{"seconds":0.1}}}
+{"tags":{"kind":"bodies","subject":"nginx","body":"65536","clients":"32","round":"1"},"throughput":200,"responses":500,"latency":{"p50_ms":2,"p99_ms":5},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.05},"app":{"seconds":0.1},"postgres":{"seconds":0.1}}}
+{"tags":{"kind":"bodies","subject":"gw-memory","body":"65536","clients":"32","round":"1"},"throughput":100,"responses":500,"latency":{"p50_ms":2,"p99_ms":10},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.1},"app":{"seconds":0.1},"postgres":{"seconds":0.1}}}
+{"tags":{"kind":"first","subject":"gw-memory","body":"0","clients":"32","round":"1"},"throughput":200,"responses":400,"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.024},"app":{"seconds":0.04}}}
+{"tags":{"kind":"replay","subject":"gw-memory","body":"0","clients":"32","round":"1"},"throughput":1000,"responses":2000,"replayed":2000,"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.02},"app":{"seconds":0}}}
+{"tags":{"kind":"pgbench","subject":"insert","clients":"32","round":"1"},"throughput":2000,"responses":8000,"latency":{"mean_ms":1},"cpu_window_s":4,"cpu":{"postgres":{"seconds":0.8}}}
+{"tags":{"kind":"pgbench","subject":"claim","clients":"32","round":"1"},"throughput":1500,"responses":6000,"latency":{"mean_ms":1},"cpu_window_s":4,"cpu":{"postgres":{"seconds":1.2}}}
+`
+	path := filepath.Join(t.TempDir(), "r.jsonl")
+	if err := os.WriteFile(path, []byte(lines), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// direct: app 100 µs; postgres (0.4 − 0.1×2) s / 1000 = 200 µs; total 300.
+	if us := recs[1].us; us["app"] != 100 || us["postgres"] != 200 || us["loadgen"] != 50 {
+		t.Errorf("direct's µs per response: %v", us)
+	}
+	// gw-redis: PostgreSQL's window below its idle rate counts 0, never negative.
+	if us := recs[5].us; us["postgres"] != 0 || us["redis"] != 30 {
+		t.Errorf("gw-redis's µs per response: %v", us)
+	}
+	var b strings.Builder
+	if err := report(&b, recs); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		// clients, subject, req/s, × direct, × nginx, p50, p99, p99 × direct, proxy, app, postgres, redis, total, loadgen
+		"| 32 | direct | 500 | 1.00× | 1.25× | 1.00 | 4.00 | 1.00× | — | 100 | 200 | — | 300 | — | 50 |",
+		"| 32 | nginx | 400 | 0.80× | 1.00× | 1.00 | 6.00 | 1.50× | 20 | 100 | 200 | — | 320 | — | — |",
+		"| 32 | gw-memory | 200 | 0.40× | 0.50× | 3.00 | 8.00 | 2.00× | 60 | 100 | 200 | — | 360 | — | — |",
+		"| 32 | gw-redis | 100 | 0.20× | 0.25× | 3.00 | 12.00 | 3.00× | 80 | 100 | 0 | 30 | 210 | — | — |",
+		"| default | 32 | gw-memory | 200 |",
+		"| 64 KiB | 32 | gw-memory | 100 | 0.40× | 0.50× | 2.00 | 10.00 | 2.00× | 200 | 200 | 200 | — | 600 | — | — |",
+		// goal 1: gw-postgres 700 µs of PostgreSQL against direct's 200
+		"| 1 | PostgreSQL CPU per new key, gw-postgres (claim + completion, batching on), beyond the upstream's INSERT ÷ the INSERT's | 2.50× (700 − 200 = 500 µs against 200 µs) |",
+		"| 1 | pgbench (no batching): PostgreSQL CPU per `claim` transaction ÷ per `insert` | 2.00× (200 against 100 µs) |",
+		// goal 2: 60 µs against nginx's 20; the replay 10 µs
+		"| 2 | gw-memory's own CPU per proxied new-key request ÷ nginx's | 3.00× (60 against 20 µs) |",
+		"| 2 | gw-memory's own CPU per replay ÷ nginx's per proxied request | 0.50× (10 against 20 µs) |",
+		"| 4 | gw-memory p99 ÷ direct's | 2.00× (8.0 against 4.0 ms) |",
+		"| 32 clients | 0.40× | — | 0.20× | — | 3.00× | 3.00× | — | 2.50× |",
+		"| 64 KiB, 32 clients | 0.40× | — | — | — | — | 2.00× | — | — |",
+		"| 32 | gw-memory | 200 | 0.0 / 0.0 | 1000 | 0.0 / 0.0 | 5.00× | 1.000 | 60 / 100 / — | 10 / 0 / — |",
+		"| insert | 2000 (1.00×, 1.00 ms, 100 µs) |",
+		"| postgres | 2 | 50.0 | 0.0–100.0 |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+
+	var sum strings.Builder
+	summary(&sum, recs)
+	for _, want := range []string{"### Goal figures (32 clients)", "### Cost per request, 32 clients", "| gw-memory | 200 | 0.40× |"} {
+		if !strings.Contains(sum.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, sum.String())
+		}
+	}
+	if strings.Contains(sum.String(), "Every point") || strings.Count(sum.String(), "\n") > 60 {
+		t.Errorf("summary is more than a screen:\n%s", sum.String())
 	}
 }

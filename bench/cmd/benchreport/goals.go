@@ -1,0 +1,204 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+// goalClients is the concurrency the goals are stated at.
+const goalClients = 32
+
+// targets are the throughput floors bench/README.md states (req/s ÷ direct's at 32
+// clients); the other goal figures are reported without a floor.
+var targets = map[string]float64{"gw-postgres": 0.5, "payments-tx": 0.8}
+
+// stores are the gateway subjects, one per store, in the run's order.
+var stores = []string{"gw-memory", "gw-sqlite", "gw-postgres", "gw-redis"}
+
+// goals writes the goal figures: what the store costs PostgreSQL per new key against
+// the upstream's own INSERT, the gateway's own CPU against nginx's, throughput and
+// p99 against direct, and how they grow with the concurrency and the answer's size.
+func goals(b *strings.Builder, ps points, pg map[pgKey]*pgPoint) {
+	m := func(s string) *point { return ps.get("matrix", 0, goalClients, s) }
+	d := m(baseline)
+	if d == nil {
+		return
+	}
+	fmt.Fprintf(b, "### Goal figures (%d clients)\n\n", goalClients)
+	b.WriteString("CPU figures are ratios of the rounds' medians of µs per response (PostgreSQL: the run's own backends); " +
+		"throughput and p99 ratios are medians of per-round ratios. A target is given only where bench/README.md states one.\n\n")
+	b.WriteString("| goal | figure | measured | target | met |\n|---|---|---|---|---|\n")
+	row := func(goal, figure, measured, target, met string) {
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", goal, figure, measured, target, met)
+	}
+
+	// 1. PostgreSQL's CPU for a new key.
+	dpg, dok := d.cpuMedian("postgres")
+	for _, s := range []string{"gw-postgres", "payments-mw", "payments-tx"} {
+		p := m(s)
+		if p == nil || !dok || dpg <= 0 {
+			continue
+		}
+		if v, ok := p.cpuMedian("postgres"); ok {
+			what := "claim + completion, batching on"
+			if s == "payments-tx" {
+				what = "claim, then the insert and the completion in one transaction"
+			}
+			row("1", fmt.Sprintf("PostgreSQL CPU per new key, %s (%s), beyond the upstream's INSERT ÷ the INSERT's", s, what),
+				fmt.Sprintf("%.2f× (%.0f − %.0f = %.0f µs against %.0f µs)", (v-dpg)/dpg, v, dpg, v-dpg, dpg), "—", "")
+		}
+	}
+	if in, ok := pg[pgKey{"insert", goalClients}]; ok {
+		for _, s := range []string{"claim", "txmode"} {
+			if q, ok := pg[pgKey{s, goalClients}]; ok && len(in.us) > 0 && len(q.us) > 0 {
+				vi, vq := median(in.us), median(q.us)
+				row("1", fmt.Sprintf("pgbench (no batching): PostgreSQL CPU per `%s` transaction ÷ per `insert`", s),
+					fmt.Sprintf("%.2f× (%.0f against %.0f µs)", vq/vi, vq, vi), "—", "")
+			}
+		}
+	}
+
+	// 2. The gateway's own CPU against nginx's.
+	if n := m("nginx"); n != nil {
+		if nv, ok := n.cpuMedian("proxy"); ok && nv > 0 {
+			for _, s := range []string{"bareproxy", "gw-memory"} {
+				if p := m(s); p != nil {
+					if v, ok := p.cpuMedian("proxy"); ok {
+						row("2", fmt.Sprintf("%s's own CPU per proxied new-key request ÷ nginx's", s),
+							fmt.Sprintf("%.2f× (%.0f against %.0f µs)", v/nv, v, nv), "—", "")
+					}
+				}
+			}
+			for _, s := range stores {
+				if p := ps.get("replay", 0, goalClients, s); p != nil {
+					if v, ok := p.cpuMedian("proxy"); ok {
+						row("2", fmt.Sprintf("%s's own CPU per replay ÷ nginx's per proxied request", s),
+							fmt.Sprintf("%.2f× (%.0f against %.0f µs)", v/nv, v, nv), "—", "")
+					}
+				}
+			}
+		}
+	}
+
+	// 3. Throughput against direct.
+	for _, s := range []string{"gw-postgres", "gw-sqlite", "gw-memory", "gw-redis", "payments-tx", "payments-mw"} {
+		p := m(s)
+		if p == nil || len(p.ratio) == 0 {
+			continue
+		}
+		r := median(p.ratio)
+		t, met := "—", ""
+		if min, ok := targets[s]; ok {
+			t, met = fmt.Sprintf("≥ %.2f×", min), yesNo(r >= min)
+		}
+		row("3", s+" req/s ÷ direct's", fmt.Sprintf("%.2f× (%.0f against %.0f; rounds %s)", r, median(p.tput), median(d.tput),
+			join(p.ratio, "%.2f")), t, met)
+	}
+
+	// 4. p99 against direct, every store.
+	for _, s := range append(append([]string{"bareproxy", "nginx"}, stores...), "payments-tx", "payments-mw") {
+		p := m(s)
+		if p == nil || len(p.p99Ratio) == 0 {
+			continue
+		}
+		row("4", s+" p99 ÷ direct's", fmt.Sprintf("%.2f× (%.1f against %.1f ms)", median(p.p99Ratio), median(p.p99), median(d.p99)), "—", "")
+	}
+	b.WriteString("\n")
+	growth(b, ps)
+}
+
+// growth writes goal 5: the main ratios at every concurrency and answer size.
+func growth(b *strings.Builder, ps points) {
+	type col struct {
+		name string
+		cell func(get func(string) *point) string
+	}
+	reqRatio := func(s string) col {
+		return col{s + " req/s ×", func(get func(string) *point) string {
+			if p := get(s); p != nil {
+				return ratioCell(p.ratio)
+			}
+			return "—"
+		}}
+	}
+	p99Ratio := func(s string) col {
+		return col{s + " p99 ×", func(get func(string) *point) string {
+			if p := get(s); p != nil {
+				return ratioCell(p.p99Ratio)
+			}
+			return "—"
+		}}
+	}
+	cols := []col{reqRatio("gw-memory"), reqRatio("gw-sqlite"), reqRatio("gw-postgres"), reqRatio("payments-tx"),
+		p99Ratio("gw-postgres"),
+		{"gw-memory CPU ÷ nginx's", func(get func(string) *point) string {
+			return cpuRatio(get("gw-memory"), "proxy", get("nginx"), "proxy", 0)
+		}},
+		{"bareproxy CPU ÷ nginx's", func(get func(string) *point) string {
+			return cpuRatio(get("bareproxy"), "proxy", get("nginx"), "proxy", 0)
+		}},
+		{"gw-postgres store PG CPU ÷ INSERT's", func(get func(string) *point) string {
+			return cpuRatio(get("gw-postgres"), "postgres", get(baseline), "postgres", 1)
+		}},
+	}
+	type line struct {
+		label string
+		get   func(string) *point
+	}
+	var lines []line
+	for _, c := range ps.clients("matrix", 0) {
+		lines = append(lines, line{fmt.Sprintf("%d clients", c), func(s string) *point { return ps.get("matrix", 0, c, s) }})
+	}
+	for _, body := range ps.bodies("bodies") {
+		for _, c := range ps.clients("bodies", body) {
+			lines = append(lines, line{fmt.Sprintf("%s, %d clients", size(body), c), func(s string) *point { return ps.get("bodies", body, c, s) }})
+		}
+	}
+	if len(lines) == 0 {
+		return
+	}
+	b.WriteString("### How the cost grows (goal 5)\n\n× = ratio to `direct` in the same rounds; CPU ratios of the gateway's or bare proxy's " +
+		"own process to nginx's, and of the PostgreSQL CPU the gateway's store adds (beyond the upstream's INSERT) to the INSERT's.\n\n| load |")
+	for _, c := range cols {
+		b.WriteString(" " + c.name + " |")
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---:|", len(cols)) + "\n")
+	for _, l := range lines {
+		b.WriteString("| " + l.label + " |")
+		for _, c := range cols {
+			b.WriteString(" " + c.cell(l.get) + " |")
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\n")
+}
+
+// cpuRatio is (p's CPU of process a − minus × q's of b) ÷ q's of b, as a cell: with
+// minus 0, p's CPU against q's; with minus 1, what p adds beyond q, against q.
+func cpuRatio(p *point, a string, q *point, bname string, minus float64) string {
+	if p == nil || q == nil {
+		return "—"
+	}
+	v, ok1 := p.cpuMedian(a)
+	w, ok2 := q.cpuMedian(bname)
+	if !ok1 || !ok2 || w <= 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f×", (v-minus*w)/w)
+}
+
+// summary is the one-screen digest run.sh prints at the end: the goal figures and the
+// cost table at the goals' concurrency.
+func summary(b *strings.Builder, recs []record) {
+	ps := collect(recs, "matrix", "bodies", "replay", "first")
+	goals(b, ps, collectPgbench(recs))
+	if len(ps.subjects("matrix", 0, goalClients)) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "### Cost per request, %d clients\n\n", goalClients)
+	b.WriteString("| subject | " + costHeader + "\n|---|" + strings.Repeat("---:|", costCols) + "\n")
+	for _, s := range ps.subjects("matrix", 0, goalClients) {
+		fmt.Fprintf(b, "| %s | %s\n", s, costRow(ps.get("matrix", 0, goalClients, s)))
+	}
+	b.WriteString("\n")
+}
