@@ -1,42 +1,63 @@
 #!/usr/bin/env bash
-# bench/run.sh: the POST /payments load benchmark (matrix, duplicate storm, replay vs
-# first execution, pgbench ceilings), in one run on this machine.
+# bench/run.sh: the POST /payments load benchmark in one run on this machine: every
+# subject's req/s, p50, p99 and CPU per request of each process involved, at several
+# concurrencies and body sizes, with the duplicate storm, replay vs first execution
+# and pgbench's ceilings beside them.
 #
-#   bash bench/run.sh                 # about 14 minutes
-#   ROUNDS=1 DURATION=3s bash bench/run.sh   # a quick look
+#   bash bench/run.sh                                    # everything, about 20 minutes
+#   ROUNDS=1 DURATION=3s bash bench/run.sh               # a quick look at everything
+#   SUBJECTS="direct nginx bareproxy gw-memory" ROUNDS=2 CONCURRENCY=32 bash bench/run.sh
+#                                                        # a fast A/B of the gateway's own
+#                                                        # cost: about 2 minutes
+# At the end it prints the report's path and a one-screen summary (the goal figures).
 #
-# Subjects, each serving POST /payments on the same PostgreSQL, each in its own schema:
-#   unprotected       examples/payments --no-idempotency (the baseline of every ratio)
+# Subjects (SUBJECTS picks some; direct, the baseline of every ratio, is always in),
+# each serving POST /payments on the same PostgreSQL, each in its own schema:
+#   direct            examples/payments --no-idempotency: the unprotected upstream
+#   nginx             Debian's nginx as a bare reverse proxy in front of direct
+#                     (installed with apt-get when missing; worker_processes auto)
+#   bareproxy         bench/cmd/bareproxy: httputil.ReverseProxy with the gateway's
+#                     transport, no idempotency, in front of direct
 #   payments-tx       examples/payments, transaction mode (the default)
 #   payments-mw       examples/payments --tx=false (middleware mode)
 #   gw-<store>        retrysafe gateway (memory, sqlite, postgres, redis store) in front
-#                     of the unprotected server above
+#                     of direct
 #   *-nobatch         payments-tx, gw-sqlite and gw-postgres with the stores' batching
-#                     (group commit) turned off: what it gains (matrix only)
+#                     (group commit) off: what it gains (matrix, 8 clients and more)
 #   express           bench/baselines/express: the common hand-written Express +
-#                     node-postgres idempotency handler (idempotency_keys table, unique
-#                     (user_id, key), ON CONFLICT DO NOTHING claim, business write and
-#                     completion in one transaction), one node process
+#                     node-postgres idempotency handler, one node process
 #   express-cluster2  the same under node's cluster module, 2 workers
-#   express-autocommit the same, one process, ledger insert and 'done' update as two
-#                     autocommit statements (32 clients only)
-# Phases (all recorded as JSON lines in $OUT/results.jsonl, then bench/cmd/benchreport
-# writes $OUT/report.md):
-#   1. matrix: every subject at 1, 8, 32 and 128 closed-loop clients, a new
-#      Idempotency-Key per request, ROUNDS rounds, subjects interleaved in a rotating
-#      order so that the shared machine's load falls on all of them alike; each round
-#      ends with pgbench at the same concurrency (64 for 128): PostgreSQL's own ceiling
-#      for the ledger insert, pgstore's claim statement, the whole SQL of a tx-mode
-#      payment and of an Express payment;
-#   2. storm: 1,000 concurrent requests with one key per subject; ledger rows counted;
-#   3. replay vs first execution, back to back, at 1 and 32 clients.
+#   express-autocommit the same, insert and 'done' update autocommitted (32 clients)
+# Phases (PHASES picks some; default all of them, or "matrix bodies replay" when
+# SUBJECTS is set), all recorded as JSON lines in $OUT/results.jsonl, from which
+# bench/cmd/benchreport writes $OUT/report.md:
+#   matrix   every subject at CONCURRENCY closed-loop clients, a new Idempotency-Key
+#            per request, ROUNDS rounds, subjects in a rotating order inside each round
+#            so that the shared machine's load falls on all of them alike;
+#   bodies   the proxies and gateways (and direct) with 1 KiB and 64 KiB answers
+#            (BODIES, the upstream's --pad) at BODY_CLIENTS clients, ROUNDS rounds;
+#   replay   replay vs first execution, back to back, at 1 and 32 clients;
+#   storm    1,000 concurrent requests with one key per subject; ledger rows counted;
+#   pgbench  inside each matrix round: PostgreSQL's own ceiling (and CPU per
+#            transaction) for the ledger insert, pgstore's claim statement, the whole
+#            SQL of a tx-mode payment and of an Express payment.
+# CPU per request: utime+stime (+ the reaped children's) from /proc/PID/stat of each
+# process tree involved — the subject's proxy (nginx master and workers, bareproxy or
+# gateway), the app server (the upstream, or the subject itself), PostgreSQL, the Redis
+# server (gw-redis), the load generator — over each measured window, divided by the
+# responses. Everything of the run connects to PostgreSQL as a role of its own, created
+# for the run and dropped at its end, so that its backends (their process title names
+# the role) are counted apart from other work on the shared cluster; the whole cluster
+# is reported beside them, less its idle rate, which every round measures first for
+# IDLE (the same for Redis).
 # Everything it starts is stopped on exit, and its schemas, Redis keys and files are
 # removed (the results in $OUT stay).
 #
 # Environment: RETRYSAFE_POSTGRES_URL, RETRYSAFE_REDIS_URL (the local defaults
-# otherwise), DURATION (3s), WARMUP (1s), ROUNDS (3), CONCURRENCY ("1 8 32 128"),
-# POOL (16: connections per pool, for every server alike), PGBENCH_DURATION (3),
-# OUT (a new directory under /tmp), BASE_PORT (18500).
+# otherwise), SUBJECTS, PHASES, DURATION (3s), WARMUP (1s), ROUNDS (3), CONCURRENCY
+# ("1 8 32 128"), BODIES ("1024 65536"), BODY_CLIENTS (32), POOL (16: connections per
+# pool, for every server alike), PGBENCH_DURATION (3), IDLE (1s), OUT (a new directory
+# under /tmp), BASE_PORT (18500).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -48,9 +69,12 @@ DURATION=${DURATION:-3s}
 WARMUP=${WARMUP:-1s}
 ROUNDS=${ROUNDS:-3}
 CONCURRENCY=${CONCURRENCY:-1 8 32 128}
+BODIES=${BODIES:-1024 65536}
+BODY_CLIENTS=${BODY_CLIENTS:-32}
 POOL=${POOL:-16}
 PGBENCH=${PGBENCH:-/usr/lib/postgresql/15/bin/pgbench}
 PGBENCH_DURATION=${PGBENCH_DURATION:-3}
+IDLE=${IDLE:-1s}
 BASE_PORT=${BASE_PORT:-18500}
 RUN=rsb$(date +%s)$$
 OUT=${OUT:-/tmp/retrysafe-bench-$(date -u +%Y%m%dT%H%M%SZ)}
@@ -59,6 +83,7 @@ BIN=$WORK/bin
 LOGS=$OUT/logs
 RESULTS=$OUT/results.jsonl
 BODY='{"amount":1250,"currency":"EUR"}'
+STARTED=$(date +%s)
 
 mkdir -p "$OUT" "$LOGS" "$BIN"
 : >"$RESULTS"
@@ -66,20 +91,67 @@ mkdir -p "$OUT" "$LOGS" "$BIN"
 log() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "run.sh: $*"; exit 1; }
 
-for tool in go node npm psql redis-cli jq curl ss "$PGBENCH"; do
+# ---- what to run -------------------------------------------------------------------
+ALL_SUBJECTS=(direct nginx bareproxy payments-tx payments-mw payments-tx-nobatch gw-memory gw-sqlite gw-postgres gw-redis
+	gw-sqlite-nobatch gw-postgres-nobatch express express-cluster2 express-autocommit)
+if [ -n "${SUBJECTS:-}" ]; then
+	SEL=(direct)
+	for s in $SUBJECTS; do
+		[[ " ${ALL_SUBJECTS[*]} " == *" $s "* ]] || die "SUBJECTS: unknown subject $s (known: ${ALL_SUBJECTS[*]})"
+		[[ " ${SEL[*]} " == *" $s "* ]] || SEL+=("$s")
+	done
+	PHASES=${PHASES:-matrix bodies replay}
+else
+	SEL=("${ALL_SUBJECTS[@]}")
+	PHASES=${PHASES:-matrix bodies replay storm pgbench}
+fi
+for p in $PHASES; do
+	case $p in matrix | bodies | replay | storm | pgbench) ;; *) die "PHASES: unknown phase $p" ;; esac
+done
+want() { [[ " ${SEL[*]} " == *" $1 "* ]]; }
+phase() { [[ " $PHASES " == *" $1 "* ]]; }
+# in_sel NAMES...: the names that are selected, in the order given.
+in_sel() {
+	for s in "$@"; do want "$s" && printf "%s " "$s"; done
+	return 0
+}
+any_express() { want express || want express-cluster2 || want express-autocommit; }
+
+# Body sizes: the pads the upstream is started with. 0 is the default answer (~120
+# bytes); the others only for the body phase's subjects.
+BODY_SUBJECTS=$(in_sel direct nginx bareproxy gw-memory gw-sqlite gw-postgres gw-redis)
+PADS=(0)
+if phase bodies; then
+	for b in $BODIES; do PADS+=("$b"); done
+fi
+padlabel() { # BYTES: 0, 1k, 64k, or the bytes
+	if [ "$1" -ge 1024 ] && [ $(($1 % 1024)) = 0 ]; then printf '%dk' $(($1 / 1024)); else printf '%d' "$1"; fi
+}
+inst() { # SUBJECT PAD: the name of that subject's instance for that body size
+	if [ "$2" = 0 ]; then printf '%s' "$1"; else printf '%s@%s' "$1" "$(padlabel "$2")"; fi
+}
+
+tools=(go psql redis-cli jq curl ss getconf)
+any_express && tools+=(node npm)
+phase pgbench && tools+=("$PGBENCH")
+for tool in "${tools[@]}"; do
 	command -v "$tool" >/dev/null || die "$tool not found"
 done
+if want nginx && ! command -v nginx >/dev/null; then
+	log "nginx not found: installing Debian's nginx (apt-get install -y nginx)"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y nginx >"$LOGS/apt.log" 2>&1 ||
+		{ apt-get update >>"$LOGS/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y nginx >>"$LOGS/apt.log" 2>&1; } ||
+		{ tail -5 "$LOGS/apt.log" >&2; die "could not install nginx"; }
+fi
+CLK_TCK=$(getconf CLK_TCK)
 
 # url_with URL PARAMS: URL with &PARAMS (or ?PARAMS) appended.
 url_with() { case $1 in *\?*) printf '%s&%s' "$1" "$2" ;; *) printf '%s?%s' "$1" "$2" ;; esac; }
-# Every Go pool: POOL connections, idle ones closed after a second (the database is
-# shared with other work, and the subjects take turns).
-PG_POOLED=$(url_with "$PG_URL" "pool_max_conns=$POOL&pool_max_conn_idle_time=1s&pool_health_check_period=500ms")
-psql_q() { psql "$PG_URL" -X -q -v ON_ERROR_STOP=1 "$@"; }
-
-SCHEMAS=("${RUN}_up" "${RUN}_tx" "${RUN}_mw" "${RUN}_txn" "${RUN}_gw" "${RUN}_gwn" "${RUN}_ex" "${RUN}_exc" "${RUN}_exa" "${RUN}_pgb" "${RUN}_pgbx")
+SCHEMAS=("${RUN}_tx" "${RUN}_mw" "${RUN}_txn" "${RUN}_gwn" "${RUN}_ex" "${RUN}_exc" "${RUN}_exa" "${RUN}_pgb" "${RUN}_pgbx")
+for pad in "${PADS[@]}"; do SCHEMAS+=("${RUN}_up$(padlabel "$pad")" "${RUN}_gw$(padlabel "$pad")"); done
 REDIS_PREFIX="$RUN:"
 PIDS=()
+ROLE= # set below, once cleanup can drop it
 
 cleanup() {
 	local rc=$?
@@ -93,25 +165,49 @@ cleanup() {
 	done
 	for pid in "${PIDS[@]}"; do kill -KILL -- "-$pid" 2>/dev/null; done
 	for s in "${SCHEMAS[@]}"; do psql "$PG_URL" -X -q -c "DROP SCHEMA IF EXISTS \"$s\" CASCADE" >/dev/null 2>&1; done
+	[ -n "$ROLE" ] && psql "$PG_URL" -X -q -c "DROP OWNED BY \"$ROLE\"" -c "DROP ROLE IF EXISTS \"$ROLE\"" >/dev/null 2>&1
 	redis-cli -u "$REDIS_URL" --scan --pattern "${REDIS_PREFIX}*" 2>/dev/null | xargs -r -n 500 redis-cli -u "$REDIS_URL" del >/dev/null 2>&1
 	rm -rf "$WORK"
-	log "cleaned up (processes, schemas ${RUN}_*, Redis keys ${REDIS_PREFIX}*); results in $OUT"
+	log "cleaned up (processes, schemas ${RUN}_*, role ${ROLE:-(none)}, Redis keys ${REDIS_PREFIX}*); results in $OUT"
 	exit $rc
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
 
+# The run's own PostgreSQL role: everything of the run connects as it, so that its
+# backends (whose process title names the role) are told apart from other work on the
+# shared cluster, and owns everything the run creates. Without the right to create a
+# role (or trust authentication for it), the run connects as PG_URL's user and only
+# the whole cluster's CPU, less its idle rate, is reported.
+RUN_URL=$PG_URL
+DBNAME=$(psql "$PG_URL" -XAtc 'select current_database()')
+ROLE=$RUN
+if psql "$PG_URL" -X -q -v ON_ERROR_STOP=1 -c "CREATE ROLE \"$ROLE\" LOGIN" -c "GRANT CREATE ON DATABASE \"$DBNAME\" TO \"$ROLE\"" 2>"$LOGS/role.log"; then
+	RUN_URL=$(printf '%s' "$PG_URL" | sed -E "s#^(postgres(ql)?://)([^@/]*@)?#\1$ROLE@#")
+	[ "$(psql "$RUN_URL" -XAtc 'select current_user' 2>>"$LOGS/role.log")" = "$ROLE" ] || RUN_URL=$PG_URL
+fi
+if [ "$RUN_URL" = "$PG_URL" ]; then
+	log "could not connect as a role of the run's own ($(tail -1 "$LOGS/role.log")): PostgreSQL's CPU is the whole cluster's less its idle rate"
+	psql "$PG_URL" -X -q -c "DROP ROLE IF EXISTS \"$ROLE\"" >/dev/null 2>&1 || true
+	ROLE=
+fi
+# Every Go pool: POOL connections, idle ones closed after a second (the database is
+# shared with other work, and the subjects take turns).
+PG_POOLED=$(url_with "$RUN_URL" "pool_max_conns=$POOL&pool_max_conn_idle_time=1s&pool_health_check_period=500ms")
+psql_q() { PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning" psql "$RUN_URL" -X -q -v ON_ERROR_STOP=1 "$@"; }
+
 # start NAME CMD...: runs CMD in its own process group (so that its children stop with
-# it), logging to $LOGS/NAME.log.
+# it), logging to $LOGS/NAME.log; LASTPID is its pid (setsid execs, so it is CMD's).
 start() {
 	local name=$1
 	shift
 	setsid "$@" >"$LOGS/$name.log" 2>&1 &
-	PIDS+=($!)
+	LASTPID=$!
+	PIDS+=("$LASTPID")
 }
 
 # assign_port NAME: PORT[NAME] = the next port from BASE_PORT on that nothing listens on.
-declare -A PORT SCHEMA
+declare -A PORT SCHEMA PAD CPUARGS
 NEXT_PORT=$BASE_PORT
 assign_port() {
 	while ss -Htln "sport = :$NEXT_PORT" | grep -q .; do NEXT_PORT=$((NEXT_PORT + 1)); done
@@ -130,113 +226,261 @@ wait_http() { # NAME PORT
 
 loadavg() { cut -d' ' -f1 /proc/loadavg; }
 
+# ---- the shared servers' processes, for their CPU -----------------------------------
+# PostgreSQL: the postmaster (its backends are its children); Redis: the server. Only
+# when they run on this machine; otherwise their column stays empty.
+PG_PID=
+pgdata=$(psql "$PG_URL" -XAtc 'show data_directory' 2>/dev/null || true)
+if [ -n "$pgdata" ] && [ -r "$pgdata/postmaster.pid" ]; then
+	PG_PID=$(head -1 "$pgdata/postmaster.pid")
+	[ -r "/proc/$PG_PID/stat" ] || PG_PID=
+fi
+[ -n "$PG_PID" ] || log "PostgreSQL's postmaster is not readable on this machine: no postgres CPU columns"
+REDIS_PID=$(redis-cli -u "$REDIS_URL" info server 2>/dev/null | tr -d '\r' | sed -n 's/^process_id:\([0-9]*\)$/\1/p')
+if [ -z "$REDIS_PID" ] || ! grep -q redis "/proc/$REDIS_PID/comm" 2>/dev/null; then
+	REDIS_PID=
+	log "the Redis server is not on this machine: no redis CPU column"
+fi
+# postgres: the run's own backends (its role's); pgcluster: the whole cluster (its
+# background writers included, and other work on it, hence its idle rate). Without a
+# role of its own, postgres is the whole cluster, less its idle rate.
+SHARED_CPU=()
+PG_CPU=()
+if [ -n "$PG_PID" ] && [ -n "$ROLE" ]; then
+	PG_CPU=(--cpu "postgres=$PG_PID:: $ROLE " --cpu "pgcluster=$PG_PID")
+	SHARED_CPU+=(--cpu "pgcluster=$PG_PID")
+elif [ -n "$PG_PID" ]; then
+	PG_CPU=(--cpu "postgres=$PG_PID")
+	SHARED_CPU+=(--cpu "postgres=$PG_PID")
+fi
+[ -n "$REDIS_PID" ] && SHARED_CPU+=(--cpu "redis=$REDIS_PID")
+
 # ---- build and set up -------------------------------------------------------------
-log "building (go $(go env GOVERSION)), installing the Express baseline (npm)"
+log "building (go $(go env GOVERSION))"
 go build -o "$BIN/payments" ./examples/payments
 go build -o "$BIN/retrysafe" ./cmd/retrysafe
-# loadgen and benchreport belong to the bench module (bench/go.mod), so they are built
-# from inside it; the subjects belong to the root module.
-(cd bench && go build -o "$BIN/loadgen" ./cmd/loadgen && go build -o "$BIN/benchreport" ./cmd/benchreport)
-bash bench/baselines/express/setup.sh >"$LOGS/npm.log" 2>&1 || { cat "$LOGS/npm.log" >&2; die "npm install failed"; }
+# loadgen, benchreport and bareproxy belong to the bench module (bench/go.mod), so they
+# are built from inside it; the subjects belong to the root module.
+(cd bench && go build -o "$BIN/loadgen" ./cmd/loadgen && go build -o "$BIN/benchreport" ./cmd/benchreport &&
+	go build -o "$BIN/bareproxy" ./cmd/bareproxy)
+if any_express; then
+	log "installing the Express baseline (npm)"
+	bash bench/baselines/express/setup.sh >"$LOGS/npm.log" 2>&1 || { cat "$LOGS/npm.log" >&2; die "npm install failed"; }
+fi
 
 {
 	echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-	echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(uname -sr)"
-	echo "go: $(go env GOVERSION); node: $(node --version); express: $(node -p 'require("./bench/baselines/express/node_modules/express/package.json").version'); pg: $(node -p 'require("./bench/baselines/express/node_modules/pg/package.json").version')"
-	echo "postgres: $(psql "$PG_URL" -XAtc 'show server_version'), fsync $(psql "$PG_URL" -XAtc 'show fsync'), synchronous_commit $(psql "$PG_URL" -XAtc 'show synchronous_commit'), max_connections $(psql "$PG_URL" -XAtc 'show max_connections')"
-	echo "redis: $(redis-cli -u "$REDIS_URL" info server | grep redis_version | tr -d '\r'), appendonly $(redis-cli -u "$REDIS_URL" config get appendonly | tail -1)"
-	echo "settings: DURATION=$DURATION WARMUP=$WARMUP ROUNDS=$ROUNDS CONCURRENCY='$CONCURRENCY' POOL=$POOL PGBENCH_DURATION=$PGBENCH_DURATION"
+	echo "commit: $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-100)$(git diff --quiet HEAD 2>/dev/null || echo ' (plus uncommitted changes)')"
+	echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(uname -sr), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
+	echo "go: $(go env GOVERSION)"
+	if any_express; then
+		echo "node: $(node --version); express: $(node -p 'require("./bench/baselines/express/node_modules/express/package.json").version'); pg: $(node -p 'require("./bench/baselines/express/node_modules/pg/package.json").version')"
+	fi
+	want nginx && echo "nginx: $(nginx -v 2>&1 | sed 's/.*: //'), worker_processes auto ($(nproc) workers)"
+	echo "postgres: $(psql "$PG_URL" -XAtc 'show server_version'), fsync $(psql "$PG_URL" -XAtc 'show fsync'), synchronous_commit $(psql "$PG_URL" -XAtc 'show synchronous_commit'), max_connections $(psql "$PG_URL" -XAtc 'show max_connections'), postmaster pid ${PG_PID:-not local}"
+	echo "redis: $(redis-cli -u "$REDIS_URL" info server | grep redis_version | tr -d '\r'), appendonly $(redis-cli -u "$REDIS_URL" config get appendonly | tail -1), pid ${REDIS_PID:-not local}"
+	echo "subjects: ${SEL[*]}"
+	echo "settings: PHASES='$PHASES' DURATION=$DURATION WARMUP=$WARMUP ROUNDS=$ROUNDS CONCURRENCY='$CONCURRENCY' BODIES='$BODIES' BODY_CLIENTS=$BODY_CLIENTS POOL=$POOL PGBENCH_DURATION=$PGBENCH_DURATION IDLE=$IDLE CLK_TCK=$CLK_TCK"
 	echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee "$OUT/env.txt" >&2
 
 # ---- start the subjects ------------------------------------------------------------
-assign_port unprotected
-SCHEMA[unprotected]=${RUN}_up
-start unprotected "$BIN/payments" --addr "127.0.0.1:${PORT[unprotected]}" --store "$PG_POOLED" --schema "${RUN}_up" --no-idempotency
-assign_port payments-tx
-SCHEMA[payments-tx]=${RUN}_tx
-start payments-tx "$BIN/payments" --addr "127.0.0.1:${PORT[payments-tx]}" --store "$PG_POOLED" --schema "${RUN}_tx"
-assign_port payments-mw
-SCHEMA[payments-mw]=${RUN}_mw
-start payments-mw "$BIN/payments" --addr "127.0.0.1:${PORT[payments-mw]}" --store "$PG_POOLED" --schema "${RUN}_mw" --tx=false
-assign_port payments-tx-nobatch
-SCHEMA[payments-tx-nobatch]=${RUN}_txn
-start payments-tx-nobatch "$BIN/payments" --addr "127.0.0.1:${PORT[payments-tx-nobatch]}" --store "$PG_POOLED" --schema "${RUN}_txn" --batch=false
-wait_http unprotected "${PORT[unprotected]}"
+# The upstream (direct), one per body size.
+declare -A UPPID
+for pad in "${PADS[@]}"; do
+	i=$(inst direct "$pad")
+	assign_port "$i"
+	SCHEMA[$i]=${RUN}_up$(padlabel "$pad")
+	PAD[$i]=$pad
+	start "$i" "$BIN/payments" --addr "127.0.0.1:${PORT[$i]}" --store "$PG_POOLED" --schema "${SCHEMA[$i]}" --no-idempotency --pad "$pad"
+	UPPID[$pad]=$LASTPID
+	CPUARGS[$i]="--cpu app=$LASTPID"
+	wait_http "$i" "${PORT[$i]}"
+done
+
+# subject_pads SUBJECT: the body sizes SUBJECT runs with.
+subject_pads() {
+	if [[ " $BODY_SUBJECTS " == *" $1 "* ]]; then printf '%s ' "${PADS[@]}"; else printf '0'; fi
+}
+
+# A proxy subject's instance for each of its body sizes: its port, its upstream's
+# schema (for the storm's ledger rows) and its CPU arguments (the proxy, the upstream).
+proxied() { # SUBJECT PAD PID
+	local i
+	i=$(inst "$1" "$2")
+	SCHEMA[$i]=${SCHEMA[$(inst direct "$2")]}
+	PAD[$i]=$2
+	CPUARGS[$i]="--cpu proxy=$3 --cpu app=${UPPID[$2]}"
+}
+
+if want nginx; then
+	# One nginx for every body size, a server block each. Keep-alive both ways (64
+	# idle connections per worker to the upstream, HTTP/1.1), no access log, and
+	# buffers that hold a 64 KiB answer in memory (never a temporary file), as the
+	# gateway holds it; everything under its own prefix in the work directory.
+	NGX=$WORK/nginx
+	mkdir -p "$NGX/tmp"
+	chmod o+x "$WORK" && chmod -R o+rwx "$NGX"
+	{
+		echo "worker_processes auto;"
+		echo "daemon off;"
+		echo "pid $NGX/nginx.pid;"
+		echo "error_log $LOGS/nginx-error.log warn;"
+		echo "events { worker_connections 4096; }"
+		echo "http {"
+		echo "  access_log off;"
+		echo "  keepalive_requests 1000000;"
+		echo "  keepalive_timeout 120s;"
+		echo "  client_body_temp_path $NGX/tmp/body; proxy_temp_path $NGX/tmp/proxy; fastcgi_temp_path $NGX/tmp/fastcgi;"
+		echo "  uwsgi_temp_path $NGX/tmp/uwsgi; scgi_temp_path $NGX/tmp/scgi;"
+		echo "  proxy_buffers 32 4k; proxy_max_temp_file_size 0;"
+		for pad in $(subject_pads nginx); do
+			i=$(inst nginx "$pad")
+			assign_port "$i"
+			echo "  upstream up_$pad { server 127.0.0.1:${PORT[$(inst direct "$pad")]}; keepalive 64; keepalive_requests 1000000; }"
+			echo "  server {"
+			echo "    listen 127.0.0.1:${PORT[$i]};"
+			echo "    location / { proxy_pass http://up_$pad; proxy_http_version 1.1; proxy_set_header Connection \"\"; }"
+			echo "  }"
+		done
+		echo "}"
+	} >"$NGX/nginx.conf"
+	cp "$NGX/nginx.conf" "$OUT/nginx.conf"
+	nginx -t -p "$NGX" -e "$LOGS/nginx-error.log" -c "$NGX/nginx.conf" >"$LOGS/nginx-t.log" 2>&1 ||
+		{ cat "$LOGS/nginx-t.log" >&2; die "nginx refused its configuration"; }
+	start nginx nginx -p "$NGX" -e "$LOGS/nginx-error.log" -c "$NGX/nginx.conf"
+	for pad in $(subject_pads nginx); do proxied nginx "$pad" "$LASTPID"; done
+fi
+
+if want bareproxy; then
+	for pad in $(subject_pads bareproxy); do
+		i=$(inst bareproxy "$pad")
+		assign_port "$i"
+		start "$i" "$BIN/bareproxy" --listen "127.0.0.1:${PORT[$i]}" --upstream "http://127.0.0.1:${PORT[$(inst direct "$pad")]}"
+		proxied bareproxy "$pad" "$LASTPID"
+	done
+fi
 
 # The gateways log at warn: their per-request info line (one slog line per request)
 # is left out, as the servers behind them log nothing per request either.
-declare -A GWSTORE=(
-	[gw-memory]="memory:"
-	[gw-sqlite]="sqlite:$WORK/gateway.db"
-	[gw-postgres]="$(url_with "$PG_POOLED" "schema=${RUN}_gw")"
-	[gw-redis]="$(url_with "$REDIS_URL" "prefix=$REDIS_PREFIX")"
-	[gw-sqlite-nobatch]="sqlite:$WORK/gateway-nobatch.db?batch=false"
-	[gw-postgres-nobatch]="$(url_with "$PG_POOLED" "schema=${RUN}_gwn&batch=false")"
-)
+gwstore() { # SUBJECT PAD: the --store of that gateway
+	local l
+	l=$(padlabel "$2")
+	case $1 in
+	gw-memory) printf 'memory:' ;;
+	gw-sqlite) printf 'sqlite:%s' "$WORK/gateway-$l.db" ;;
+	gw-postgres) url_with "$PG_POOLED" "schema=${RUN}_gw$l" ;;
+	gw-redis) url_with "$REDIS_URL" "prefix=${REDIS_PREFIX}$l:" ;;
+	gw-sqlite-nobatch) printf 'sqlite:%s?batch=false' "$WORK/gateway-nobatch.db" ;;
+	gw-postgres-nobatch) url_with "$PG_POOLED" "schema=${RUN}_gwn&batch=false" ;;
+	esac
+}
 for gw in gw-memory gw-sqlite gw-postgres gw-redis gw-sqlite-nobatch gw-postgres-nobatch; do
-	assign_port $gw
-	SCHEMA[$gw]=${RUN}_up # their ledger is the upstream's
-	start "$gw" "$BIN/retrysafe" gateway --upstream "http://127.0.0.1:${PORT[unprotected]}" \
-		--listen "127.0.0.1:${PORT[$gw]}" --admin off --store "${GWSTORE[$gw]}" --log-level warn
+	want $gw || continue
+	for pad in $(subject_pads $gw); do
+		i=$(inst $gw "$pad")
+		assign_port "$i"
+		start "$i" "$BIN/retrysafe" gateway --upstream "http://127.0.0.1:${PORT[$(inst direct "$pad")]}" \
+			--listen "127.0.0.1:${PORT[$i]}" --admin off --store "$(gwstore $gw "$pad")" --log-level warn
+		proxied $gw "$pad" "$LASTPID"
+	done
 done
 
-for ex in ex exc exa; do
-	psql_q -c "CREATE SCHEMA \"${RUN}_$ex\""
-	PGOPTIONS="-c search_path=${RUN}_$ex" psql_q -f bench/baselines/express/schema.sql
+# own NAME SCHEMA CMD...: a subject that is its own app server, on PORT[NAME]
+# (assigned before, so that CMD can name it).
+own() {
+	local name=$1 schema=$2
+	shift 2
+	SCHEMA[$name]=$schema
+	PAD[$name]=0
+	start "$name" "$@"
+	CPUARGS[$name]="--cpu app=$LASTPID"
+}
+for spec in "payments-tx tx" "payments-mw mw --tx=false" "payments-tx-nobatch txn --batch=false"; do
+	read -r name sfx flag <<<"$spec"
+	want "$name" || continue
+	assign_port "$name"
+	own "$name" "${RUN}_$sfx" "$BIN/payments" --addr "127.0.0.1:${PORT[$name]}" --store "$PG_POOLED" --schema "${RUN}_$sfx" ${flag:+"$flag"}
 done
-EXPRESS=(env NODE_ENV=production DATABASE_URL="$PG_URL" PG_POOL_MAX="$POOL")
-SERVER_JS=bench/baselines/express/server.js
-assign_port express
-SCHEMA[express]=${RUN}_ex
-start express "${EXPRESS[@]}" PG_SCHEMA="${RUN}_ex" PORT="${PORT[express]}" node "$SERVER_JS"
-assign_port express-cluster2
-SCHEMA[express-cluster2]=${RUN}_exc
-start express-cluster2 "${EXPRESS[@]}" PG_SCHEMA="${RUN}_exc" PORT="${PORT[express-cluster2]}" CLUSTER_WORKERS=2 node "$SERVER_JS"
-assign_port express-autocommit
-SCHEMA[express-autocommit]=${RUN}_exa
-start express-autocommit "${EXPRESS[@]}" PG_SCHEMA="${RUN}_exa" PORT="${PORT[express-autocommit]}" EXPRESS_TX=0 node "$SERVER_JS"
 
-for s in payments-tx payments-mw payments-tx-nobatch gw-memory gw-sqlite gw-postgres gw-redis gw-sqlite-nobatch gw-postgres-nobatch \
-	express express-cluster2 express-autocommit; do
-	wait_http "$s" "${PORT[$s]}"
+if any_express; then
+	EXPRESS=(env NODE_ENV=production DATABASE_URL="$RUN_URL" PG_POOL_MAX="$POOL")
+	SERVER_JS=bench/baselines/express/server.js
+	for pair in express:ex express-cluster2:exc express-autocommit:exa; do
+		name=${pair%%:*} sfx=${pair#*:}
+		want "$name" || continue
+		psql_q -c "CREATE SCHEMA \"${RUN}_$sfx\""
+		PGOPTIONS="-c search_path=${RUN}_$sfx" psql_q -f bench/baselines/express/schema.sql
+		case $name in
+		express) extra=() ;;
+		express-cluster2) extra=(CLUSTER_WORKERS=2) ;;
+		express-autocommit) extra=(EXPRESS_TX=0) ;;
+		esac
+		assign_port "$name"
+		own "$name" "${RUN}_$sfx" "${EXPRESS[@]}" PG_SCHEMA="${RUN}_$sfx" PORT="${PORT[$name]}" "${extra[@]}" node "$SERVER_JS"
+	done
+fi
+
+for i in "${!PORT[@]}"; do
+	[[ $i == direct* ]] && continue
+	name=$i
+	[[ $i == nginx* ]] && name=nginx
+	wait_http "$name" "${PORT[$i]}"
 done
 for pid in "${PIDS[@]}"; do
 	kill -0 "$pid" 2>/dev/null || { tail -n 5 "$LOGS"/*.log >&2; die "a subject exited at start (pid $pid)"; }
 done
 log "all subjects up: $(for s in "${!PORT[@]}"; do printf '%s=:%s ' "$s" "${PORT[$s]}"; done)"
 
-# lg NAME KIND CLIENTS ROUND ARGS...: one loadgen run against subject NAME, recorded.
+# lg INSTANCE KIND CLIENTS ROUND ARGS...: one loadgen run against INSTANCE, recorded
+# with the CPU of its processes (and of PostgreSQL, Redis for gw-redis, and loadgen).
 lg() {
-	local name=$1 kind=$2 clients=$3 round=$4
+	local i=$1 kind=$2 clients=$3 round=$4
 	shift 4
-	local la
+	local subject=${i%@*} la cpu
 	la=$(loadavg)
-	"$BIN/loadgen" --url "http://127.0.0.1:${PORT[$name]}/payments" -c "$clients" \
-		-H 'Content-Type: application/json' --body "$BODY" --format json \
-		--tag kind="$kind" --tag subject="$name" --tag clients="$clients" --tag round="$round" --tag loadavg="$la" \
-		"$@" >"$WORK/last.json" 2>>"$LOGS/loadgen.log" || { log "loadgen failed for $name ($kind, $clients clients)"; return 0; }
+	cpu=(${CPUARGS[$i]} --cpu loadgen=self)
+	cpu+=("${PG_CPU[@]}")
+	[ -n "$REDIS_PID" ] && [ "$subject" = gw-redis ] && cpu+=(--cpu "redis=$REDIS_PID")
+	"$BIN/loadgen" --url "http://127.0.0.1:${PORT[$i]}/payments" -c "$clients" \
+		-H 'Content-Type: application/json' --body "$BODY" --format json --clk-tck "$CLK_TCK" "${cpu[@]}" \
+		--tag kind="$kind" --tag subject="$subject" --tag body="${PAD[$i]}" --tag clients="$clients" --tag round="$round" \
+		--tag loadavg="$la" "$@" >"$WORK/last.json" 2>>"$LOGS/loadgen.log" || { log "loadgen failed for $i ($kind, $clients clients)"; return 0; }
 	cat "$WORK/last.json" >>"$RESULTS"
-	jq -r '"\(.tags.kind) \(.tags.subject) c=\(.clients) r=\(.tags.round): \(.throughput|floor) req/s, p50 \(.latency.p50_ms) p99 \(.latency.p99_ms) ms, status \(.status|tostring), errors \(.errors) (load \(.tags.loadavg))"' "$WORK/last.json" >&2
+	jq -r '"\(.tags.kind) \(.tags.subject) body=\(.tags.body) c=\(.clients) r=\(.tags.round): \(.throughput|floor) req/s, p50 \(.latency.p50_ms) p99 \(.latency.p99_ms) ms, status \(.status|tostring), errors \(.errors); CPU µs/req \([.cpu // {} | to_entries[] | "\(.key) \(.value.us_per_request // 0 | floor)"] | join(", ")) (load \(.tags.loadavg))"' "$WORK/last.json" >&2
+}
+
+# idle LABEL: the shared servers' CPU over IDLE with nothing of ours sending (the idle
+# connections of our pools close after a second; wait for that first), recorded. The
+# report subtracts the last idle rate from the windows measured after it.
+idle() {
+	[ ${#SHARED_CPU[@]} -gt 0 ] || return 0
+	sleep 1
+	"$BIN/loadgen" --idle "$IDLE" --clk-tck "$CLK_TCK" "${SHARED_CPU[@]}" --tag kind=idle --tag at="$1" --format json \
+		>"$WORK/idle.json" 2>>"$LOGS/loadgen.log" || { log "idle measurement failed"; return 0; }
+	cat "$WORK/idle.json" >>"$RESULTS"
+	jq -r '.cpu_window_s as $w | "idle \(.tags.at): \([.cpu | to_entries[] | "\(.key) \(.value.seconds / $w * 1000 | floor)"] | join(", ")) ms of CPU per second"' \
+		"$WORK/idle.json" >&2
 }
 
 # ---- pgbench scripts (run inside the matrix rounds) ---------------------------------
 # PostgreSQL's own ceiling: the SQL of one payment, without HTTP, Go or node. Their
 # tables are in schemas of their own.
-"$BIN/retrysafe" migrate --store "$(url_with "$PG_URL" "schema=${RUN}_pgb")" >/dev/null
-sed -e "/pg_advisory_xact_lock/d" -e "s/{schema}/\"${RUN}_pgb\"/g" -e "s/{table}/\"${RUN}_pgb\".payments/g" \
-	examples/payments/ledger/postgres.sql | psql_q
-psql_q -c "CREATE SCHEMA \"${RUN}_pgbx\""
-PGOPTIONS="-c search_path=${RUN}_pgbx" psql_q -f bench/baselines/express/schema.sql
-S="\"${RUN}_pgb\""
-T="$S.retrysafe_idempotency"
-FP="'\\x0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef'::bytea"
-RESP='{"id":1,"user":"1","idempotency_key":"k","amount":1250,"currency":"EUR","created_at":"2026-01-01T00:00:00Z"}'
-RESPHEX=$(printf '%s' "$RESP" | od -An -tx1 | tr -d ' \n')
-COLS="scope, key, fingerprint, state, token, created_at, lease_until, expires_at, status, header, body, body_omitted"
-# pgstore's claim statement (idempotency/pgstore/pgstore.go), with its parameters as
-# pgbench variables: the scope is the client, the key a random 63-bit number.
-CLAIM="WITH existing AS (
+if phase pgbench; then
+	"$BIN/retrysafe" migrate --store "$(url_with "$RUN_URL" "schema=${RUN}_pgb")" >/dev/null
+	sed -e "/pg_advisory_xact_lock/d" -e "s/{schema}/\"${RUN}_pgb\"/g" -e "s/{table}/\"${RUN}_pgb\".payments/g" \
+		examples/payments/ledger/postgres.sql | psql_q
+	psql_q -c "CREATE SCHEMA \"${RUN}_pgbx\""
+	PGOPTIONS="-c search_path=${RUN}_pgbx" psql_q -f bench/baselines/express/schema.sql
+	S="\"${RUN}_pgb\""
+	T="$S.retrysafe_idempotency"
+	FP="'\\x0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef'::bytea"
+	RESP='{"id":1,"user":"1","idempotency_key":"k","amount":1250,"currency":"EUR","created_at":"2026-01-01T00:00:00Z"}'
+	RESPHEX=$(printf '%s' "$RESP" | od -An -tx1 | tr -d ' \n')
+	COLS="scope, key, fingerprint, state, token, created_at, lease_until, expires_at, status, header, body, body_omitted"
+	# pgstore's claim statement (idempotency/pgstore/pgstore.go), with its parameters as
+	# pgbench variables: the scope is the client, the key a random 63-bit number.
+	CLAIM="WITH existing AS (
 	SELECT $COLS FROM $T WHERE scope = int4send(:client_id) AND key = int8send(:k)
 ), claimed AS (
 	INSERT INTO $T (scope, key, fingerprint, state, token, created_at, lease_until, expires_at)
@@ -250,19 +494,19 @@ SELECT true AS claimed, false AS claimable, $COLS FROM claimed
 UNION ALL
 SELECT false, (r.expires_at <= now() OR (r.state = 'in_progress' AND r.lease_until <= now() AND r.fingerprint = $FP)), $COLS
 FROM existing AS r"
-LEDGER_INSERT="INSERT INTO $S.payments (user_id, idempotency_key, amount, currency, created_at)
+	LEDGER_INSERT="INSERT INTO $S.payments (user_id, idempotency_key, amount, currency, created_at)
 VALUES (:client_id::text, :key, 1250, 'EUR', now()) ON CONFLICT (user_id, idempotency_key) DO NOTHING
 RETURNING id, user_id, idempotency_key, amount, currency, created_at"
-cat >"$WORK/insert.sql" <<EOF
+	cat >"$WORK/insert.sql" <<EOF
 -- The unprotected endpoint's SQL: one INSERT (autocommit).
 ${LEDGER_INSERT//:key/NULL};
 EOF
-cat >"$WORK/claim.sql" <<EOF
+	cat >"$WORK/claim.sql" <<EOF
 -- pgstore's claim (autocommit), a new key every time.
 \\set k random(1, 999999999999999999)
 $CLAIM;
 EOF
-cat >"$WORK/txmode.sql" <<EOF
+	cat >"$WORK/txmode.sql" <<EOF
 -- One tx-mode payment: the claim, then BEGIN, ledger insert, completion, COMMIT.
 \\set k random(1, 999999999999999999)
 $CLAIM \\gset
@@ -273,8 +517,8 @@ UPDATE $T SET state = 'done', status = 201, header = '{"Content-Type":["applicat
 WHERE scope = int4send(:client_id) AND key = int8send(:k) AND token = :token AND state = 'in_progress';
 COMMIT;
 EOF
-SX="\"${RUN}_pgbx\""
-cat >"$WORK/express-tx.sql" <<EOF
+	SX="\"${RUN}_pgbx\""
+	cat >"$WORK/express-tx.sql" <<EOF
 -- One Express-baseline payment: the ON CONFLICT DO NOTHING claim, then BEGIN, ledger insert, 'done' update, COMMIT.
 \\set k random(1, 999999999999999999)
 INSERT INTO $SX.idempotency_keys (key, user_id, request_hash)
@@ -287,74 +531,138 @@ UPDATE $SX.idempotency_keys SET status = 'done', response_code = 201, response_b
 WHERE user_id = :client_id AND key = :k::text;
 COMMIT;
 EOF
-cp "$WORK"/insert.sql "$WORK"/claim.sql "$WORK"/txmode.sql "$WORK"/express-tx.sql "$OUT/"
-# pgb CLIENTS ROUND: the four scripts, in a rotating order, recorded. pgbench opens one
-# connection per client, so the servers' idle connections are given a moment to close
-# first (the cluster is shared: max_connections 100).
+	cp "$WORK"/insert.sql "$WORK"/claim.sql "$WORK"/txmode.sql "$WORK"/express-tx.sql "$OUT/"
+fi
+# pgb CLIENTS ROUND: the four scripts, in a rotating order, recorded, each with
+# PostgreSQL's CPU per transaction: that of the run's backends (pgbench connects as the
+# run's role) over the middle of the pgbench run — from a second after its start, when
+# its connections are open, to half a second before its end, before they close — as
+# CPU per second divided by transactions per second. pgbench opens one connection per
+# client, so the servers' idle connections are given a moment to close first (the
+# cluster is shared: max_connections 100).
 pgb() {
-	local c=$1 round=$2 scripts=(insert claim txmode express-tx) i script tps lat j
+	local c=$1 round=$2 scripts=(insert claim txmode express-tx) i script tps lat j cpupid cpu win
+	local mid=$(((PGBENCH_DURATION * 1000 - 1500)))
 	j=$((c < 2 ? 1 : 2))
 	sleep 2
 	for i in 0 1 2 3; do
 		script=${scripts[$(((i + round) % 4))]}
-		if "$PGBENCH" -n -M prepared -c "$c" -j "$j" -T "$PGBENCH_DURATION" -f "$WORK/$script.sql" "$PG_URL" >"$WORK/pgbench.out" 2>&1; then
+		"$PGBENCH" -n -M prepared -c "$c" -j "$j" -T "$PGBENCH_DURATION" -f "$WORK/$script.sql" "$RUN_URL" >"$WORK/pgbench.out" 2>&1 &
+		local pgbpid=$!
+		cpupid=
+		if [ -n "$PG_PID" ] && [ -n "$ROLE" ] && [ "$mid" -gt 0 ]; then
+			(sleep 1 && exec "$BIN/loadgen" --idle "${mid}ms" --clk-tck "$CLK_TCK" --cpu "postgres=$PG_PID:: $ROLE " --format json) \
+				>"$WORK/pgbcpu.json" 2>>"$LOGS/loadgen.log" &
+			cpupid=$!
+		fi
+		if wait "$pgbpid"; then
 			tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$WORK/pgbench.out")
 			lat=$(sed -n 's/^latency average = \([0-9.]*\) ms/\1/p' "$WORK/pgbench.out")
 		else
 			tps=0 lat=0
 			log "pgbench $script at $c clients failed: $(tail -2 "$WORK/pgbench.out" | tr '\n' ' ')"
 		fi
-		printf '{"tags":{"kind":"pgbench","subject":"%s","clients":"%d","round":"%d"},"throughput":%s,"latency":{"mean_ms":%s}}\n' \
-			"$script" "$c" "$round" "${tps:-0}" "${lat:-0}" >>"$RESULTS"
-		log "pgbench $script c=$c r=$round: ${tps:-?} tps, mean ${lat:-?} ms"
+		cpu='{}' win=0
+		if [ -n "$cpupid" ] && wait "$cpupid"; then
+			cpu=$(jq -c '.cpu' "$WORK/pgbcpu.json")
+			win=$(jq '.cpu_window_s' "$WORK/pgbcpu.json")
+		fi
+		# responses: the transactions of the CPU window, at the run's rate.
+		printf '{"tags":{"kind":"pgbench","subject":"%s","clients":"%d","round":"%d"},"throughput":%s,"responses":%s,"latency":{"mean_ms":%s},"cpu":%s,"cpu_window_s":%s}\n' \
+			"$script" "$c" "$round" "${tps:-0}" "$(jq -n "${tps:-0} * $win | floor")" "${lat:-0}" "$cpu" "$win" >>"$RESULTS"
+		log "pgbench $script c=$c r=$round: ${tps:-?} tps, mean ${lat:-?} ms$(jq -r --argjson t "${tps:-0}" --argjson w "$win" \
+			'if $t > 0 and $w > 0 and .postgres then ", postgres \(.postgres.seconds / $w / $t * 1e6 | floor) µs/tx" else "" end' <<<"$cpu")"
 	done
 }
 
-# ---- 1. matrix ---------------------------------------------------------------------
-SUBJECTS=(unprotected payments-tx payments-mw payments-tx-nobatch gw-memory gw-sqlite gw-postgres gw-redis
-	gw-sqlite-nobatch gw-postgres-nobatch express express-cluster2)
-log "phase 1: matrix ($CONCURRENCY clients, $ROUNDS rounds, $DURATION after $WARMUP warm-up; pgbench ${PGBENCH_DURATION}s)"
-ci=0
-for c in $CONCURRENCY; do
-	subjects=("${SUBJECTS[@]}")
-	[ "$c" = 32 ] && subjects+=(express-autocommit)
-	n=${#subjects[@]}
-	for round in $(seq "$ROUNDS"); do
-		for i in $(seq 0 $((n - 1))); do
-			s=${subjects[$(((i + round + ci) % n))]}
-			lg "$s" matrix "$c" "$round" -d "$DURATION" --warmup "$WARMUP" --users "$c" --auth-format 'Bearer 1%d'
-		done
-		# pgbench's clients are connections: 128 would pass max_connections, so 64.
-		pgb "$((c > 64 ? 64 : c))" "$round"
-	done
-	ci=$((ci + 1))
-done
+# rotate ROUND OFFSET NAMES...: NAMES in a rotating order.
+rotate() {
+	local round=$1 off=$2
+	shift 2
+	local names=("$@") n=$# k
+	for k in $(seq 0 $((n - 1))); do printf '%s ' "${names[$(((k + round + off) % n))]}"; done
+}
 
-# ---- 2. duplicate storm ------------------------------------------------------------
-log "phase 2: duplicate storm (1,000 concurrent requests, one key, per subject)"
-idx=0
-for s in unprotected payments-tx payments-mw gw-memory gw-sqlite gw-postgres gw-redis express express-cluster2; do
-	idx=$((idx + 1))
-	user="9${idx}0" # one user per storm: its ledger rows are the storm's executions
-	sleep 1
-	lg "$s" storm 1000 1 -n 1000 --keys shared --key "storm-$RUN-$s" --users 1 --auth-format "Bearer 9${idx}%d" \
-		--preconnect "http://127.0.0.1:${PORT[$s]}/payments"
-	rows=$(psql "$PG_URL" -XAtc "SELECT count(*) FROM \"${SCHEMA[$s]}\".payments WHERE user_id = '$user'")
-	printf '{"tags":{"kind":"storm-rows","subject":"%s"},"rows":%d}\n' "$s" "$rows" >>"$RESULTS"
-	log "storm $s: $rows ledger row(s)"
-done
+# ---- 1. matrix ---------------------------------------------------------------------
+if phase matrix; then
+	MATRIX=$(in_sel direct nginx bareproxy payments-tx payments-mw payments-tx-nobatch gw-memory gw-sqlite gw-postgres gw-redis \
+		gw-sqlite-nobatch gw-postgres-nobatch express express-cluster2)
+	log "phase matrix: $CONCURRENCY clients, $ROUNDS rounds, $DURATION after $WARMUP warm-up$(phase pgbench && echo "; pgbench ${PGBENCH_DURATION}s")"
+	ci=0
+	for c in $CONCURRENCY; do
+		subjects=()
+		for s in $MATRIX; do
+			# Batching changes nothing at 1 client (a batch of one runs the single statement).
+			[[ $s == *-nobatch && $c == 1 ]] && continue
+			subjects+=("$s")
+		done
+		[ "$c" = 32 ] && want express-autocommit && subjects+=(express-autocommit)
+		for round in $(seq "$ROUNDS"); do
+			idle "matrix c=$c r=$round"
+			for s in $(rotate "$round" "$ci" "${subjects[@]}"); do
+				lg "$s" matrix "$c" "$round" -d "$DURATION" --warmup "$WARMUP" --users "$c" --auth-format 'Bearer 1%d'
+			done
+			# pgbench's clients are connections: 128 would pass max_connections, so 64.
+			phase pgbench && pgb "$((c > 64 ? 64 : c))" "$round"
+		done
+		ci=$((ci + 1))
+	done
+fi
+
+# ---- 2. body sizes -----------------------------------------------------------------
+if phase bodies; then
+	log "phase bodies: $BODIES-byte answers at $BODY_CLIENTS clients, $ROUNDS rounds"
+	for pad in "${PADS[@]}"; do
+		[ "$pad" = 0 ] && continue
+		names=()
+		for s in $BODY_SUBJECTS; do names+=("$(inst "$s" "$pad")"); done
+		for round in $(seq "$ROUNDS"); do
+			idle "bodies $pad r=$round"
+			for i in $(rotate "$round" 0 "${names[@]}"); do
+				lg "$i" bodies "$BODY_CLIENTS" "$round" -d "$DURATION" --warmup "$WARMUP" --users "$BODY_CLIENTS" --auth-format 'Bearer 2%d'
+			done
+		done
+	done
+fi
 
 # ---- 3. replay vs first execution --------------------------------------------------
-log "phase 3: replay vs first execution"
-idx=0
-for c in 1 32; do
-	for s in payments-tx payments-mw gw-memory gw-sqlite gw-postgres gw-redis express express-cluster2; do
-		idx=$((idx + 1))
-		lg "$s" first "$c" 1 -d 2s --warmup 500ms --users 1 --auth-format "Bearer 8${idx}%d"
-		lg "$s" replay "$c" 1 -d 2s --warmup 500ms --keys shared --key "replay-$RUN-$s-$c" --users 1 --auth-format "Bearer 8${idx}%d"
+if phase replay; then
+	log "phase replay: replay vs first execution"
+	idx=0
+	for c in 1 32; do
+		idle "replay c=$c"
+		for s in $(in_sel payments-tx payments-mw gw-memory gw-sqlite gw-postgres gw-redis express express-cluster2); do
+			idx=$((idx + 1))
+			lg "$s" first "$c" 1 -d 2s --warmup 500ms --users 1 --auth-format "Bearer 8${idx}%d"
+			lg "$s" replay "$c" 1 -d 2s --warmup 500ms --keys shared --key "replay-$RUN-$s-$c" --users 1 --auth-format "Bearer 8${idx}%d"
+		done
 	done
-done
+fi
 
-echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/env.txt" >&2
+# ---- 4. duplicate storm ------------------------------------------------------------
+if phase storm; then
+	log "phase storm: 1,000 concurrent requests, one key, per subject"
+	idx=0
+	for s in $(in_sel direct payments-tx payments-mw gw-memory gw-sqlite gw-postgres gw-redis express express-cluster2); do
+		idx=$((idx + 1))
+		user="9${idx}0" # one user per storm: its ledger rows are the storm's executions
+		sleep 1
+		lg "$s" storm 1000 1 -n 1000 --keys shared --key "storm-$RUN-$s" --users 1 --auth-format "Bearer 9${idx}%d" \
+			--preconnect "http://127.0.0.1:${PORT[$s]}/payments"
+		rows=$(psql "$PG_URL" -XAtc "SELECT count(*) FROM \"${SCHEMA[$s]}\".payments WHERE user_id = '$user'")
+		printf '{"tags":{"kind":"storm-rows","subject":"%s"},"rows":%d}\n' "$s" "$rows" >>"$RESULTS"
+		log "storm $s: $rows ledger row(s)"
+	done
+fi
+
+echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg); run took $((($(date +%s) - STARTED) / 60)) min $((($(date +%s) - STARTED) % 60)) s" | tee -a "$OUT/env.txt" >&2
 "$BIN/benchreport" "$RESULTS" >"$OUT/report.md"
-cat "$OUT/env.txt" "$OUT/report.md"
+"$BIN/benchreport" -summary "$RESULTS" >"$OUT/summary.md"
+{
+	echo
+	cat "$OUT/env.txt"
+	echo
+	cat "$OUT/summary.md"
+	echo
+	echo "full report: $OUT/report.md (results: $RESULTS, logs: $LOGS)"
+} >&2
