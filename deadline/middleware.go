@@ -131,6 +131,8 @@ func Middleware(cfg Config) func(http.Handler) http.Handler {
 	if budget <= 0 {
 		budget = DefaultBudget
 	}
+	// The cause of every deadline the server's budget sets is the same: made once.
+	serverCause := fmt.Errorf("%w: the server's budget for the request (%v) ran out", ErrExhausted, budget)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			logger := cfg.Logger
@@ -162,12 +164,11 @@ func Middleware(cfg Config) func(http.Handler) http.Handler {
 				callers = false
 			}
 			var st *hopState
-			var cause error
+			cause := serverCause
 			if callers {
-				cause = fmt.Errorf("%w: the caller's budget (%s: %d) ran out", ErrExhausted, header, ms)
-				st = &hopState{cause: cause}
-			} else {
-				cause = fmt.Errorf("%w: the server's budget for the request (%v) ran out", ErrExhausted, budget)
+				st = &hopState{spentBy: callersBudget{header: header, ms: ms}}
+				st.cause = &st.spentBy
+				cause = st.cause
 			}
 			ctx, cancel := context.WithDeadlineCause(r.Context(), dl, cause)
 			defer cancel()
@@ -204,10 +205,25 @@ func Middleware(cfg Config) func(http.Handler) http.Handler {
 // deadline, so Transport can tell the middleware that a call made under that deadline
 // found the budget spent.
 type hopState struct {
-	cause    error     // the context's cause once the caller's budget runs out
+	cause    error // the context's cause once the caller's budget runs out: &spentBy
+	spentBy  callersBudget
 	deadline time.Time // the context's deadline
 	outbound atomic.Bool
 }
+
+// callersBudget is the cause of a request's context ended by its caller's budget. It
+// matches ErrExhausted, and its message is made only when asked for: most requests end
+// before their deadline and never need it.
+type callersBudget struct {
+	header string
+	ms     int64
+}
+
+func (e *callersBudget) Error() string {
+	return ErrExhausted.Error() + ": the caller's budget (" + e.header + ": " + strconv.FormatInt(e.ms, 10) + ") ran out"
+}
+
+func (e *callersBudget) Unwrap() error { return ErrExhausted }
 
 type hopKey struct{}
 

@@ -2,6 +2,7 @@ package deadline
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
@@ -28,7 +29,8 @@ import (
 //
 // Put Transport below a retry layer (&retry.Transport{Base: deadline.Transport{…}}), so
 // each attempt carries the budget remaining when it is sent. The request given to Base is
-// a clone; the caller's request is never modified.
+// a copy with a header map of its own (the header values, the URL and the body are the
+// caller's); the caller's request is never modified.
 type Transport struct {
 	// Base sends the requests. Default http.DefaultTransport.
 	Base http.RoundTripper
@@ -68,10 +70,14 @@ func (t Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if header == "" {
 		header = DefaultHeader
 	}
-	out := req.Clone(req.Context())
-	if out.Header == nil {
-		out.Header = make(http.Header)
-	}
+	// A copy of the request with a header map of its own, which shares the caller's
+	// values: only the budget's entry is replaced, so nothing of the caller's request
+	// changes, and the rest need not be copied (a RoundTripper modifies nothing of the
+	// request it is given).
+	out := new(http.Request)
+	*out = *req
+	out.Header = make(http.Header, len(req.Header)+1)
+	maps.Copy(out.Header, req.Header)
 	out.Header.Set(header, strconv.FormatInt(ms, 10))
 	resp, err := base.RoundTrip(out)
 	if err == nil && resp != nil && exhaustedAnswer(resp.Header) {
