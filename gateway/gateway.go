@@ -13,7 +13,6 @@ import (
 	"net/http/httptrace"
 	"net/http/httputil"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,6 +51,7 @@ type Gateway struct {
 type route struct {
 	policy
 	label     string                  // the route label of the metrics: its pattern
+	series    *routeSeries            // its metrics' series
 	mw        *idempotency.Middleware // nil: the route is Off
 	proxy     *httputil.ReverseProxy
 	handler   http.Handler // deadline.Middleware, then serve
@@ -231,6 +231,7 @@ func (g *Gateway) newRoute(p policy) (*route, error) {
 		rt.mw = mw
 	}
 	upstream := p.upstream
+	rt.series = g.metrics.forRoute(rt.label, upstream.Host)
 	rt.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
@@ -420,14 +421,27 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	result := ex.failure.String()
-	switch {
-	case result != "":
-	case ex.upstreamSt >= 100 && ex.upstreamSt <= 599:
-		result = strconv.Itoa(ex.upstreamSt/100) + "xx"
-	default:
-		result = "other"
+	if result == "" {
+		result = statusClass(ex.upstreamSt)
 	}
-	g.metrics.upstreamDur.WithLabelValues(ex.rt.upstream.Host, result).Observe(ex.upstreamDur.Seconds())
+	ex.rt.series.upstream.of(result).Observe(ex.upstreamDur.Seconds())
+}
+
+// statusClass is the result label of an upstream answer with status code: 2xx for 201.
+func statusClass(code int) string {
+	switch code / 100 {
+	case 1:
+		return "1xx"
+	case 2:
+		return "2xx"
+	case 3:
+		return "3xx"
+	case 4:
+		return "4xx"
+	case 5:
+		return "5xx"
+	}
+	return "other"
 }
 
 // withoutServer hides the http.Server from the context the ReverseProxy sees: under a
@@ -531,9 +545,13 @@ func (g *Gateway) finish(r *http.Request, ex *exchange) {
 	label, keyHeader := "", ""
 	if ex.rt != nil {
 		label, keyHeader = ex.rt.label, ex.rt.keyHeader
+		s := ex.rt.series.outcomes.of(outcome)
+		s.requests.Inc()
+		s.dur.Observe(d.Seconds())
+	} else {
+		g.metrics.requests.WithLabelValues(label, outcome).Inc()
+		g.metrics.requestDur.WithLabelValues(label, outcome).Observe(d.Seconds())
 	}
-	g.metrics.requests.WithLabelValues(label, outcome).Inc()
-	g.metrics.requestDur.WithLabelValues(label, outcome).Observe(d.Seconds())
 
 	level := slog.LevelInfo
 	if outcome == string(idempotency.OutcomePassThrough) {

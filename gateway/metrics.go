@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +22,54 @@ type metrics struct {
 	storeErrs   *prometheus.CounterVec   // operation
 	inFlight    prometheus.Gauge
 	waiting     prometheus.GaugeFunc // waiting() when scraped
+
+	// The children of storeDur and storeErrs, by operation: a vector's WithLabelValues
+	// checks and hashes the labels and takes a lock on every call.
+	storeOps series[storeSeries]
+}
+
+type storeSeries struct {
+	dur  prometheus.Observer
+	errs prometheus.Counter
+}
+
+// series caches the children of metric vectors by one label value, made on first use
+// (a series appears in /metrics once it has been observed, as with WithLabelValues),
+// so that a request finds its own without hashing its labels or taking the vector's
+// lock.
+type series[T any] struct {
+	m    sync.Map // label value → T
+	make func(string) T
+}
+
+func (s *series[T]) of(v string) T {
+	if c, ok := s.m.Load(v); ok {
+		return c.(T)
+	}
+	c, _ := s.m.LoadOrStore(v, s.make(v))
+	return c.(T)
+}
+
+// routeSeries are the series of one route: its requests by outcome, its upstream
+// round trips by result.
+type routeSeries struct {
+	outcomes series[outcomeSeries]
+	upstream series[prometheus.Observer]
+}
+
+type outcomeSeries struct {
+	requests prometheus.Counter
+	dur      prometheus.Observer
+}
+
+// forRoute returns the series of the route labelled route, whose upstream is host.
+func (m *metrics) forRoute(route, host string) *routeSeries {
+	rs := &routeSeries{}
+	rs.outcomes.make = func(outcome string) outcomeSeries {
+		return outcomeSeries{m.requests.WithLabelValues(route, outcome), m.requestDur.WithLabelValues(route, outcome)}
+	}
+	rs.upstream.make = func(result string) prometheus.Observer { return m.upstreamDur.WithLabelValues(host, result) }
+	return rs
 }
 
 const namespace, subsystem = "retrysafe", "gateway"
@@ -64,6 +113,9 @@ func newMetrics(reg prometheus.Registerer, waiting func() int) (*metrics, error)
 	if err := promreg.Register(reg, "gateway", false, m.slots()...); err != nil {
 		return nil, err
 	}
+	m.storeOps.make = func(op string) storeSeries {
+		return storeSeries{m.storeDur.WithLabelValues(op), m.storeErrs.WithLabelValues(op)}
+	}
 	return m, nil
 }
 
@@ -84,9 +136,10 @@ func newRegistry() *prometheus.Registry {
 // janitor's and the readiness probe's. Not-found and lost-lease answers are answers, not
 // errors.
 func (m *metrics) observeStore(op string, took time.Duration, err error) {
-	m.storeDur.WithLabelValues(op).Observe(took.Seconds())
+	s := m.storeOps.of(op)
+	s.dur.Observe(took.Seconds())
 	if err != nil && !errors.Is(err, idempotency.ErrNotFound) && !errors.Is(err, idempotency.ErrLeaseLost) {
-		m.storeErrs.WithLabelValues(op).Inc()
+		s.errs.Inc()
 	}
 }
 
