@@ -2,7 +2,6 @@ package retry
 
 import (
 	"net/http"
-	"strings"
 )
 
 // SendOnce returns a RoundTripper that sends each request through base (nil means
@@ -70,8 +69,8 @@ func (s *sendOnce) RoundTrip(req *http.Request) (*http.Response, error) {
 	for name, vv := range req.Header {
 		h[name] = vv
 	}
-	hideKey(h, IdempotencyKeyHeader)
-	hideKey(h, xIdempotencyKeyHeader)
+	hideKey(h, IdempotencyKeyHeader, "idempotency-key")
+	hideKey(h, xIdempotencyKeyHeader, "x-idempotency-key")
 	out := req.WithContext(req.Context()) // a shallow copy: same body, GetBody, context
 	out.Header = h
 	resp, err := s.base.RoundTrip(out)
@@ -81,13 +80,12 @@ func (s *sendOnce) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// hideKey moves the values of the map entry canonical to its lower-case map key.
-func hideKey(h http.Header, canonical string) {
+// hideKey moves the values of the map entry canonical to lower, its lower-case map key.
+func hideKey(h http.Header, canonical, lower string) {
 	vv, ok := h[canonical]
 	if !ok {
 		return
 	}
-	lower := strings.ToLower(canonical)
 	// HTTP/1.1 writes the map keys sorted, the canonical one before the lower-case one:
 	// its values keep their place before those of a lower-case entry of the caller's own.
 	h[lower] = append(vv[:len(vv):len(vv)], h[lower]...)
