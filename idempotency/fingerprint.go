@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
-	"hash"
 	"mime"
 	"strings"
 )
@@ -24,19 +23,7 @@ func Fingerprint(method, path, rawQuery, contentType string, body []byte, canoni
 // fingerprint is Fingerprint, with the members ignore names removed from a JSON body
 // before it is hashed (canonically: a body with them removed has no original text).
 func fingerprint(method, path, rawQuery, contentType string, body []byte, canonicalJSON bool, ignore []pointer) string {
-	h := sha256.New()
-	part(h, []byte(method))
-	part(h, []byte(path))
-	part(h, []byte(rawQuery))
-	mt, params, err := mime.ParseMediaType(contentType)
-	if err == nil {
-		// Media type names are case-insensitive; the charset parameter matters.
-		contentType = mt
-		if cs := params["charset"]; cs != "" {
-			contentType += ";charset=" + strings.ToLower(cs)
-		}
-	}
-	part(h, []byte(contentType))
+	contentType = mediaType(contentType)
 	switch {
 	case len(ignore) > 0:
 		if doc, err := decodeJSON(body); err == nil {
@@ -52,15 +39,62 @@ func fingerprint(method, path, rawQuery, contentType string, body []byte, canoni
 			body = c
 		}
 	}
-	part(h, body)
-	return hex.EncodeToString(h.Sum(nil))
+	// The parts are hashed in one call from a buffer on the stack when they fit in it
+	// (most requests: a hash.Hash and every part written to it would each be an
+	// allocation); a larger body is hashed where it is, after the other parts.
+	var scratch [1024]byte
+	b := appendPart(scratch[:0], method)
+	b = appendPart(b, path)
+	b = appendPart(b, rawQuery)
+	b = appendPart(b, contentType)
+	var sum [sha256.Size]byte
+	if len(b)+8+len(body) <= len(scratch) {
+		sum = sha256.Sum256(appendPart(b, body))
+	} else {
+		h := sha256.New()
+		h.Write(b)
+		h.Write(binary.BigEndian.AppendUint64(scratch[:0], uint64(len(body))))
+		h.Write(body)
+		h.Sum(sum[:0])
+	}
+	return hex.EncodeToString(sum[:])
 }
 
-func part(h hash.Hash, b []byte) {
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(b)))
-	h.Write(n[:])
-	h.Write(b)
+// appendPart appends part, prefixed with its length, to b.
+func appendPart[T string | []byte](b []byte, part T) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(len(part)))
+	return append(b, part...)
+}
+
+// mediaType returns contentType as the fingerprint takes it: its media type in lower
+// case, with the charset parameter (lower-cased) and no other; as it is when it cannot
+// be parsed. Media type names are case-insensitive; the charset matters.
+func mediaType(contentType string) string {
+	if plainMediaType(contentType) {
+		return contentType // already in that form; most requests' is (application/json)
+	}
+	mt, params, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return contentType
+	}
+	if cs := params["charset"]; cs != "" {
+		mt += ";charset=" + strings.ToLower(cs)
+	}
+	return mt
+}
+
+// plainMediaType reports whether s has only lower-case letters, digits and the
+// punctuation "/-+._", and so no parameters, nothing that lower-casing or trimming
+// changes, and nothing for parsing to take away.
+func plainMediaType(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '/', c == '-', c == '+', c == '.', c == '_':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 func canonical(body []byte) ([]byte, bool) {
