@@ -163,7 +163,8 @@ type Config struct {
 	// Defaults DefaultMaxWaiters (1024) and DefaultMaxWaitersPerKey (128).
 	MaxWaiters, MaxWaitersPerKey int
 
-	// StoreTimeout bounds each store call. Default DefaultStoreTimeout (5s).
+	// StoreTimeout bounds each store call (but those of an Immediate store, which do not
+	// wait). Default DefaultStoreTimeout (5s).
 	StoreTimeout time.Duration
 
 	// Logger receives store failures and lost leases. Default slog.Default().
@@ -205,8 +206,9 @@ var ErrAborted = errors.New("idempotency: the response was aborted; the client's
 // Shutdown when the server has stopped: it stores the responses the store could not take
 // when their requests finished, and stops the store probe.
 type Middleware struct {
-	cfg     Config
-	methods map[string]bool
+	cfg       Config
+	methods   map[string]bool
+	immediate bool // cfg.Store is Immediate: its calls get no StoreTimeout
 
 	keyPointer pointer   // Config.KeyPointer, parsed; nil: the key is in a header
 	ignore     []pointer // Config.FingerprintIgnore, parsed
@@ -314,6 +316,7 @@ func sameStore(a, b Store) (same bool) {
 // newMiddleware returns the middleware of the resolved cfg over sh.
 func newMiddleware(cfg Config, sh *shared) *Middleware {
 	m := &Middleware{cfg: cfg, methods: map[string]bool{}, shared: sh}
+	_, m.immediate = cfg.Store.(Immediate)
 	for _, meth := range cfg.Methods {
 		m.methods[meth] = true
 	}
@@ -530,14 +533,19 @@ func (m *Middleware) startProbe() {
 	})
 }
 
-// storeCall runs one store operation bounded by StoreTimeout, reports it to
-// OnStoreCall, and records what it says of the store's health. A call cut short by ctx
-// (the client left) says nothing of the store's health.
+// storeCall runs one store operation bounded by StoreTimeout (unless the store is
+// Immediate), reports it to OnStoreCall, and records what it says of the store's health.
+// A call cut short by ctx (the client left) says nothing of the store's health.
 func (m *Middleware) storeCall(ctx context.Context, op StoreOp, f func(context.Context) error) error {
 	start := time.Now()
-	sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
-	err := f(sctx)
-	cancel()
+	var err error
+	if m.immediate {
+		err = f(ctx)
+	} else {
+		sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
+		err = f(sctx)
+		cancel()
+	}
 	if m.cfg.OnStoreCall != nil {
 		m.cfg.OnStoreCall(op, time.Since(start), err)
 	}

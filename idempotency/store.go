@@ -229,6 +229,14 @@ type Lister interface {
 	List(ctx context.Context, f ListFilter) (ListPage, error)
 }
 
+// Immediate is implemented by stores whose calls finish in the caller's goroutine, with
+// no I/O and no wait but for their own short critical sections, such as the memory
+// store. The middleware calls them without a Config.StoreTimeout deadline: a deadline
+// would cost a timer per call and bound nothing.
+type Immediate interface {
+	Immediate()
+}
+
 // Pinger is implemented by stores that can check their backend is reachable.
 type Pinger interface {
 	Ping(ctx context.Context) error

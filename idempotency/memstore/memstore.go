@@ -32,10 +32,11 @@ type Store struct {
 }
 
 var (
-	_ idempotency.Store   = (*Store)(nil)
-	_ idempotency.Janitor = (*Store)(nil)
-	_ idempotency.Lister  = (*Store)(nil)
-	_ idempotency.Pinger  = (*Store)(nil)
+	_ idempotency.Store     = (*Store)(nil)
+	_ idempotency.Janitor   = (*Store)(nil)
+	_ idempotency.Lister    = (*Store)(nil)
+	_ idempotency.Pinger    = (*Store)(nil)
+	_ idempotency.Immediate = (*Store)(nil)
 )
 
 // New returns an empty store on the process clock.
@@ -245,6 +246,10 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 	}
 	return page, nil
 }
+
+// Immediate implements idempotency.Immediate: every call is a map operation under the
+// store's mutex, so the middleware bounds none of them with a timeout.
+func (s *Store) Immediate() {}
 
 // Ping implements idempotency.Pinger.
 func (s *Store) Ping(ctx context.Context) error {
