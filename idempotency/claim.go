@@ -31,8 +31,12 @@ type Claim struct {
 	abort     bool
 	stored    chan struct{} // closed once the response is stored or held to be stored
 
-	lease    context.Context // ends when the lease is lost, or the request is over
+	// The lease's end, as a context for Detach: made when first asked for (most
+	// requests detach nothing), and ended, with leaseEnd as its cause, when the lease is
+	// lost or the request is over.
+	lease    context.Context
 	endLease context.CancelCauseFunc
+	leaseEnd error // nil while the lease runs
 }
 
 type claimKey struct{}
@@ -53,10 +57,33 @@ func NewContext(ctx context.Context, c *Claim) context.Context {
 // NewClaim returns a claim for a key won with token. ttl is the retention of the
 // completed record.
 func NewClaim(scope, key, fingerprint string, token int64, ttl time.Duration) *Claim {
-	c := &Claim{Scope: scope, Key: key, Fingerprint: fingerprint, Token: token, ttl: ttl,
+	return &Claim{Scope: scope, Key: key, Fingerprint: fingerprint, Token: token, ttl: ttl,
 		stored: make(chan struct{})}
-	c.lease, c.endLease = context.WithCancelCause(context.Background())
-	return c
+}
+
+// leaseContext returns the context that ends with the lease.
+func (c *Claim) leaseContext() context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lease == nil {
+		c.lease, c.endLease = context.WithCancelCause(context.Background())
+		if c.leaseEnd != nil {
+			c.endLease(c.leaseEnd)
+		}
+	}
+	return c.lease
+}
+
+// end ends the lease with cause; the first cause stays, as a context's does.
+func (c *Claim) end(cause error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.leaseEnd == nil {
+		c.leaseEnd = cause
+	}
+	if c.endLease != nil {
+		c.endLease(cause)
+	}
 }
 
 // errRequestOver ends a claim's lease context when its request is over.
@@ -74,8 +101,9 @@ func Detach(ctx context.Context) (context.Context, context.CancelFunc) {
 	if !ok {
 		return ctx, func() {}
 	}
+	lease := c.leaseContext()
 	dctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(c.lease, func() { cancel(context.Cause(c.lease)) })
+	stop := context.AfterFunc(lease, func() { cancel(context.Cause(lease)) })
 	return dctx, func() {
 		stop()
 		cancel(nil)
@@ -154,27 +182,40 @@ func (c *Claim) state() claimState {
 	return claimState{c.completed, c.release, c.abandon, c.abort}
 }
 
+// execution is the state of one owned request while execute runs it, in one
+// allocation: the recorder of the handler's answer, the lease's renewal (heartbeat) and
+// the outcome of a record completed while the handler still wrote.
+type execution struct {
+	m      *Middleware
+	r      *http.Request
+	c      *Claim
+	ctx    context.Context         // the handler's
+	cancel context.CancelCauseFunc // ends ctx
+	rec    recorder
+	early  Outcome // set when the record was completed while the handler wrote
+
+	// The heartbeat renews the lease on a timer: most handlers finish long before the
+	// first renewal is due, and then the heartbeat cost one timer.
+	mu      sync.Mutex
+	stopped bool
+	t       *time.Timer
+	renewal sync.WaitGroup // a renewal in flight
+}
+
 // execute runs the handler as the owner of the claim, then stores, releases or abandons
 // the key, and only then sends the response: a client never sees an answer its retry
-// might not get again. All the state of the owned request is here and in c (what the
-// handler declared) and rec (what it wrote).
+// might not get again. All the state of the owned request is in e (what the handler
+// wrote, in e.rec) and in c (what the handler declared).
 func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, c *Claim) (Outcome, error) {
 	// Requests waiting here for the key (ConflictWait) look again once it is settled.
 	defer m.waiting.wake(scopeKey{c.Scope, c.Key})
-	hctx, cancel := context.WithCancelCause(NewContext(r.Context(), c))
-	defer cancel(nil)
-	defer c.endLease(errRequestOver)
-	stop := m.heartbeat(hctx, func(err error) {
-		c.endLease(err)
-		cancel(err)
-	}, c)
-
-	var early Outcome // set when the record was completed while the handler wrote
-	var rec *recorder
-	rec = newRecorder(w, m.cfg.MaxResponse, func() {
-		stop()
-		early = m.finish(r, c, rec.response())
-	})
+	e := &execution{m: m, r: r, c: c}
+	e.ctx, e.cancel = context.WithCancelCause(NewContext(r.Context(), c))
+	defer e.cancel(nil)
+	defer c.end(errRequestOver)
+	e.startHeartbeat()
+	e.rec.init(w, m.cfg.MaxResponse, e.overflowed)
+	rec := &e.rec
 
 	panicked := true
 	defer func() {
@@ -185,10 +226,10 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		// retry runs again, then let the panic go on to the server. A handler that
 		// declared the outcome unknown (Abandon) keeps the key to its lease, and one
 		// whose response was already stored keeps it stored.
-		stop()
+		e.stopHeartbeat()
 		st := c.state()
 		switch {
-		case early != "" || st.completed:
+		case e.early != "" || st.completed:
 			m.report(r, OutcomeDoneAborted)
 		case st.abandon:
 			m.abandon(r, c)
@@ -198,26 +239,26 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			m.report(r, OutcomeReleased)
 		}
 	}()
-	next.ServeHTTP(rec, r.WithContext(hctx))
+	next.ServeHTTP(rec, r.WithContext(e.ctx))
 	panicked = false
-	stop()
+	e.stopHeartbeat()
 
 	st := c.state()
 	switch {
-	case st.abort && (early != "" || st.completed):
+	case st.abort && (e.early != "" || st.completed):
 		// Stored, then the answer broke off on its way: a retry gets the replay; the
 		// client's connection is cut, and nothing more is sent on it.
 		return OutcomeDoneAborted, ErrAborted
 	case st.abort:
 		m.abandon(r, c)
 		return OutcomeAbandoned, ErrAborted
-	case early != "":
+	case e.early != "":
 		rec.send()
-		return early, nil
+		return e.early, nil
 	case st.completed: // in the handler's transaction; a renewal racing its commit is moot
 		rec.send()
 		return OutcomeExecuted, nil
-	case errors.Is(context.Cause(hctx), ErrLeaseLost):
+	case errors.Is(context.Cause(e.ctx), ErrLeaseLost):
 		rec.send()
 		return OutcomeLeaseLost, nil
 	case st.abandon, rec.incomplete():
@@ -236,6 +277,13 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	o := m.finish(r, c, rec.response())
 	rec.send()
 	return o, nil
+}
+
+// overflowed completes the record without its body, when the handler's answer passes
+// the stored-response limit: the work is done, and its status and headers are final.
+func (e *execution) overflowed() {
+	e.stopHeartbeat()
+	e.early = e.m.finish(e.r, e.c, e.rec.response())
 }
 
 // finish stores resp. When the store cannot take it, the response is held and stored
@@ -265,62 +313,59 @@ func (m *Middleware) finish(r *http.Request, c *Claim, resp Response) Outcome {
 	return OutcomeStoredLater
 }
 
-// heartbeat renews the lease every Lease/3 while the handler runs, and sooner after a
-// renewal failed, so that an owner cut off from the store renews as soon as it answers
-// again. When the lease is lost it cancels the handler's context with ErrLeaseLost. The
-// returned stop waits for a renewal in progress, so no renewal races the completion.
-func (m *Middleware) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, c *Claim) (stop func()) {
-	// A timer, not a goroutine and a ticker: most handlers finish long before the first
-	// renewal is due, and then the heartbeat cost one timer.
-	var (
-		mu      sync.Mutex
-		stopped bool
-		t       *time.Timer
-		renewal sync.WaitGroup // a renewal in flight
-	)
+// startHeartbeat renews the lease every Lease/3 while the handler runs, and sooner after
+// a renewal failed, so that an owner cut off from the store renews as soon as it answers
+// again. When the lease is lost it ends the handler's context with ErrLeaseLost.
+func (e *execution) startHeartbeat() {
+	e.mu.Lock()
+	e.t = time.AfterFunc(e.m.cfg.Lease/3, e.renew)
+	e.mu.Unlock()
+}
+
+func (e *execution) renew() {
+	e.mu.Lock()
+	if e.stopped {
+		e.mu.Unlock()
+		return
+	}
+	e.renewal.Add(1)
+	e.mu.Unlock()
+	defer e.renewal.Done()
+	m, c := e.m, e.c
+	err := m.storeCall(context.WithoutCancel(e.ctx), StoreExtend, func(sctx context.Context) error {
+		return m.cfg.Store.Extend(sctx, c.Scope, c.Key, c.Token, m.cfg.Lease)
+	})
 	every := m.cfg.Lease / 3
-	renew := func() {
-		mu.Lock()
-		if stopped {
-			mu.Unlock()
-			return
-		}
-		renewal.Add(1)
-		mu.Unlock()
-		defer renewal.Done()
-		err := m.storeCall(context.WithoutCancel(ctx), StoreExtend, func(sctx context.Context) error {
-			return m.cfg.Store.Extend(sctx, c.Scope, c.Key, c.Token, m.cfg.Lease)
-		})
-		next := every
-		switch {
-		case errors.Is(err, ErrLeaseLost):
-			m.cfg.Logger.WarnContext(ctx, "idempotency: lease lost while the handler ran", "key", c.Key)
-			cancel(ErrLeaseLost)
-			return
-		case err != nil:
-			m.cfg.Logger.WarnContext(ctx, "idempotency: lease renewal failed", "key", c.Key, "err", err)
-			next = min(every, time.Second)
-		}
-		mu.Lock()
-		if !stopped {
-			t.Reset(next)
-		}
-		mu.Unlock()
+	next := every
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		m.cfg.Logger.WarnContext(e.ctx, "idempotency: lease lost while the handler ran", "key", c.Key)
+		c.end(ErrLeaseLost)
+		e.cancel(ErrLeaseLost)
+		return
+	case err != nil:
+		m.cfg.Logger.WarnContext(e.ctx, "idempotency: lease renewal failed", "key", c.Key, "err", err)
+		next = min(every, time.Second)
 	}
-	mu.Lock()
-	t = time.AfterFunc(every, renew)
-	mu.Unlock()
-	return func() {
-		mu.Lock()
-		if stopped {
-			mu.Unlock()
-			return
-		}
-		stopped = true
-		t.Stop()
-		mu.Unlock()
-		renewal.Wait() // a renewal in flight ends before the request is finished
+	e.mu.Lock()
+	if !e.stopped {
+		e.t.Reset(next)
 	}
+	e.mu.Unlock()
+}
+
+// stopHeartbeat stops the renewals, and waits for one in progress, so that no renewal
+// races the completion.
+func (e *execution) stopHeartbeat() {
+	e.mu.Lock()
+	if e.stopped {
+		e.mu.Unlock()
+		return
+	}
+	e.stopped = true
+	e.t.Stop()
+	e.mu.Unlock()
+	e.renewal.Wait() // a renewal in flight ends before the request is finished
 }
 
 func (m *Middleware) release(r *http.Request, c *Claim, why string) {

@@ -29,8 +29,9 @@ type recorder struct {
 	sent     bool // the status and headers went to the client
 }
 
-func newRecorder(w http.ResponseWriter, limit int64, overflow func()) *recorder {
-	return &recorder{w: w, h: make(http.Header), limit: limit, overflow: overflow}
+// init readies r to record the answer to w.
+func (r *recorder) init(w http.ResponseWriter, limit int64, overflow func()) {
+	r.w, r.h, r.limit, r.overflow = w, make(http.Header), limit, overflow
 }
 
 // Header returns the handler's header map; it reaches the client when the response is
