@@ -286,26 +286,31 @@ func (rt *route) hopByHop(r *http.Request) string {
 	return ""
 }
 
-// exchange is the gateway's state of one request, made by ServeHTTP and read by finish.
-// The ReverseProxy's hooks (modifyResponse, upstreamError) are handed only the request,
-// so they find it in the request's context.
+// exchange is the gateway's state of one request, made by ServeHTTP and read by finish,
+// in one allocation with what the request needs on the way. The layers below ServeHTTP
+// find it through the ResponseWriter they are handed (exchangeOf); the ReverseProxy's
+// hooks (modifyResponse, upstreamError), handed only the request, in the context of the
+// upstream call (exchangeFrom).
 type exchange struct {
 	start  time.Time
-	client *clientWriter
+	client clientWriter
 	rt     *route // nil: no route matched
 
-	sent     atomic.Bool   // the upstream request's headers were written
-	noServer withoutServer // the upstream call's context, as the proxy sees it
+	sent     atomic.Bool           // the upstream request's headers were written
+	trace    httptrace.ClientTrace // sets sent
+	noServer withoutServer         // the upstream call's context, as the proxy sees it
+	upstream upstreamCall          // the call, once forward has made it
+	answer   watchedBody           // the upstream's answer's body, once it came
 
 	mu          sync.Mutex
 	outcome     string
-	abort       bool // the answer broke off: the client's connection must be cut
-	call        *upstreamCall
+	abort       bool          // the answer broke off: the client's connection must be cut
+	call        *upstreamCall // &upstream, once made
 	failure     failure
 	upstreamErr error
 	upstreamDur time.Duration
 	upstreamSt  int
-	body        *watchedBody
+	body        *watchedBody // &answer, once the answer came
 }
 
 func (ex *exchange) setOutcome(o string) {
@@ -316,9 +321,24 @@ func (ex *exchange) setOutcome(o string) {
 
 type exchangeKey struct{}
 
+// exchangeFrom returns the exchange of the upstream call whose context is ctx, or nil.
 func exchangeFrom(ctx context.Context) *exchange {
 	ex, _ := ctx.Value(exchangeKey{}).(*exchange)
 	return ex
+}
+
+// exchangeOf returns the exchange whose client's writer w is, or wraps.
+func exchangeOf(w http.ResponseWriter) *exchange {
+	for {
+		switch t := w.(type) {
+		case *clientWriter:
+			return t.ex
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = t.Unwrap()
+		default:
+			return nil
+		}
+	}
 }
 
 // ServeHTTP proxies r to the upstream under the idempotency middleware.
@@ -326,22 +346,23 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.active.add()
 	defer g.active.done()
 	rt := g.table.Load().match(r)
-	ex := &exchange{start: time.Now(), client: &clientWriter{ResponseWriter: w}, rt: rt}
+	ex := &exchange{start: time.Now(), client: clientWriter{ResponseWriter: w}, rt: rt}
+	ex.client.ex = ex
 	defer g.finish(r, ex) // also when the request panics
 	if rt == nil {
 		ex.setOutcome(outcomeNoRoute)
-		idempotency.WriteProblem(ex.client, idempotency.Problem{Type: ProblemNoRoute, Title: "No route",
+		idempotency.WriteProblem(&ex.client, idempotency.Problem{Type: ProblemNoRoute, Title: "No route",
 			Status: http.StatusNotFound, Detail: "No route of the gateway matches " + r.Method + " " + r.URL.Path + ": the request was not forwarded."}, 0)
 		return
 	}
 	if name := rt.hopByHop(r); name != "" {
 		ex.setOutcome(outcomeHopByHop)
-		idempotency.WriteProblem(ex.client, idempotency.Problem{Type: ProblemHopByHop, Title: "Header listed as hop-by-hop",
+		idempotency.WriteProblem(&ex.client, idempotency.Problem{Type: ProblemHopByHop, Title: "Header listed as hop-by-hop",
 			Status: http.StatusBadRequest,
 			Detail: "The Connection header lists " + name + ", which the upstream must receive (it is the key, the scope or fingerprinted): the request was not forwarded."}, 0)
 		return
 	}
-	rt.handler.ServeHTTP(ex.client, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, ex)))
+	rt.handler.ServeHTTP(&ex.client, r)
 	ex.mu.Lock()
 	if ex.outcome == "" {
 		// serve never ran: deadline.Middleware answered, the caller's budget being spent.
@@ -361,7 +382,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // the handler, and keeps the outcome it returns; the request of an Off route goes to
 // forward as it is.
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
-	ex := exchangeFrom(r.Context())
+	ex := exchangeOf(w)
 	o, err := idempotency.OutcomePassThrough, error(nil)
 	if ex.rt.mw == nil {
 		g.forward(w, r)
@@ -377,7 +398,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 // forward runs as the owner of the key (or for an unkeyed request) and sends the
 // request upstream, once.
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
-	ex := exchangeFrom(r.Context())
+	ex := exchangeOf(w)
 	claim, keyed := idempotency.ClaimFromContext(r.Context())
 	if keyed {
 		g.metrics.inFlight.Inc()
@@ -392,7 +413,8 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 		parent = context.WithoutCancel(parent)
 		settled = claim.Stored()
 	}
-	call := startUpstreamCall(parent, ex.rt.upstreamTimeout, settled)
+	call := &ex.upstream
+	call.start(parent, ex.rt.upstreamTimeout, settled)
 	defer call.stop()
 	ex.mu.Lock()
 	ex.call = call
@@ -400,8 +422,9 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 	// The proxy does not see the server in the context, so a body that breaks off while
 	// it copies makes it return rather than panic: the break is then handled here, in
 	// the open, and the client's connection cut by ServeHTTP once it is accounted for.
-	ex.noServer.Context = call.ctx // in the exchange, which is on the heap already
-	ctx := sentTrace(&ex.noServer, &ex.sent)
+	// The context carries the exchange, for the proxy's hooks.
+	ex.noServer.Context, ex.noServer.ex = call.ctx, ex
+	ctx := ex.sentTrace(&ex.noServer)
 	start := time.Now()
 	ex.rt.proxy.ServeHTTP(w, r.WithContext(ctx))
 
@@ -446,15 +469,30 @@ func statusClass(code int) string {
 
 // withoutServer hides the http.Server from the context the ReverseProxy sees: under a
 // server the proxy panics with http.ErrAbortHandler when a body copy fails, and the
-// gateway handles that failure itself (forward).
-type withoutServer struct{ context.Context }
+// gateway handles that failure itself (forward). It carries the exchange.
+type withoutServer struct {
+	context.Context
+	ex *exchange
+}
 
 func (c *withoutServer) Value(key any) any {
-	if key == http.ServerContextKey {
+	switch key {
+	case http.ServerContextKey:
 		return nil
+	case exchangeKey{}:
+		return c.ex
 	}
 	return c.Context.Value(key)
 }
+
+// sentTrace returns a context whose round trips set ex.sent once a request's headers
+// have been written.
+func (ex *exchange) sentTrace(ctx context.Context) context.Context {
+	ex.trace.WroteHeaders = ex.markSent
+	return httptrace.WithClientTrace(ctx, &ex.trace)
+}
+
+func (ex *exchange) markSent() { ex.sent.Store(true) }
 
 // modifyResponse watches the upstream's body so that a body that breaks off is not
 // stored as a whole answer, and bounds each wait for it once the answer is settled.
@@ -465,7 +503,8 @@ func (g *Gateway) modifyResponse(res *http.Response) error {
 	}
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
-	b := &watchedBody{ReadCloser: res.Body, call: ex.call}
+	b := &ex.answer
+	b.ReadCloser, b.call = res.Body, ex.call
 	res.Body = b
 	ex.body, ex.upstreamSt = b, res.StatusCode
 	if ex.call != nil && ex.call.settled == nil {
@@ -534,7 +573,7 @@ func (g *Gateway) finish(r *http.Request, ex *exchange) {
 	if outcome == "" {
 		outcome = outcomeError // ServeHTTP did not get to the end: the request panicked
 	}
-	cw := ex.client
+	cw := &ex.client
 	status := cw.status
 	switch {
 	case status == 0 && f == failBody:
@@ -597,6 +636,7 @@ func (g *Gateway) finish(r *http.Request, ex *exchange) {
 // aborting the copy.
 type clientWriter struct {
 	http.ResponseWriter
+	ex     *exchange // whose client this is
 	status int
 	gone   bool
 }
@@ -740,14 +780,6 @@ func classify(err error, sent bool) failure {
 	return failBroken
 }
 
-// sentTrace returns a context whose round trips set *sent once a request's headers have
-// been written.
-func sentTrace(ctx context.Context, sent *atomic.Bool) context.Context {
-	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		WroteHeaders: func() { sent.Store(true) },
-	})
-}
-
 // errUpstreamTimeout is the cause of an upstream call cut by the upstream timeout.
 var errUpstreamTimeout = fmt.Errorf("gateway: upstream timeout: %w", context.DeadlineExceeded)
 
@@ -758,7 +790,8 @@ var errUpstreamTimeout = fmt.Errorf("gateway: upstream timeout: %w", context.Dea
 // middleware's Claim.Stored), which for an answer it keeps whole is after the upstream
 // sent all of it; another call when its response headers arrive.
 type upstreamCall struct {
-	ctx     context.Context
+	ctx     context.Context // &dctx
+	dctx    deadlineContext
 	cancel  context.CancelCauseFunc
 	timeout time.Duration
 	settled <-chan struct{} // nil: settle is called by the gateway
@@ -768,17 +801,18 @@ type upstreamCall struct {
 	done  bool // settled
 }
 
-func startUpstreamCall(parent context.Context, timeout time.Duration, settled <-chan struct{}) *upstreamCall {
+// start starts the call's bound, under parent.
+func (c *upstreamCall) start(parent context.Context, timeout time.Duration, settled <-chan struct{}) {
 	ctx, cancel := context.WithCancelCause(parent)
 	deadline := time.Now().Add(timeout)
 	if d, ok := parent.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	c := &upstreamCall{cancel: cancel, timeout: timeout, settled: settled}
+	c.cancel, c.timeout, c.settled = cancel, timeout, settled
 	// The deadline the upstream is told of (Request-Budget-Ms): the gateway's wait.
-	c.ctx = deadlineContext{Context: ctx, deadline: deadline}
+	c.dctx = deadlineContext{Context: ctx, deadline: deadline}
+	c.ctx = &c.dctx
 	c.total = time.AfterFunc(timeout, c.expire)
-	return c
 }
 
 func (c *upstreamCall) expire() { c.cancel(errUpstreamTimeout) }
@@ -826,7 +860,7 @@ type deadlineContext struct {
 	deadline time.Time
 }
 
-func (c deadlineContext) Deadline() (time.Time, bool) { return c.deadline, true }
+func (c *deadlineContext) Deadline() (time.Time, bool) { return c.deadline, true }
 
 // watchedBody wraps an upstream response body: it remembers a read error other than
 // io.EOF (the body broke off), and bounds each read as the call says.

@@ -15,7 +15,6 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -95,10 +94,11 @@ func TestClassifyRealRoundTrips(t *testing.T) {
 			t.Parallel()
 			tr := &http.Transport{}
 			defer tr.CloseIdleConnections()
-			var sent atomic.Bool
+			var ex exchange
+			sent := &ex.sent
 			ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 			defer cancel()
-			req, _ := http.NewRequestWithContext(sentTrace(ctx, &sent), http.MethodPost, "http://"+c.addr+"/x", nil)
+			req, _ := http.NewRequestWithContext(ex.sentTrace(ctx), http.MethodPost, "http://"+c.addr+"/x", nil)
 			req.Header.Set("Idempotency-Key", "k") // makes the transport retry what it may
 			res, err := tr.RoundTrip(req)
 			if err == nil {
