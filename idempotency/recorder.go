@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -160,7 +161,7 @@ func (r *recorder) sendHead(whole bool) {
 		// Streamed, or cut short: the handler's Content-Length stands, and net/http
 		// cuts the connection of a body that does not reach it.
 	case len(r.trailers()) == 0:
-		h.Set("Content-Length", strconv.Itoa(len(r.body)))
+		setLength(h, len(r.body))
 	default:
 		h.Del("Content-Length") // trailers need a chunked body
 	}
@@ -231,28 +232,52 @@ func (r *recorder) response() Response {
 
 // storedHeader returns the headers worth replaying: never credentials, cookies, Date,
 // Content-Length (recomputed on replay), hop-by-hop headers, nor the names skip says
-// are trailers.
+// are trailers. It shares h's value slices, capped so that an append to either copies:
+// h is the recorder's own copy of the handler's headers, which nothing changes in
+// place once they are recorded.
 func storedHeader(h http.Header, skip func(string) bool) http.Header {
+	var listed []string // the names the Connection header lists, canonical
+	for _, f := range h["Connection"] {
+		for name := range strings.SplitSeq(f, ",") {
+			listed = append(listed, http.CanonicalHeaderKey(strings.TrimSpace(name)))
+		}
+	}
 	out := make(http.Header, len(h))
 	for k, v := range h {
-		if skip == nil || !skip(k) {
-			out[k] = append([]string(nil), v...)
+		if unstored(k) || skip != nil && skip(k) || slices.Contains(listed, k) {
+			continue
 		}
-	}
-	for _, f := range h.Values("Connection") {
-		for name := range strings.SplitSeq(f, ",") {
-			out.Del(strings.TrimSpace(name))
+		if len(v) == 0 {
+			out[k] = nil
+			continue
 		}
-	}
-	for _, name := range []string{
-		"Set-Cookie", "Authorization", "Date", "Content-Length", "Idempotent-Replayed",
-		"Idempotent-Body-Omitted", "Connection", "Keep-Alive", "Proxy-Connection",
-		"Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding",
-		"Upgrade",
-	} {
-		out.Del(name)
+		out[k] = v[:len(v):len(v)]
 	}
 	return out
+}
+
+// unstored reports whether a response header is never stored (the names are canonical,
+// as net/http's Header methods write them).
+func unstored(name string) bool {
+	switch name {
+	case "Set-Cookie", "Authorization", "Date", "Content-Length", "Idempotent-Replayed",
+		"Idempotent-Body-Omitted", "Connection", "Keep-Alive", "Proxy-Connection",
+		"Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding",
+		"Upgrade":
+		return true
+	}
+	return false
+}
+
+// setLength sets h's Content-Length to n, keeping the value h has when it says n
+// already (an upstream's answer of known length does), which would otherwise be made
+// again.
+func setLength(h http.Header, n int) {
+	var digits [20]byte
+	if v := h["Content-Length"]; len(v) == 1 && v[0] == string(strconv.AppendInt(digits[:0], int64(n), 10)) {
+		return
+	}
+	h.Set("Content-Length", strconv.Itoa(n))
 }
 
 func copyHeader(dst, src http.Header) {
