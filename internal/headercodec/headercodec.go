@@ -26,12 +26,18 @@ var ErrMalformed = errors.New("headercodec: malformed encoding")
 // Encode returns the encoding of header and trailer. A nil header and an empty one
 // decode differently (nil and empty), as do nil and empty trailers.
 func Encode(header, trailer http.Header) []byte {
-	n := 1 + size(header) + size(trailer)
-	b := make([]byte, 0, n)
+	return Append(make([]byte, 0, Size(header, trailer)), header, trailer)
+}
+
+// Append appends the encoding of header and trailer to b.
+func Append(b []byte, header, trailer http.Header) []byte {
 	b = append(b, version)
 	b = appendSection(b, header)
 	return appendSection(b, trailer)
 }
+
+// Size is at least the length of the encoding of header and trailer.
+func Size(header, trailer http.Header) int { return 1 + size(header) + size(trailer) }
 
 func size(h http.Header) int {
 	n := 1 + binary.MaxVarintLen64
@@ -49,7 +55,8 @@ func appendSection(b []byte, h http.Header) []byte {
 		return append(b, 0)
 	}
 	b = append(b, 1)
-	names := make([]string, 0, len(h))
+	var few [16]string // most headers have as few names: sorted on the stack
+	names := few[:0]
 	for k := range h {
 		names = append(names, k)
 	}
@@ -72,9 +79,11 @@ func appendString(b []byte, s string) []byte {
 }
 
 // Decode returns the header and trailer that b encodes. It never panics on bad input:
-// anything Encode did not produce is an error wrapping ErrMalformed.
+// anything Encode did not produce is an error wrapping ErrMalformed. The names and values
+// share one string, and a section's value slices one array (each capped, so that an
+// append to one copies it): a few allocations, whatever the number of headers.
 func Decode(b []byte) (header, trailer http.Header, err error) {
-	d := decoder{b: b}
+	d := decoder{b: b, all: string(b), n: len(b)}
 	if v := d.byte(); v != version {
 		return nil, nil, fmt.Errorf("%w: version %d", ErrMalformed, v)
 	}
@@ -91,6 +100,8 @@ func Decode(b []byte) (header, trailer http.Header, err error) {
 
 type decoder struct {
 	b   []byte
+	all string // b whole, as a string: the strings decoded are parts of it
+	n   int    // len(all)
 	err error
 }
 
@@ -129,9 +140,9 @@ func (d *decoder) string() string {
 		d.fail("bad length")
 		return ""
 	}
-	s := string(d.b[k : k+int(n)])
+	at := d.n - len(d.b) + k
 	d.b = d.b[k+int(n):]
-	return s
+	return d.all[at : at+int(n)]
 }
 
 // uvarint is binary.Uvarint that also rejects (k = 0) a number not written in its
@@ -155,6 +166,7 @@ func (d *decoder) section() http.Header {
 	}
 	names := d.count(2)
 	h := make(http.Header, names)
+	slab := make([]string, 0, names) // the values of the section, most names having one
 	prev := ""
 	for i := range names {
 		k := d.string()
@@ -166,7 +178,12 @@ func (d *decoder) section() http.Header {
 			return nil
 		}
 		prev = k
-		vs := make([]string, d.count(1))
+		n := d.count(1)
+		if cap(slab)-len(slab) < n {
+			slab = make([]string, 0, max(n, names))
+		}
+		vs := slab[len(slab) : len(slab)+n : len(slab)+n]
+		slab = slab[:len(slab)+n]
 		for j := range vs {
 			vs[j] = d.string()
 		}
