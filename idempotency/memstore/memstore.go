@@ -1,14 +1,17 @@
 // Package memstore is an in-process idempotency.Store: the reference implementation of
 // the store contract, and the store for tests and examples.
 //
-// Records live in a map guarded by one mutex, so every operation is atomic. Nothing
-// survives the process: use it where losing every key on a restart is acceptable (tests,
+// Records live in a map guarded by one mutex, so every operation is atomic. A record
+// keeps its response encoded in one byte slice, without pointers, so that a store of
+// many records gives the garbage collector little to scan. Nothing survives the process: use it where losing every key on a restart is acceptable (tests,
 // single-process tools), never in front of payments. Fencing tokens come from one
 // counter per Store, so they are never reused, even after Delete or expiry.
 package memstore
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -17,16 +20,30 @@ import (
 	"time"
 
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/internal/headercodec"
 	"github.com/retrysafe/retrysafe/internal/listcursor"
 )
 
 type id struct{ scope, key string }
 
+// record is a key's record as the store keeps it: the Record's fields but its scope and
+// key (the map's key) and its response, which is encoded (encodeResponse).
+type record struct {
+	fingerprint string
+	state       idempotency.State
+	token       int64
+	abandoned   bool
+	createdAt   time.Time
+	leaseUntil  time.Time
+	expiresAt   time.Time
+	response    []byte // nil: no response (in progress)
+}
+
 // Store is an in-memory idempotency.Store. The zero value is not usable; call New.
 type Store struct {
 	now     func() time.Time
 	mu      sync.Mutex
-	records map[id]*idempotency.Record
+	records map[id]*record
 	token   int64
 	closed  bool
 }
@@ -48,7 +65,7 @@ func NewWithClock(clock func() time.Time) *Store {
 	if clock == nil {
 		clock = time.Now
 	}
-	return &Store{now: clock, records: make(map[id]*idempotency.Record)}
+	return &Store{now: clock, records: make(map[id]*record)}
 }
 
 // Close makes every later call fail with idempotency.ErrClosed and drops the records.
@@ -83,49 +100,50 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 	old, ok := s.records[k]
 	takeover := false
 	if ok {
-		expired := !old.ExpiresAt.After(now)
+		expired := !old.expiresAt.After(now)
 		switch {
-		case old.State == idempotency.StateDone && expired:
+		case old.state == idempotency.StateDone && expired:
 			// replaced by a fresh claim
-		case old.State == idempotency.StateInProgress && !old.LeaseUntil.After(now) && req.MayTakeOver(now) &&
-			(expired || old.Fingerprint == req.Fingerprint):
+		case old.state == idempotency.StateInProgress && !old.leaseUntil.After(now) && req.MayTakeOver(now) &&
+			(expired || old.fingerprint == req.Fingerprint):
 			takeover = !expired // an expired one is replaced by a fresh claim
 		default:
-			return idempotency.ClaimResult{Existing: lean(old, req.Fingerprint), Now: now}, nil
+			// The response only for a replay.
+			replay := old.state == idempotency.StateDone && old.fingerprint == req.Fingerprint
+			return idempotency.ClaimResult{Existing: old.export(k, replay), Now: now}, nil
 		}
 	}
 	s.token++
 	created := now
 	if takeover {
-		created = old.CreatedAt
+		created = old.createdAt
 	}
-	s.records[k] = &idempotency.Record{
-		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint,
-		State: idempotency.StateInProgress, Token: s.token,
-		CreatedAt: created, LeaseUntil: now.Add(req.Lease), ExpiresAt: now.Add(req.TTL),
+	s.records[k] = &record{
+		fingerprint: req.Fingerprint, state: idempotency.StateInProgress, token: s.token,
+		createdAt: created, leaseUntil: now.Add(req.Lease), expiresAt: now.Add(req.TTL),
 	}
 	return idempotency.ClaimResult{Claimed: true, Token: s.token, TookOver: takeover, Now: now}, nil
 }
 
-// lean is the record as a lost claim returns it: the response only for a replay.
-func lean(r *idempotency.Record, fingerprint string) *idempotency.Record {
-	c := *r
-	c.Response = nil
-	if r.State == idempotency.StateDone && r.Fingerprint == fingerprint {
-		c.Response = cloneResponse(r.Response)
+// export returns the Record of r, the record of k, with its response when withResponse.
+func (r *record) export(k id, withResponse bool) *idempotency.Record {
+	rec := &idempotency.Record{Scope: k.scope, Key: k.key, Fingerprint: r.fingerprint, State: r.state,
+		Token: r.token, Abandoned: r.abandoned, CreatedAt: r.createdAt, LeaseUntil: r.leaseUntil, ExpiresAt: r.expiresAt}
+	if withResponse && r.response != nil {
+		rec.Response = decodeResponse(r.response)
 	}
-	return &c
+	return rec
 }
 
 // update runs fn, under the store's lock, on the in-progress record owned by token, or
 // returns ErrLeaseLost when the record is absent, done, or has another token.
-func (s *Store) update(ctx context.Context, scope, key string, token int64, fn func(r *idempotency.Record)) error {
+func (s *Store) update(ctx context.Context, scope, key string, token int64, fn func(r *record)) error {
 	if err := s.lock(ctx); err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
 	r, ok := s.records[id{scope, key}]
-	if !ok || r.State != idempotency.StateInProgress || r.Token != token {
+	if !ok || r.state != idempotency.StateInProgress || r.token != token {
 		return idempotency.ErrLeaseLost
 	}
 	fn(r)
@@ -134,32 +152,32 @@ func (s *Store) update(ctx context.Context, scope, key string, token int64, fn f
 
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
-	return s.update(ctx, scope, key, token, func(r *idempotency.Record) {
-		r.LeaseUntil = s.now().Add(lease)
-		if r.ExpiresAt.Before(r.LeaseUntil) {
-			r.ExpiresAt = r.LeaseUntil
+	return s.update(ctx, scope, key, token, func(r *record) {
+		r.leaseUntil = s.now().Add(lease)
+		if r.expiresAt.Before(r.leaseUntil) {
+			r.expiresAt = r.leaseUntil
 		}
 	})
 }
 
 // Abandon implements idempotency.Store.
 func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) error {
-	return s.update(ctx, scope, key, token, func(r *idempotency.Record) { r.Abandoned = true })
+	return s.update(ctx, scope, key, token, func(r *record) { r.abandoned = true })
 }
 
 // Complete implements idempotency.Store.
 func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
-	return s.update(ctx, c.Scope, c.Key, c.Token, func(r *idempotency.Record) {
-		r.State = idempotency.StateDone
-		r.Abandoned = false
-		r.Response = cloneResponse(&c.Response)
-		r.ExpiresAt = s.now().Add(c.TTL)
+	return s.update(ctx, c.Scope, c.Key, c.Token, func(r *record) {
+		r.state = idempotency.StateDone
+		r.abandoned = false
+		r.response = encodeResponse(&c.Response)
+		r.expiresAt = s.now().Add(c.TTL)
 	})
 }
 
 // Release implements idempotency.Store.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
-	return s.update(ctx, scope, key, token, func(*idempotency.Record) { delete(s.records, id{scope, key}) })
+	return s.update(ctx, scope, key, token, func(*record) { delete(s.records, id{scope, key}) })
 }
 
 // Get implements idempotency.Store.
@@ -168,11 +186,12 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 		return nil, err
 	}
 	defer s.mu.Unlock()
-	r, ok := s.records[id{scope, key}]
+	k := id{scope, key}
+	r, ok := s.records[k]
 	if !ok {
 		return nil, idempotency.ErrNotFound
 	}
-	return clone(r), nil
+	return r.export(k, true), nil
 }
 
 // Delete implements idempotency.Store.
@@ -197,7 +216,7 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 		if n >= limit {
 			break
 		}
-		if !r.ExpiresAt.After(now) && (r.State == idempotency.StateDone || !r.LeaseUntil.After(now)) {
+		if !r.expiresAt.After(now) && (r.state == idempotency.StateDone || !r.leaseUntil.After(now)) {
 			delete(s.records, k)
 			n++
 		}
@@ -225,7 +244,7 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 	}
 	var ids []id
 	for k, r := range s.records {
-		if (f.Scope == "" || k.scope == f.Scope) && (f.State == "" || r.State == f.State) && less(after, k) {
+		if (f.Scope == "" || k.scope == f.Scope) && (f.State == "" || r.state == f.State) && less(after, k) {
 			ids = append(ids, k)
 		}
 	}
@@ -242,7 +261,7 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 			page.Next = listcursor.Encode(last.scope, last.key)
 			break
 		}
-		page.Records = append(page.Records, *clone(s.records[k]))
+		page.Records = append(page.Records, *s.records[k].export(k, true))
 	}
 	return page, nil
 }
@@ -267,22 +286,60 @@ func less(after *id, k id) bool {
 	return k.scope > after.scope || (k.scope == after.scope && k.key > after.key)
 }
 
-func clone(r *idempotency.Record) *idempotency.Record {
-	c := *r
-	c.Response = cloneResponse(r.Response)
-	return &c
+// A response is encoded as: its status (a varint), a flags byte (flagOmitted,
+// flagNilBody), the body's length (a uvarint), the body, and to the end the encoding of
+// its header and trailer (package headercodec).
+const (
+	flagOmitted = 1 << iota // BodyOmitted
+	flagNilBody             // Body is nil, not empty
+)
+
+// encodeResponse returns the encoding of resp, in one allocation: a copy of it, so that
+// the caller may change resp afterwards.
+func encodeResponse(resp *idempotency.Response) []byte {
+	b := make([]byte, 0, 2*binary.MaxVarintLen64+1+len(resp.Body)+headercodec.Size(resp.Header, resp.Trailer))
+	b = binary.AppendVarint(b, int64(resp.Status))
+	var flags byte
+	if resp.BodyOmitted {
+		flags |= flagOmitted
+	}
+	if resp.Body == nil {
+		flags |= flagNilBody
+	}
+	b = append(b, flags)
+	b = binary.AppendUvarint(b, uint64(len(resp.Body)))
+	b = append(b, resp.Body...)
+	return headercodec.Append(b, resp.Header, resp.Trailer)
 }
 
-func cloneResponse(r *idempotency.Response) *idempotency.Response {
-	if r == nil {
-		return nil
+// errCorrupt says that a stored response does not decode, which cannot happen: the store
+// decodes only what it encoded.
+var errCorrupt = errors.New("memstore: corrupt stored response")
+
+// decodeResponse returns the response that b encodes. Its body is a copy: the caller
+// may change it.
+func decodeResponse(b []byte) *idempotency.Response {
+	status, k := binary.Varint(b)
+	if k <= 0 || len(b) == k {
+		panic(errCorrupt)
 	}
-	c := *r
-	c.Header = r.Header.Clone()
-	if c.Header == nil {
-		c.Header = http.Header{}
+	flags := b[k]
+	b = b[k+1:]
+	n, k := binary.Uvarint(b)
+	if k <= 0 || uint64(len(b)-k) < n {
+		panic(errCorrupt)
 	}
-	c.Trailer = r.Trailer.Clone()
-	c.Body = slices.Clone(r.Body)
-	return &c
+	body, rest := b[k:k+int(n)], b[k+int(n):]
+	header, trailer, err := headercodec.Decode(rest)
+	if err != nil {
+		panic(fmt.Errorf("%w: %w", errCorrupt, err))
+	}
+	if header == nil {
+		header = http.Header{} // a stored response always has a header map
+	}
+	resp := &idempotency.Response{Status: int(status), Header: header, Trailer: trailer, BodyOmitted: flags&flagOmitted != 0}
+	if flags&flagNilBody == 0 {
+		resp.Body = slices.Clone(body) // not nil: body is a part of b
+	}
+	return resp
 }
