@@ -8,14 +8,16 @@
 #   ROUNDS=1 DURATION=3s bash bench/run.sh               # a quick look at everything
 #   SUBJECTS="direct nginx bareproxy gw-memory" ROUNDS=2 CONCURRENCY=32 bash bench/run.sh
 #                                                        # a fast A/B of the gateway's own
-#                                                        # cost: about 2 minutes
+#                                                        # cost: about 3 minutes
 # At the end it prints the report's path and a one-screen summary (the goal figures).
 #
 # Subjects (SUBJECTS picks some; direct, the baseline of every ratio, is always in),
 # each serving POST /payments on the same PostgreSQL, each in its own schema:
 #   direct            examples/payments --no-idempotency: the unprotected upstream
 #   nginx             Debian's nginx as a bare reverse proxy in front of direct
-#                     (installed with apt-get when missing; worker_processes auto)
+#                     (installed with apt-get when missing): worker_processes auto (one
+#                     per core: 2 here), keep-alive to the upstream, no access log
+#                     ($OUT/nginx.conf)
 #   bareproxy         bench/cmd/bareproxy: httputil.ReverseProxy with the gateway's
 #                     transport, no idempotency, in front of direct
 #   payments-tx       examples/payments, transaction mode (the default)
@@ -59,6 +61,9 @@
 # pool, for every server alike), PGBENCH_DURATION (3), IDLE (1s), OUT (a new directory
 # under /tmp), BASE_PORT (18500).
 set -euo pipefail
+# The whole script is one group, which bash reads to its end before running any of
+# it: a file edited or checked out while a run is going cannot change that run.
+{
 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -666,3 +671,5 @@ echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg); run took $((($(date
 	echo
 	echo "full report: $OUT/report.md (results: $RESULTS, logs: $LOGS)"
 } >&2
+exit 0
+}
