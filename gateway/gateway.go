@@ -236,6 +236,7 @@ func (g *Gateway) newRoute(p policy) (*route, error) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
+			inMemoryBody(pr.Out)
 		},
 		// deadline.Transport tells the upstream, in Request-Budget-Ms, how long the
 		// gateway will wait for it: what is left of UpstreamTimeout.
@@ -257,6 +258,21 @@ func (g *Gateway) newRoute(p policy) (*route, error) {
 	rt.forwardH = http.HandlerFunc(g.forward)
 	rt.handler = deadline.Middleware(deadline.Config{Budget: budget, Logger: g.cfg.Logger})(http.HandlerFunc(g.serve))
 	return rt, nil
+}
+
+// inMemoryBody gives out, when its body is one the idempotency middleware read into
+// memory, a reader of that body from GetBody in place of the proxy's wrapper around it:
+// http.Transport sends a body it knows to be in memory in the same write as the
+// headers, and flushes the headers to the upstream by themselves first for any other,
+// one write and one TCP segment more per request. Only the middleware's bodies have a
+// GetBody (a server's request has none), and it returns the same bytes every time.
+func inMemoryBody(out *http.Request) {
+	if out.Body == nil || out.GetBody == nil {
+		return
+	}
+	if b, err := out.GetBody(); err == nil {
+		out.Body = b
+	}
 }
 
 // ProblemHopByHop (400): the request's Connection header lists a header the upstream
