@@ -23,6 +23,7 @@ import (
 	"github.com/retrysafe/retrysafe/deadline"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/promreg"
+	"github.com/retrysafe/retrysafe/retry"
 )
 
 // This file is the request path, in the order a request takes it: ServeHTTP makes the
@@ -237,6 +238,9 @@ func (g *Gateway) newRoute(p policy) (*route, error) {
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
 			inMemoryBody(pr.Out)
+			// The outbound request is the proxy's copy: its keys are hidden from
+			// http.Transport's resend here, so that retry.SendOnce below need not copy it.
+			retry.HideIdempotencyKeys(pr.Out)
 		},
 		// deadline.Transport tells the upstream, in Request-Budget-Ms, how long the
 		// gateway will wait for it: what is left of UpstreamTimeout.

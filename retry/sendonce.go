@@ -55,6 +55,22 @@ type sendOnce struct{ base http.RoundTripper }
 // xIdempotencyKeyHeader is the other header that makes http.Transport resend any method.
 const xIdempotencyKeyHeader = "X-Idempotency-Key"
 
+// HideIdempotencyKeys does to req, in place, what SendOnce does to a copy of it: when
+// its method is unsafe, the values of its Idempotency-Key and X-Idempotency-Key headers
+// move to the lower-case map keys, which http.Transport's check for a request it may
+// send again does not find and which go on the wire with their values (see SendOnce).
+// It is for a caller that owns the request it sends, such as a reverse proxy's outbound
+// copy: SendOnce below it then finds nothing to hide, and sends the request without
+// copying it. req.Header must be the caller's own.
+func HideIdempotencyKeys(req *http.Request) {
+	switch req.Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return
+	}
+	hideKey(req.Header, IdempotencyKeyHeader, "idempotency-key")
+	hideKey(req.Header, xIdempotencyKeyHeader, "x-idempotency-key")
+}
+
 func (s *sendOnce) RoundTrip(req *http.Request) (*http.Response, error) {
 	switch req.Method {
 	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:

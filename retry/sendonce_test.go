@@ -275,3 +275,45 @@ func TestSendOnceWrapping(t *testing.T) {
 		t.Errorf("SendOnce(SendOnce(tr)) wraps twice")
 	}
 }
+
+// A request whose keys HideIdempotencyKeys hid is not resent by a bare http.Transport,
+// and its keys arrive; a safe method's headers are left as they are.
+func TestHideIdempotencyKeys(t *testing.T) {
+	t.Parallel()
+	srv := newRawServer(t, func(r *rawRequest) rawReply {
+		if r.Nth == 2 {
+			return rawReply{Drop: closeConn}
+		}
+		return rawReply{Body: "ok"}
+	})
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	warmUp(t, tr, srv.URL())
+	req := newRequest(t, context.Background(), http.MethodPost, srv.URL()+"/op", `{"amount":100}`)
+	req.Header.Set("Idempotency-Key", "k1")
+	req.Header.Set("X-Idempotency-Key", "k2")
+	HideIdempotencyKeys(req)
+	if _, ok := req.Header["Idempotency-Key"]; ok {
+		t.Fatalf("the canonical key is still in the header map: %q", req.Header)
+	}
+	if resp, err := tr.RoundTrip(req); err == nil {
+		readBody(t, resp)
+		t.Fatalf("RoundTrip returned %d and no error, want the failure", resp.StatusCode)
+	}
+	reads := countTarget(srv, "/op")
+	if len(reads) != 1 {
+		t.Fatalf("the server read the request %d times, want 1", len(reads))
+	}
+	for name, want := range map[string]string{"Idempotency-Key": "k1", "X-Idempotency-Key": "k2"} {
+		if got := reads[0].Header(name); !slices.Equal(got, []string{want}) {
+			t.Errorf("%s on the wire = %q, want [%q]", name, got, want)
+		}
+	}
+
+	get := newRequest(t, context.Background(), http.MethodGet, srv.URL()+"/op", "")
+	get.Header.Set("Idempotency-Key", "k3")
+	HideIdempotencyKeys(get)
+	if got := get.Header["Idempotency-Key"]; !slices.Equal(got, []string{"k3"}) {
+		t.Errorf("a GET's key = %q after HideIdempotencyKeys, want it left as it was", got)
+	}
+}
