@@ -29,8 +29,14 @@ import (
 // (scope, key) order, the same in every batch, so concurrent batches (of several
 // replicas) do not deadlock.
 
-// batchInFlight is the most statements of one kind in flight per Store.
-const batchInFlight = 2
+// batchInFlight is the most statements of one kind in flight per Store. One: under load
+// the server is what the calls wait for, and a second statement running beside the
+// first would only split the calls that wait between two batches, each parsed,
+// planned, committed and flushed; with one slot they all go in the next, and batches
+// grow with the load. At 32 concurrent requests one slot costs PostgreSQL about a
+// quarter less CPU per claim and completion than two, at the same throughput
+// (bench/README.md, "PostgreSQL CPU per new key").
+const batchInFlight = 1
 
 // rejected reports whether the server refused a batch's statement, so that each call
 // is worth trying alone.

@@ -14,3 +14,7 @@ func (s *Store) Queued() int {
 	}
 	return n
 }
+
+// BatchInFlight is the most statements of one kind a Store with Config.Batch runs at
+// once: tests fill every slot to make the calls that follow wait together.
+const BatchInFlight = batchInFlight
