@@ -71,19 +71,20 @@ func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request) (body []by
 		return errBodyTimeout
 	}
 
-	src := http.MaxBytesReader(w, r.Body, m.cfg.MaxBody)
 	if r.ContentLength > 0 {
-		// The length is known: reserve it and read into one buffer of that size.
+		// The length is known, and within MaxBody (the server reads no more of the body
+		// than it): reserve it and read into one buffer of that size.
 		if !m.bodies.take(r.ContentLength) {
 			return nil, 0, errOverloaded
 		}
 		body = make([]byte, r.ContentLength)
-		if _, err := io.ReadFull(src, body); err != nil {
+		if _, err := io.ReadFull(r.Body, body); err != nil {
 			return nil, r.ContentLength, timedOut(err)
 		}
 		return body, r.ContentLength, nil
 	}
-	// Unknown length (chunked): reserve as the body grows.
+	// Unknown length (chunked): reserve as the body grows, up to MaxBody.
+	src := http.MaxBytesReader(w, r.Body, m.cfg.MaxBody)
 	var buf bytes.Buffer
 	chunk := make([]byte, 32<<10)
 	for {

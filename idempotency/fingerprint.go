@@ -57,7 +57,9 @@ func fingerprint(method, path, rawQuery, contentType string, body []byte, canoni
 		h.Write(body)
 		h.Sum(sum[:0])
 	}
-	return hex.EncodeToString(sum[:])
+	var digits [2 * sha256.Size]byte
+	hex.Encode(digits[:], sum[:])
+	return string(digits[:])
 }
 
 // appendPart appends part, prefixed with its length, to b.
