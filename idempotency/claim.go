@@ -57,8 +57,14 @@ func NewContext(ctx context.Context, c *Claim) context.Context {
 // NewClaim returns a claim for a key won with token. ttl is the retention of the
 // completed record.
 func NewClaim(scope, key, fingerprint string, token int64, ttl time.Duration) *Claim {
-	return &Claim{Scope: scope, Key: key, Fingerprint: fingerprint, Token: token, ttl: ttl,
-		stored: make(chan struct{})}
+	c := &Claim{}
+	c.init(scope, key, fingerprint, token, ttl)
+	return c
+}
+
+func (c *Claim) init(scope, key, fingerprint string, token int64, ttl time.Duration) {
+	c.Scope, c.Key, c.Fingerprint, c.Token, c.ttl = scope, key, fingerprint, token, ttl
+	c.stored = make(chan struct{})
 }
 
 // leaseContext returns the context that ends with the lease.
@@ -183,13 +189,16 @@ func (c *Claim) state() claimState {
 }
 
 // execution is the state of one owned request while execute runs it, in one
-// allocation: the recorder of the handler's answer, the lease's renewal (heartbeat) and
-// the outcome of a record completed while the handler still wrote.
+// allocation: the claim, the handler's context, the recorder of its answer, the lease's
+// renewal (heartbeat) and the outcome of a record completed while the handler still
+// wrote.
 type execution struct {
 	m      *Middleware
 	r      *http.Request
-	c      *Claim
-	ctx    context.Context         // the handler's
+	c      *Claim // &claim
+	claim  Claim
+	ctx    context.Context // the handler's: &hctx
+	hctx   claimContext
 	cancel context.CancelCauseFunc // ends ctx
 	rec    recorder
 	early  Outcome // set when the record was completed while the handler wrote
@@ -202,15 +211,34 @@ type execution struct {
 	renewal sync.WaitGroup // a renewal in flight
 }
 
-// execute runs the handler as the owner of the claim, then stores, releases or abandons
-// the key, and only then sends the response: a client never sees an answer its retry
-// might not get again. All the state of the owned request is in e (what the handler
-// wrote, in e.rec) and in c (what the handler declared).
-func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, c *Claim) (Outcome, error) {
+// claimContext is the handler's context: the claim as its value (ClaimFromContext), over
+// the context that ends when the lease is lost.
+type claimContext struct {
+	context.Context
+	c *Claim
+}
+
+func (c *claimContext) Value(key any) any {
+	if key == (claimKey{}) {
+		return c.c
+	}
+	return c.Context.Value(key)
+}
+
+// execute runs the handler as the owner of the key won with token, then stores, releases
+// or abandons the key, and only then sends the response: a client never sees an answer
+// its retry might not get again. All the state of the owned request is in e (what the
+// handler wrote, in e.rec) and in its claim (what the handler declared).
+func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, scope, key, fp string, token int64) (Outcome, error) {
+	e := &execution{m: m, r: r}
+	c := &e.claim
+	c.init(scope, key, fp, token, m.cfg.TTL)
+	e.c = c
 	// Requests waiting here for the key (ConflictWait) look again once it is settled.
 	defer m.waiting.wake(scopeKey{c.Scope, c.Key})
-	e := &execution{m: m, r: r, c: c}
-	e.ctx, e.cancel = context.WithCancelCause(NewContext(r.Context(), c))
+	e.hctx.Context, e.cancel = context.WithCancelCause(r.Context())
+	e.hctx.c = c
+	e.ctx = &e.hctx
 	defer e.cancel(nil)
 	defer c.end(errRequestOver)
 	e.startHeartbeat()

@@ -648,7 +648,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return m.existing(w, res, fp, wait), nil
 	}
 	setBody(r, body)
-	return m.execute(w, r, next, NewClaim(scope, key, fp, res.Token, m.cfg.TTL))
+	return m.execute(w, r, next, scope, key, fp, res.Token)
 }
 
 // claim claims req's key. A key whose owner's lease ran out is taken over only by a
