@@ -58,8 +58,9 @@
 # Environment: RETRYSAFE_POSTGRES_URL, RETRYSAFE_REDIS_URL (the local defaults
 # otherwise), SUBJECTS, PHASES, DURATION (3s), WARMUP (1s), ROUNDS (3), CONCURRENCY
 # ("1 8 32 128"), BODIES ("1024 65536"), BODY_CLIENTS (32), POOL (16: connections per
-# pool, for every server alike), PGBENCH_DURATION (3), IDLE (1s), OUT (a new directory
-# under /tmp), BASE_PORT (18500).
+# pool, for every server alike), PGBENCH_DURATION (3), IDLE (1s), REV (build the
+# subjects from this commit, not the working tree), OUT (a new directory under /tmp),
+# BASE_PORT (18500).
 set -euo pipefail
 # The whole script is one group, which bash reads to its end before running any of
 # it: a file edited or checked out while a run is going cannot change that run.
@@ -262,8 +263,18 @@ fi
 
 # ---- build and set up -------------------------------------------------------------
 log "building (go $(go env GOVERSION))"
-go build -o "$BIN/payments" ./examples/payments
-go build -o "$BIN/retrysafe" ./cmd/retrysafe
+# REV: the subjects (payments, the gateway) are built from that commit's files
+# (git archive, into the work directory), so that two runs compare two commits
+# whatever the shared working tree holds; without it, from the working tree as it is.
+# The harness (loadgen, benchreport, bareproxy, the baselines) is always this tree's.
+SRC=$ROOT
+if [ -n "${REV:-}" ]; then
+	SRC=$WORK/src
+	mkdir -p "$SRC"
+	git -C "$ROOT" archive --format=tar "$REV" | tar -x -C "$SRC" || die "REV=$REV: git archive failed"
+	log "building the subjects from $REV = $(git -C "$ROOT" rev-parse --short "$REV")"
+fi
+(cd "$SRC" && go build -o "$BIN/payments" ./examples/payments && go build -o "$BIN/retrysafe" ./cmd/retrysafe)
 # loadgen, benchreport and bareproxy belong to the bench module (bench/go.mod), so they
 # are built from inside it; the subjects belong to the root module.
 (cd bench && go build -o "$BIN/loadgen" ./cmd/loadgen && go build -o "$BIN/benchreport" ./cmd/benchreport &&
@@ -275,7 +286,11 @@ fi
 
 {
 	echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-	echo "commit: $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-100)$(git diff --quiet HEAD 2>/dev/null || echo ' (plus uncommitted changes)')"
+	if [ -n "${REV:-}" ]; then
+		echo "subjects built from: $(git log -1 --format='%h %s' "$REV" | cut -c1-100) (REV=$REV, committed files only)"
+	else
+		echo "subjects built from: the working tree at $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-100)$(git diff --quiet HEAD 2>/dev/null || echo ' (plus uncommitted changes)')"
+	fi
 	echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(uname -sr), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
 	echo "go: $(go env GOVERSION)"
 	if any_express; then
