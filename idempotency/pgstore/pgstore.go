@@ -111,8 +111,10 @@
 // Store.WithTx runs a handler's business writes and the completion of its key in one
 // transaction, so "work done, result not stored" cannot happen: both commit or neither
 // does. A completion with a stale token (the key was taken over) rolls the business
-// write back too. When the connection fails during COMMIT, WithTx reads the record to
-// learn whether the transaction committed; see WithTx.
+// write back too. BEGIN goes to the server with the handler's first statement and the
+// completion with COMMIT, so a handler of one statement costs two round trips (and the
+// claim before it one). When the connection fails during COMMIT, WithTx reads the
+// record to learn whether the transaction committed; see WithTx.
 //
 // # Janitor and durability
 //
@@ -190,8 +192,8 @@ type Store struct {
 }
 
 type statements struct {
-	schema, claim, takeover, complete, extend, abandon, release, get, delete, deleteExpired string
-	claimBatch, completeBatch                                                               string
+	schema, claim, takeover, complete, completeTx, extend, abandon, release, get, delete, deleteExpired string
+	claimBatch, completeBatch                                                                           string
 }
 
 var (
@@ -357,6 +359,9 @@ FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::int4[], $5::bytea[], $6::b
 WHERE r.scope = u.scope AND r.key = u.key AND r.token = u.token AND r.state = 'in_progress'
 RETURNING u.ord`),
 	}
+	// The completion inside WithTx, which COMMIT follows in the same round trip: when it
+	// completes no row it divides by zero, so that the transaction does not commit.
+	s.sql.completeTx = `WITH u AS (` + s.sql.complete + ` RETURNING 1) SELECT 1 / count(*)::int FROM u`
 	if cfg.Batch {
 		// Duplicates of a key in a batch (a storm of retries of one request) run alone,
 		// as they would without batching.

@@ -323,14 +323,17 @@ func TestWithTxCommitInterrupted(t *testing.T) {
 
 	t.Run("commit reply lost", func(t *testing.T) {
 		t.Parallel()
-		proxied, _ := commitProxy(t, false)
-		pst, err := pgstore.New(pgstore.Config{Pool: newPool(t, proxied, nil), Schema: schema})
+		proxy := commitProxy(t, false)
+		pst, err := pgstore.New(pgstore.Config{Pool: newPool(t, proxy.url, nil), Schema: schema})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, _ := claim(t, st, "lost-reply")
 		if got, err := pst.WithTx(ctx, insert("lost-reply")); err != nil || !reflect.DeepEqual(got, want) {
 			t.Fatalf("WithTx = %+v, %v; want the response: the commit happened", got, err)
+		}
+		if !proxy.broke.Load() {
+			t.Fatal("the proxy saw no completion and COMMIT to break")
 		}
 		if rec := record(t, "lost-reply"); rec.State != idempotency.StateDone || !booked(t, "lost-reply") {
 			t.Errorf("record state %s, booked %v; want done and booked", rec.State, booked(t, "lost-reply"))
@@ -339,35 +342,64 @@ func TestWithTxCommitInterrupted(t *testing.T) {
 
 	t.Run("commit never arrives", func(t *testing.T) {
 		t.Parallel()
-		proxied, hangUp := commitProxy(t, true)
-		pst, err := pgstore.New(pgstore.Config{Pool: newPool(t, proxied, nil), Schema: schema})
+		proxy := commitProxy(t, true)
+		pst, err := pgstore.New(pgstore.Config{Pool: newPool(t, proxy.url, nil), Schema: schema})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, tok := claim(t, st, "lost-commit")
-		if _, err := pst.WithTx(ctx, insert("lost-commit")); !errors.Is(err, pgstore.ErrCommitUnknown) {
-			t.Fatalf("WithTx error %v, want ErrCommitUnknown (the transaction is still open)", err)
+		if _, err := pst.WithTx(ctx, insert("lost-commit")); !errors.Is(err, pgstore.ErrCommitUnknown) || !proxy.broke.Load() {
+			t.Fatalf("WithTx error %v (proxy broke the round trip: %t), want ErrCommitUnknown (the transaction is still open)",
+				err, proxy.broke.Load())
 		}
-		// The release WithTx asked for waits for the open transaction, which rolls back
-		// when its connection ends.
-		released := make(chan error, 1)
-		go func() { released <- st.Release(t.Context(), scope, "lost-commit", tok) }()
-		waitForLockWait(t, pool, schema)
-		hangUp()
-		if err := <-released; err != nil {
+		// The completion went with the COMMIT, so the open transaction holds no lock on
+		// the record: the release WithTx asked for deletes it at once.
+		if err := st.Release(t.Context(), scope, "lost-commit", tok); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
+		// The completion and COMMIT reach the server late: the completion finds no record,
+		// and the transaction, business write included, cannot commit.
+		proxy.deliver()
+		aborted := func() bool {
+			var n int
+			if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+				WHERE state = 'idle in transaction (aborted)' AND position($1 in query) > 0`, schema).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n > 0
+		}
+		if !eventually(aborted) {
+			t.Fatal("the late completion did not abort the transaction")
+		}
+		proxy.hangUp()
 		if booked(t, "lost-commit") {
 			t.Error("the business write committed")
+		}
+		if _, err := st.Get(t.Context(), scope, "lost-commit"); !errors.Is(err, idempotency.ErrNotFound) {
+			t.Errorf("record after the release and the late completion: %v, want ErrNotFound", err)
 		}
 	})
 }
 
-// commitProxy returns the URL of a TCP proxy to the test database that breaks the first
-// COMMIT (pgx sends it as a simple query): with loseCommit it swallows the COMMIT and
-// hangs up on the client while the server side stays open, in a transaction, until
-// hangUp; otherwise it forwards the COMMIT, swallows the reply and hangs up on the client.
-func commitProxy(t *testing.T, loseCommit bool) (rawURL string, hangUp func()) {
+// txProxy is a TCP proxy to the test database that breaks the round trip carrying a
+// WithTx completion and its COMMIT (see commitProxy).
+type txProxy struct {
+	url string
+	// hangUp closes every connection.
+	hangUp func()
+	// deliver sends the round trip that was held back to the server.
+	deliver func()
+	// broke is set once the proxy has broken the round trip.
+	broke atomic.Bool
+}
+
+// commitProxy returns a proxy to the test database that breaks the first round trip of
+// a WithTx completion and COMMIT: the write after the one that prepares the completion
+// (pgx prepares a statement in a round trip of its own the first time a connection runs
+// it). With loseCommit it holds that write back and hangs up on the client, while the
+// server side stays open, in the transaction, until hangUp; deliver then sends it late.
+// Otherwise it forwards the write, swallows the reply and hangs up on the client.
+func commitProxy(t *testing.T, loseCommit bool) *txProxy {
 	t.Helper()
 	u, err := url.Parse(testenv.PostgresURL(t))
 	if err != nil {
@@ -378,15 +410,18 @@ func commitProxy(t *testing.T, loseCommit bool) (rawURL string, hangUp func()) {
 		t.Fatal(err)
 	}
 	target := u.Host
-	commit := []byte("Q\x00\x00\x00\x0bcommit\x00")
+	completion := []byte("SELECT 1 / count(*)::int FROM u")
 	var (
-		armed atomic.Bool
-		mu    sync.Mutex
-		conns []net.Conn
-		wg    sync.WaitGroup
+		armed, prepared atomic.Bool
+		mu              sync.Mutex
+		conns           []net.Conn
+		held            []byte
+		heldOn          net.Conn
+		wg              sync.WaitGroup
 	)
 	armed.Store(true)
-	hangUp = func() {
+	p := &txProxy{}
+	p.hangUp = func() {
 		_ = l.Close()
 		mu.Lock()
 		defer mu.Unlock()
@@ -394,7 +429,16 @@ func commitProxy(t *testing.T, loseCommit bool) (rawURL string, hangUp func()) {
 			_ = c.Close()
 		}
 	}
-	t.Cleanup(func() { hangUp(); wg.Wait() })
+	p.deliver = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if heldOn != nil {
+			if _, err := heldOn.Write(held); err != nil {
+				t.Errorf("delivering the held round trip: %v", err)
+			}
+		}
+	}
+	t.Cleanup(func() { p.hangUp(); wg.Wait() })
 	wg.Go(func() {
 		for {
 			client, err := l.Accept()
@@ -417,8 +461,15 @@ func commitProxy(t *testing.T, loseCommit bool) (rawURL string, hangUp func()) {
 					if err != nil {
 						return
 					}
-					if bytes.Contains(buf[:n], commit) && armed.CompareAndSwap(true, false) {
+					switch {
+					case armed.Load() && bytes.Contains(buf[:n], completion):
+						prepared.Store(true)
+					case prepared.Load() && armed.CompareAndSwap(true, false):
+						p.broke.Store(true)
 						if loseCommit {
+							mu.Lock()
+							held, heldOn = bytes.Clone(buf[:n]), server
+							mu.Unlock()
 							_ = client.Close()
 							return
 						}
@@ -445,7 +496,8 @@ func commitProxy(t *testing.T, loseCommit bool) (rawURL string, hangUp func()) {
 		}
 	})
 	u.Host = l.Addr().String()
-	return u.String(), hangUp
+	p.url = u.String()
+	return p
 }
 
 // A replay, a 409 and a 422 are reads: they take no row lock, so they neither queue
