@@ -73,10 +73,18 @@ import (
 // over all rounds and its ratios to insert; the per-round ratios of be show the
 // spread. The figures to quote are claim+complete/insert, (gateway - insert)/insert
 // and tx/insert. PGCPU_CASES, a regular expression, keeps only the cases it matches,
-// and insert.
+// and insert; PGCPU_CLIENTS replaces the 32 goroutines.
 func BenchmarkPostgresCPU(b *testing.B) {
 	const window = 2048
 	ctx := context.Background()
+	concurrency := clients
+	if v := os.Getenv("PGCPU_CLIENTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("PGCPU_CLIENTS=%q: want a positive number", v)
+		}
+		concurrency = n
+	}
 	counter := &stmtCounter{}
 	backends := &pidSet{}
 	var pools []*pgxpool.Pool
@@ -132,7 +140,7 @@ func BenchmarkPostgresCPU(b *testing.B) {
 	// and is analyzed, as autovacuum would (the shared server may run without it), so
 	// that no plan is made for the empty tables of the start.
 	for _, c := range cases {
-		if err := runWindow(c.op, 256); err != nil {
+		if err := runWindow(c.op, 256, concurrency); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -174,7 +182,7 @@ func BenchmarkPostgresCPU(b *testing.B) {
 				b.Fatal(err)
 			}
 			stmts, trips := counter.stmts.Load(), counter.trips.Load()
-			if err := runWindow(c.op, window); err != nil {
+			if err := runWindow(c.op, window, concurrency); err != nil {
 				b.Fatal(c.name, ": ", err)
 			}
 			stmts, trips = counter.stmts.Load()-stmts, counter.trips.Load()-trips
@@ -355,12 +363,12 @@ func walStats(ctx context.Context, pools []*pgxpool.Pool) (walStat, error) {
 	return w, err
 }
 
-// runWindow runs op n times from 32 goroutines.
-func runWindow(op func() error, n int) error {
+// runWindow runs op n times from goroutines concurrent ones.
+func runWindow(op func() error, n, goroutines int) error {
 	var next atomic.Int64
-	errs := make(chan error, clients)
+	errs := make(chan error, goroutines)
 	var wg sync.WaitGroup
-	for range clients {
+	for range goroutines {
 		wg.Go(func() {
 			for next.Add(1) <= int64(n) {
 				if err := op(); err != nil {
