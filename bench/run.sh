@@ -84,14 +84,13 @@ IDLE=${IDLE:-1s}
 BASE_PORT=${BASE_PORT:-18500}
 RUN=rsb$(date +%s)$$
 OUT=${OUT:-/tmp/retrysafe-bench-$(date -u +%Y%m%dT%H%M%SZ)}
-WORK=$(mktemp -d /tmp/retrysafe-bench-work.XXXXXX)
-BIN=$WORK/bin
+WORK= # made once cleanup can remove it
 LOGS=$OUT/logs
 RESULTS=$OUT/results.jsonl
 BODY='{"amount":1250,"currency":"EUR"}'
 STARTED=$(date +%s)
 
-mkdir -p "$OUT" "$LOGS" "$BIN"
+mkdir -p "$OUT" "$LOGS"
 : >"$RESULTS"
 
 log() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
@@ -173,12 +172,15 @@ cleanup() {
 	for s in "${SCHEMAS[@]}"; do psql "$PG_URL" -X -q -c "DROP SCHEMA IF EXISTS \"$s\" CASCADE" >/dev/null 2>&1; done
 	[ -n "$ROLE" ] && psql "$PG_URL" -X -q -c "DROP OWNED BY \"$ROLE\"" -c "DROP ROLE IF EXISTS \"$ROLE\"" >/dev/null 2>&1
 	redis-cli -u "$REDIS_URL" --scan --pattern "${REDIS_PREFIX}*" 2>/dev/null | xargs -r -n 500 redis-cli -u "$REDIS_URL" del >/dev/null 2>&1
-	rm -rf "$WORK"
+	[ -n "$WORK" ] && rm -rf "$WORK"
 	log "cleaned up (processes, schemas ${RUN}_*, role ${ROLE:-(none)}, Redis keys ${REDIS_PREFIX}*); results in $OUT"
 	exit $rc
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
+WORK=$(mktemp -d /tmp/retrysafe-bench-work.XXXXXX)
+BIN=$WORK/bin
+mkdir -p "$BIN"
 
 # The run's own PostgreSQL role: everything of the run connects as it, so that its
 # backends (whose process title names the role) are told apart from other work on the
