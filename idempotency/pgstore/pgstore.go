@@ -105,6 +105,9 @@
 // calls is run alone, so one bad request fails only itself. Rows are taken in (scope,
 // key) order in every batch, so batches of several replicas cannot deadlock.
 // Takeovers, Extend, Abandon, Release and completions inside WithTx are never batched.
+// The batched statements are planned at each execution from the table's statistics, so
+// the table must be analyzed (autovacuum, PostgreSQL's default, does it): one that never
+// was is scanned whole by every completion batch.
 //
 // # Transaction mode
 //
