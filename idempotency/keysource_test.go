@@ -104,6 +104,13 @@ func TestKeyHeader(t *testing.T) {
 	if w := do(h, `{}`, "Idempotency-Key", "k"); w.Code != http.StatusBadRequest {
 		t.Errorf("only an Idempotency-Key: %d, want 400 (the key is X-GitHub-Delivery)", w.Code)
 	}
+	// A malformed key is reported under the header it came from.
+	for _, bad := range [][]string{{"X-GitHub-Delivery", "a b"}, {"X-GitHub-Delivery", "d-2", "X-GitHub-Delivery", "d-3"}} {
+		w := do(h, `{}`, bad...)
+		if body := w.Body.String(); w.Code != http.StatusBadRequest || !strings.Contains(body, "X-GitHub-Delivery") || strings.Contains(body, `the Idempotency-Key`) {
+			t.Errorf("%q: %d %s, want a 400 that names X-GitHub-Delivery", bad, w.Code, body)
+		}
+	}
 }
 
 // Cookie scopes: two session cookies never share a record; NoScope puts every caller in

@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -593,7 +594,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			err = errKeyMany
 		}
 		if err != nil {
-			return invalidKey(w, err), nil
+			return m.invalidKey(w, err), nil
 		}
 		key = k
 	}
@@ -611,7 +612,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		case errors.Is(err, errBodyKeyMissing):
 			return m.noKey(w, r, next, body)
 		case err != nil:
-			return invalidKey(w, err), nil
+			return m.invalidKey(w, err), nil
 		}
 		key = k
 	}
@@ -703,8 +704,15 @@ func (m *Middleware) noKey(w http.ResponseWriter, r *http.Request, next http.Han
 	return OutcomeMissingKey, nil
 }
 
-func invalidKey(w http.ResponseWriter, err error) Outcome {
-	WriteProblem(w, Problem{Type: ProblemInvalidKey, Title: "Invalid Idempotency-Key", Status: http.StatusBadRequest, Detail: err.Error() + "."}, 0)
+// invalidKey answers a request whose key is malformed. ParseKey's errors name the
+// default header; a key read from another names that one, so that the sender can tell
+// which header to fix.
+func (m *Middleware) invalidKey(w http.ResponseWriter, err error) Outcome {
+	detail := err.Error()
+	if m.keyPointer == nil && m.cfg.KeyHeader != DefaultKeyHeader {
+		detail = strings.ReplaceAll(detail, DefaultKeyHeader, m.cfg.KeyHeader)
+	}
+	WriteProblem(w, Problem{Type: ProblemInvalidKey, Title: "Invalid Idempotency-Key", Status: http.StatusBadRequest, Detail: detail + "."}, 0)
 	return OutcomeInvalidKey
 }
 
