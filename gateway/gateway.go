@@ -554,7 +554,9 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, out *http.Request, err er
 		}
 	}
 	lease := int(math.Ceil(leaseDur.Seconds()))
-	retry := "Retry it with the same Idempotency-Key."
+	// An unkeyed request (an Off route, an optional key left out, a method not keyed)
+	// was not protected: whether to send it again is the client's call.
+	retry := "It had no idempotency key, so the gateway did not protect it: send it again only if doing it twice is harmless."
 	if keyed {
 		retry = fmt.Sprintf("Retry it with the same Idempotency-Key: until the key's lease ends (%s) a retry is answered 409; after it the request is forwarded again with the same key.", leaseDur)
 	}
@@ -562,9 +564,13 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, out *http.Request, err er
 		if keyed {
 			claim.Release()
 		}
+		again := "It can be sent again."
+		if keyed {
+			again = "Retry it with the same Idempotency-Key."
+		}
 		idempotency.WriteProblem(w, idempotency.Problem{Type: ProblemUpstreamUnreachable, Title: "Upstream unreachable",
 			Status: http.StatusBadGateway,
-			Detail: "The request was not forwarded: the upstream could not be reached. Retry it with the same Idempotency-Key."}, 1)
+			Detail: "The request was not forwarded: the upstream could not be reached. " + again}, 1)
 		return
 	}
 	// The upstream may have acted: the key stays in progress until its lease ends, and

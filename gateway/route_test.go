@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/retrysafe/retrysafe/gateway"
+	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/memstore"
 )
@@ -221,5 +222,24 @@ func TestReload(t *testing.T) {
 	}
 	if err := f.gw.Reload(gateway.Config{Upstream: u, Idempotency: idempotency.Config{Store: memstore.New()}}); err == nil {
 		t.Fatal("a reload with another store succeeded")
+	}
+}
+
+// TestUnkeyedUpstreamErrorAdvice: the answer to an upstream failure tells a keyed
+// request to retry with its key, and an unkeyed one (an Off route) that the gateway
+// did not protect it.
+func TestUnkeyedUpstreamErrorAdvice(t *testing.T) {
+	t.Parallel()
+	dead := mustURL(t, "http://"+testenv.DeadAddr(t))
+	f := newFixture(t, memstore.New(), nil, func(c *gateway.Config) {
+		c.Upstream = dead
+		c.Routes = []gateway.Route{{Pattern: "POST /search", Off: true}}
+	})
+	keyed, off := f.do("POST", "/pay", "k", `{}`), f.do("POST", "/search", "k", `{}`)
+	if keyed.status != 502 || !strings.Contains(keyed.body, "same Idempotency-Key") {
+		t.Errorf("keyed: %d %s", keyed.status, keyed.body)
+	}
+	if off.status != 502 || strings.Contains(off.body, "Idempotency-Key") || !strings.Contains(off.body, "sent again") {
+		t.Errorf("off route: %d %s, want a 502 that does not speak of a key", off.status, off.body)
 	}
 }
