@@ -417,48 +417,40 @@ func (p *parser) enum(k, v *yaml.Node, path, what string, allowed ...string) (st
 }
 
 func (p *parser) duration(k, v *yaml.Node, path string) (time.Duration, pos, bool) {
-	s, at, ok := p.scalar(k, v, path)
-	if !ok {
-		return 0, at, false
-	}
-	d, err := time.ParseDuration(strings.TrimSpace(s))
-	switch {
-	case err != nil:
-		p.errorf(at, path, "%q is not a duration (such as 30s, 5m, 24h)", s)
-	case d <= 0:
-		p.errorf(at, path, "must be positive, not %s (leave it out for the default)", s)
-	default:
-		return d, at, true
-	}
-	return 0, at, false
+	return positive(p, k, v, path, func(s string) (time.Duration, error) {
+		d, err := time.ParseDuration(strings.TrimSpace(s))
+		if err != nil {
+			return 0, fmt.Errorf("%q is not a duration (such as 30s, 5m, 24h)", s)
+		}
+		return d, nil
+	})
 }
 
 func (p *parser) size(k, v *yaml.Node, path string) (int64, pos, bool) {
-	s, at, ok := p.scalar(k, v, path)
-	if !ok {
-		return 0, at, false
-	}
-	n, err := bytesize.Parse(s)
-	switch {
-	case err != nil:
-		p.report(at, path, err)
-	case n <= 0:
-		p.errorf(at, path, "must be positive, not %s (leave it out for the default)", s)
-	default:
-		return n, at, true
-	}
-	return 0, at, false
+	return positive(p, k, v, path, bytesize.Parse)
 }
 
 func (p *parser) count(k, v *yaml.Node, path string) (int, pos, bool) {
+	return positive(p, k, v, path, func(s string) (int, error) {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			return 0, fmt.Errorf("%q is not a whole number", s)
+		}
+		return n, nil
+	})
+}
+
+// positive reads a scalar with parse, which must give a positive quantity: zero means
+// the default, which leaving the key out says more plainly.
+func positive[T int | int64 | time.Duration](p *parser, k, v *yaml.Node, path string, parse func(string) (T, error)) (T, pos, bool) {
 	s, at, ok := p.scalar(k, v, path)
 	if !ok {
 		return 0, at, false
 	}
-	n, err := strconv.Atoi(strings.TrimSpace(s))
+	n, err := parse(s)
 	switch {
 	case err != nil:
-		p.errorf(at, path, "%q is not a whole number", s)
+		p.report(at, path, err)
 	case n <= 0:
 		p.errorf(at, path, "must be positive, not %s (leave it out for the default)", s)
 	default:
