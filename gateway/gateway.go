@@ -177,7 +177,7 @@ func (g *Gateway) build(ps []policy) (*table, error) {
 		if rt.pattern == catchAll {
 			t.fallback = rt
 		}
-		if err := registerRoute(t.mux, rt); err != nil {
+		if err := handle(t.mux, rt.pattern, routeHandler{rt}); err != nil {
 			return nil, g.routeError(ps, i, conflicts(ps, i))
 		}
 	}
@@ -191,16 +191,6 @@ func (g *Gateway) routeError(ps []policy, i int, err error) error {
 		return err
 	}
 	return &RouteError{Index: ps[i].index, Pattern: ps[i].pattern, Err: err}
-}
-
-func registerRoute(mux *http.ServeMux, rt *route) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = fmt.Errorf("%v", v)
-		}
-	}()
-	mux.Handle(rt.pattern, routeHandler{rt})
-	return nil
 }
 
 // newRoute makes the middleware, proxy and handlers of p.

@@ -213,13 +213,9 @@ func checkPattern(pattern string) (method string, err error) {
 	if pattern == "" {
 		return "", errors.New("Pattern is empty")
 	}
-	defer func() {
-		// ServeMux panics on a pattern it cannot parse: that is its only report of one.
-		if v := recover(); v != nil {
-			err = fmt.Errorf("not a net/http pattern: %v", v)
-		}
-	}()
-	http.NewServeMux().Handle(pattern, http.NotFoundHandler())
+	if err := handle(http.NewServeMux(), pattern, http.NotFoundHandler()); err != nil {
+		return "", fmt.Errorf("not a net/http pattern: %w", err)
+	}
 	if i := strings.IndexAny(pattern, " \t"); i >= 0 && !strings.HasPrefix(pattern, "/") {
 		method = pattern[:i]
 	}
@@ -238,15 +234,24 @@ func conflicts(ps []policy, i int) error {
 }
 
 // register adds patterns to mux, or returns the error ServeMux panics with.
-func register(mux *http.ServeMux, patterns ...string) (err error) {
+func register(mux *http.ServeMux, patterns ...string) error {
+	for _, p := range patterns {
+		if err := handle(mux, p, http.NotFoundHandler()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// handle is mux.Handle, with the panic by which ServeMux reports a pattern it cannot
+// parse, or one that conflicts with another, returned as an error.
+func handle(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = fmt.Errorf("%v", v)
 		}
 	}()
-	for _, p := range patterns {
-		mux.Handle(p, http.NotFoundHandler())
-	}
+	mux.Handle(pattern, h)
 	return nil
 }
 
