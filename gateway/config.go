@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/retry"
@@ -86,6 +87,14 @@ type Config struct {
 	// requests no route matches, the catch-all route "/", unless a route has that
 	// pattern. Default none: one policy for every request.
 	Routes []Route
+
+	// TracerProvider, when set, traces every request with OpenTelemetry: a server span
+	// per request (the child of the caller's W3C traceparent), with the store calls, the
+	// upstream call (whose context the upstream receives in traceparent) and the answer
+	// from the store as its children. The spans hold the key only as KeyHash, never the
+	// scope's value, a body, a header's value or an error's text (see the package
+	// documentation). Default nil: no tracing, and no cost on the request path.
+	TracerProvider trace.TracerProvider
 
 	// ShutdownTimeout bounds each phase of Run's graceful shutdown: how long the
 	// requests in flight get to finish before their connections are closed (a request

@@ -39,6 +39,8 @@ type Gateway struct {
 	metrics  *metrics
 	gatherer prometheus.Gatherer // nil: no /metrics
 	buffers  *bufferPool
+	tracing  *tracing          // nil: Config.TracerProvider is nil
+	store    idempotency.Store // what the middlewares call: the Config's store, traced when tracing is on
 
 	table    atomic.Pointer[table] // the routes; Reload swaps it
 	reloadMu sync.Mutex
@@ -62,6 +64,9 @@ type route struct {
 	// protected are the request headers the upstream must receive as the gateway saw
 	// them: the key, the scope's source and the content type (both fingerprinted).
 	protected []string
+	// scopeSource says where the scope comes from, for the spans: authorization,
+	// header, cookie, none or custom ("" for an Off route).
+	scopeSource string
 }
 
 // New returns a Gateway, or an error when cfg is unusable.
@@ -73,7 +78,10 @@ func New(cfg Config) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, buffers: &bufferPool{}}
+	g := &Gateway{cfg: cfg, buffers: &bufferPool{}, store: cfg.Idempotency.Store}
+	if g.tracing = newTracing(cfg.TracerProvider, g.store); g.tracing != nil {
+		g.store = g.tracing.wrapStore(g.store)
+	}
 	reg := cfg.Registerer
 	if reg == nil {
 		r := newRegistry()
@@ -95,7 +103,7 @@ func New(cfg Config) (*Gateway, error) {
 	// store's health, the answers it could not store yet, the memory of request bodies
 	// and the waiters. It serves no request itself.
 	rcfg := cfg.Idempotency
-	rcfg.OnOutcome, rcfg.OnStoreCall = nil, g.observeStore(cfg.Idempotency.OnStoreCall)
+	rcfg.Store, rcfg.OnOutcome, rcfg.OnStoreCall = g.store, nil, g.observeStore(cfg.Idempotency.OnStoreCall)
 	if g.root, err = idempotency.New(rcfg); err != nil {
 		promreg.Unregister(reg, g.metrics.slots()...) // so that a corrected Config can register them again
 		return nil, fmt.Errorf("gateway: %w", err)
@@ -115,9 +123,9 @@ func New(cfg Config) (*Gateway, error) {
 // ones have the new routes. On error nothing changes. What the gateway shares across
 // routes stays New's: cfg's Idempotency.Store must be nil or the gateway's, its
 // Idempotency.MaxBodyMemory and MaxWaiters zero or New's, and its Logger, Registerer,
-// Transport and ShutdownTimeout are not used (the gateway keeps its own). Keys and
-// answers are the store's, so a record made under one configuration is replayed under
-// the next, if the request still matches it.
+// Transport, TracerProvider and ShutdownTimeout are not used (the gateway keeps its
+// own). Keys and answers are the store's, so a record made under one configuration is
+// replayed under the next, if the request still matches it.
 func (g *Gateway) Reload(cfg Config) error {
 	g.reloadMu.Lock()
 	defer g.reloadMu.Unlock()
@@ -195,10 +203,10 @@ func (g *Gateway) routeError(ps []policy, i int, err error) error {
 
 // newRoute makes the middleware, proxy and handlers of p.
 func (g *Gateway) newRoute(p policy) (*route, error) {
-	rt := &route{policy: p, label: p.pattern, keyHeader: p.mw.KeyHeader}
+	rt := &route{policy: p, label: p.pattern, keyHeader: p.mw.KeyHeader, scopeSource: scopeSource(p)}
 	if !p.off {
 		mcfg := p.mw
-		mcfg.Store = g.cfg.Idempotency.Store
+		mcfg.Store = g.store
 		// The headers the key and the scope come from, and the fingerprinted content type.
 		rt.protected = []string{http.CanonicalHeaderKey(mcfg.KeyHeader), "Content-Type"}
 		switch {
@@ -221,7 +229,7 @@ func (g *Gateway) newRoute(p policy) (*route, error) {
 		}
 		rt.mw = mw
 	}
-	upstream := p.upstream
+	upstream, tracing := p.upstream, g.tracing
 	rt.series = g.metrics.forRoute(rt.label, upstream.Host)
 	rt.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -231,6 +239,9 @@ func (g *Gateway) newRoute(p policy) (*route, error) {
 			// The outbound request is the proxy's copy: its keys are hidden from
 			// http.Transport's resend here, so that retry.SendOnce below need not copy it.
 			retry.HideIdempotencyKeys(pr.Out)
+			if tracing != nil {
+				tracing.inject(pr.Out)
+			}
 		},
 		// deadline.Transport tells the upstream, in Request-Budget-Ms, how long the
 		// gateway will wait for it: what is left of UpstreamTimeout.
@@ -321,6 +332,8 @@ type exchange struct {
 	upstreamDur time.Duration
 	upstreamSt  int
 	body        *watchedBody // &answer, once the answer came
+
+	tr *reqTrace // nil: the gateway does not trace
 }
 
 func (ex *exchange) setOutcome(o string) {
@@ -358,6 +371,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt := g.table.Load().match(r)
 	ex := &exchange{start: time.Now(), client: clientWriter{ResponseWriter: w}, rt: rt}
 	ex.client.ex = ex
+	if g.tracing != nil {
+		r = g.tracing.start(r, ex)
+	}
 	defer g.finish(r, ex) // also when the request panics
 	if rt == nil {
 		ex.setOutcome(outcomeNoRoute)
@@ -435,6 +451,9 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 	// The context carries the exchange, for the proxy's hooks.
 	ex.noServer.Context, ex.noServer.ex = call.ctx, ex
 	ctx := ex.sentTrace(&ex.noServer)
+	if ex.tr != nil {
+		ctx = g.tracing.startUpstream(ctx, ex, r)
+	}
 	start := time.Now()
 	ex.rt.proxy.ServeHTTP(w, r.WithContext(ctx))
 
@@ -458,6 +477,9 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 		result = statusClass(ex.upstreamSt)
 	}
 	ex.rt.series.upstream.of(result).Observe(ex.upstreamDur.Seconds())
+	if ex.tr != nil {
+		ex.tr.endUpstream(ex.upstreamSt, ex.failure)
+	}
 }
 
 // statusClass is the result label of an upstream answer with status code: 2xx for 201.
@@ -606,6 +628,9 @@ func (g *Gateway) finish(r *http.Request, ex *exchange) {
 	} else {
 		g.metrics.requests.WithLabelValues(label, outcome).Inc()
 		g.metrics.requestDur.WithLabelValues(label, outcome).Observe(d.Seconds())
+	}
+	if ex.tr != nil {
+		g.tracing.end(ex, outcome, status)
 	}
 
 	level := slog.LevelInfo
