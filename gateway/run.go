@@ -25,7 +25,11 @@ const readyTimeout = 2 * time.Second
 //	GET /readyz    200 when the store answers its ping (stores that cannot ping are
 //	               assumed ready); 503 when it does not, or when Run is shutting down
 //	GET /metrics   the Prometheus metrics (see the package doc)
-func (g *Gateway) Admin() http.Handler {
+func (g *Gateway) Admin() http.Handler { return g.AdminWith(AdminConfig{}) }
+
+// AdminWith returns the admin handler of Admin with what c adds: the operator console
+// at / and the token /metrics asks for.
+func (g *Gateway) AdminWith(c AdminConfig) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		plain(w, http.StatusOK, "ok")
@@ -49,9 +53,12 @@ func (g *Gateway) Admin() http.Handler {
 		plain(w, http.StatusOK, "ok")
 	})
 	if g.gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(g.gatherer, promhttp.HandlerOpts{
+		mux.Handle("GET /metrics", bearer(c.Token, promhttp.HandlerFor(g.gatherer, promhttp.HandlerOpts{
 			ErrorLog: log.New(slogWriter{g.cfg.Logger, slog.LevelWarn}, "metrics: ", 0),
-		}))
+		})))
+	}
+	if c.Console != nil {
+		mux.Handle("/", c.Console)
 	}
 	return mux
 }
@@ -77,6 +84,11 @@ var ErrRunning = errors.New("gateway: already running")
 // logged with its key, and Run's error says how many. It closes the listeners, not the
 // store. It returns nil after a shutdown asked for by ctx and completed in time.
 func (g *Gateway) Run(ctx context.Context, ln, adminLn net.Listener) error {
+	return g.RunWith(ctx, ln, adminLn, AdminConfig{})
+}
+
+// RunWith is Run with an admin listener that serves AdminWith(c).
+func (g *Gateway) RunWith(ctx context.Context, ln, adminLn net.Listener, c AdminConfig) error {
 	if ln == nil {
 		return errors.New("gateway: Run with a nil listener")
 	}
@@ -89,7 +101,7 @@ func (g *Gateway) Run(ctx context.Context, ln, adminLn net.Listener) error {
 	errc := make(chan error, 2)
 	go func() { errc <- serve(srv, ln, "proxy") }()
 	if adminLn != nil {
-		admin := &http.Server{Handler: g.Admin(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: errLog}
+		admin := &http.Server{Handler: g.AdminWith(c), ReadHeaderTimeout: 10 * time.Second, ErrorLog: errLog}
 		servers = append(servers, admin)
 		go func() { errc <- serve(admin, adminLn, "admin") }()
 	}
