@@ -144,11 +144,11 @@ func TestDeltasAndBaseline(t *testing.T) {
 	m.add("POST /pay", "executed", 3)
 	m.add("POST /pay", "replayed", 2)
 	m.add("POST /pay", "conflict", 1)
-	m.add("POST /pay", "no-route", 4)          // other 4xx
-	m.add("/", "mismatch", 5)                  // a series new since the baseline: counts from zero
-	m.add("/", "some-future-outcome", 6)       // unknown: other
-	m.add("/", "abandoned", 1)                 // upstream failure
-	m.add("POST /idle", "executed", 0)         // a series with no request in the window
+	m.add("POST /pay", "no-route", 4)    // other 4xx
+	m.add("/", "mismatch", 5)            // a series new since the baseline: counts from zero
+	m.add("/", "some-future-outcome", 6) // unknown: other
+	m.add("/", "abandoned", 1)           // upstream failure
+	m.add("POST /idle", "executed", 0)   // a series with no request in the window
 	m.storeDur.WithLabelValues("claim").Observe(0.001)
 	m.storeErr.WithLabelValues("claim").Inc()
 	if err := h.Sample(); err != nil {
@@ -310,22 +310,17 @@ func TestResets(t *testing.T) {
 	clk.Add(10 * time.Second)
 	m2 := newGatewayMetrics(t, []float64{0.01, 0.1, 1})
 	m2.add("/", "executed", 1)
-	h2 := history.New(prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
-		if clk.Now().After(time.Date(2026, 12, 1, 18, 0, 45, 0, time.UTC)) {
-			return m2.reg.Gather()
-		}
-		return m.reg.Gather()
-	}), history.Options{Now: clk.Now})
+	var cur atomic.Pointer[prometheus.Registry]
+	cur.Store(m.reg)
+	h2 := history.New(prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) { return cur.Load().Gather() }),
+		history.Options{Now: clk.Now})
 	if err := h2.Sample(); err != nil { // m's: the baseline
 		t.Fatal(err)
 	}
 	clk.Add(10 * time.Second)
-	if err := h2.Sample(); err != nil { // m2's
+	cur.Store(m2.reg)
+	if err := h2.Sample(); err != nil {
 		t.Fatal(err)
-	}
-	ro := routeOf(t, h2.Outcomes(), "/")
-	if got := ro.Totals[history.ClassExecuted]; got != 1 {
-		t.Errorf("a new registry: %d executed, want 1", got)
 	}
 	for _, ro := range h2.Outcomes() {
 		for _, b := range ro.Buckets {
@@ -335,6 +330,9 @@ func TestResets(t *testing.T) {
 				}
 			}
 		}
+	}
+	if got := routeOf(t, h2.Outcomes(), "/").Totals[history.ClassExecuted]; got != 1 {
+		t.Errorf("a new registry: %d executed, want 1", got)
 	}
 }
 
@@ -437,8 +435,8 @@ func TestQuantiles(t *testing.T) {
 	}
 
 	// Interpolation inside one bucket, as histogram_quantile: buckets 1, 2, 4 with 10,
-	// 30 and 60 observations; p50 is rank 50: 10 below 2s, 30 in (2, 4] → 2 + 2·(50−40)/60... no:
-	// 40 are at or below 2, so rank 50 lies 10 into the 60 of (2, 4]: 2 + 2·10/60.
+	// 30 and 60 observations. 40 are at or below 2, so rank 50 (p50) lies 10 into the
+	// 60 of (2, 4]: 2 + 2·10/60.
 	m3 := newGatewayMetrics(t, []float64{1, 2, 4})
 	h3 := history.New(m3.reg, history.Options{Now: clk.Now})
 	_ = h3.Sample()
@@ -457,7 +455,6 @@ func TestQuantiles(t *testing.T) {
 	ping := opOf(t, h3.StoreLatency(), "ping")
 	near("ping p50", ping.P50, 2+2*10.0/60, 1e-9)
 	near("ping p90", ping.P90, 2+2*50.0/60, 1e-9)
-	// Rank 5 in the first bucket, from zero: 0.5.
 	m3.storeDur.WithLabelValues("idle") // a series with no observation
 	if err := h3.Sample(); err != nil {
 		t.Fatal(err)
@@ -472,12 +469,15 @@ func TestConcurrentUse(t *testing.T) {
 	t.Parallel()
 	m := newGatewayMetrics(t, nil)
 	h := history.New(m.reg, history.Options{Interval: time.Millisecond})
+	if err := h.Sample(); err != nil { // the baseline, before any request
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { h.Run(ctx) })
-	const writers, each = 4, 500
-	for w := range writers {
-		wg.Go(func() {
+	var sampler, writers, readers sync.WaitGroup
+	sampler.Go(func() { h.Run(ctx) })
+	const nw, each = 4, 500
+	for w := range nw {
+		writers.Go(func() {
 			route := []string{"POST /a", "POST /b"}[w%2]
 			for i := range each {
 				m.add(route, []string{"executed", "replayed", "conflict"}[i%3], 1)
@@ -485,7 +485,6 @@ func TestConcurrentUse(t *testing.T) {
 			}
 		})
 	}
-	readers := sync.WaitGroup{}
 	stop := make(chan struct{})
 	for range 2 {
 		readers.Go(func() {
@@ -503,26 +502,65 @@ func TestConcurrentUse(t *testing.T) {
 			}
 		})
 	}
-	// Wait for the writers (not the sampler), then a last sample.
-	for h.Since().IsZero() {
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(20 * time.Millisecond)
+	writers.Wait()
 	cancel()
-	wg.Wait()
+	sampler.Wait()
 	close(stop)
 	readers.Wait()
 	if err := h.Sample(); err != nil {
 		t.Fatal(err)
 	}
-	// The baseline may have been taken after some increments: what was counted plus what
-	// preceded it is everything. The counts after the baseline must match the
-	// registry's increase since then exactly; check the sum against the registry.
+	os := h.Outcomes()
+	checkSums(t, os)
 	var counted uint64
-	for _, o := range h.Outcomes() {
+	for _, o := range os {
 		counted += o.Totals.Total()
 	}
-	if counted > writers*each {
-		t.Errorf("counted %d requests, more than the %d made", counted, writers*each)
+	if counted != nw*each {
+		t.Errorf("counted %d requests, want %d", counted, nw*each)
 	}
+	if got := opOf(t, h.StoreLatency(), "claim").Count; got != nw*each {
+		t.Errorf("counted %d claims, want %d", got, nw*each)
+	}
+}
+
+// TestRun: Run samples at once, then every Interval, until its context ends.
+func TestRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newGatewayMetrics(t, nil)
+		h := history.New(m.reg, history.Options{}) // time.Now: the bubble's clock
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() {
+			h.Run(ctx)
+			close(done)
+		}()
+		synctest.Wait()
+		if h.Since().IsZero() {
+			t.Fatal("Run took no baseline at once")
+		}
+		m.add("/", "executed", 3)
+		time.Sleep(history.DefaultInterval - time.Nanosecond)
+		synctest.Wait()
+		if got := routeOf(t, h.Outcomes(), "/").Totals.Total(); got != 0 {
+			t.Fatalf("sampled before Interval: %d requests", got)
+		}
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		if got := routeOf(t, h.Outcomes(), "/").Totals[history.ClassExecuted]; got != 3 {
+			t.Fatalf("after Interval: %d executed, want 3", got)
+		}
+		time.Sleep(history.DefaultWindow)
+		synctest.Wait()
+		if got := routeOf(t, h.Outcomes(), "/").Totals.Total(); got != 0 {
+			t.Fatalf("after the window: %d requests, want 0", got)
+		}
+		cancel()
+		synctest.Wait()
+		select {
+		case <-done:
+		default:
+			t.Fatal("Run did not return when its context ended")
+		}
+	})
 }
