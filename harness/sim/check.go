@@ -1,0 +1,211 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/retrysafe/retrysafe/idempotency"
+)
+
+// claimFact is one claim the store granted, and what became of it.
+type claimFact struct {
+	Token       int64
+	Proc        *replica
+	Scope, Key  string
+	At          time.Duration
+	TookOver    bool
+	Completed   bool
+	CompletedAt time.Duration
+	Released    bool
+}
+
+// facts are what the schedule did, as the store, the upstream and the clients saw it.
+type facts struct {
+	claims     map[int64]*claimFact
+	execs      []*execution
+	seen       []*seen
+	procs      map[string]*replica
+	order      []*replica // every process, in the order they started
+	unfinished int
+}
+
+func (w *world) noteClaim(proc string, req idempotency.ClaimRequest, res idempotency.ClaimResult) {
+	if !res.Claimed {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.facts.claims[res.Token] = &claimFact{Token: res.Token, Proc: w.facts.procs[proc], Scope: req.Scope, Key: req.Key,
+		At: time.Since(w.start), TookOver: res.TookOver}
+}
+
+func (w *world) noteComplete(c idempotency.Completion) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if f := w.facts.claims[c.Token]; f != nil {
+		f.Completed, f.CompletedAt = true, time.Since(w.start)
+	}
+}
+
+func (w *world) noteRelease(token int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if f := w.facts.claims[token]; f != nil {
+		f.Released = true
+	}
+}
+
+// check checks the invariants on the quiesced schedule.
+func (w *world) check(res *Result) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	end := time.Since(w.start)
+	f := &w.facts
+	res.Executions, res.Finals, res.Unfinished = len(f.execs), len(f.seen), f.unfinished
+
+	// At most one execution per (scope, key), but in the documented windows: each
+	// execution after the first is explained by what happened to the one before it.
+	allowed := map[int]string{} // execution → why a later one of its key was allowed
+	byKey := map[string][]*execution{}
+	var keys []string
+	for _, x := range f.execs {
+		k := sk(x.Scope, x.Key)
+		if byKey[k] == nil {
+			keys = append(keys, k)
+		}
+		byKey[k] = append(byKey[k], x)
+	}
+	for _, k := range keys {
+		xs := byKey[k]
+		for i := 1; i < len(xs); i++ {
+			res.Extra++
+			why, ok := w.explain(xs[i-1], xs[i])
+			msg := fmt.Sprintf("%s executed again (#%d after #%d): %s", k, xs[i].N, xs[i-1].N, why)
+			if ok {
+				allowed[xs[i-1].N] = why
+				res.Windows = append(res.Windows, msg)
+			} else {
+				res.Violations = append(res.Violations, "one execution per key: "+msg)
+			}
+		}
+	}
+
+	// Every final answer is the request's own, and what the store replays for its key.
+	ops := map[string][]*Op{}
+	for i := range w.plan.Ops {
+		op := &w.plan.Ops[i]
+		ops[sk(op.Scope, op.Key)] = append(ops[sk(op.Scope, op.Key)], op)
+	}
+	for _, s := range f.seen {
+		op := s.Op
+		k := sk(op.Scope, op.Key)
+		if s.Receipt == nil {
+			// Another op with the key sends another body: whichever claims first runs.
+			reused := slices.ContainsFunc(ops[k], func(o *Op) bool { return o.ID != op.ID })
+			if s.Status != http.StatusUnprocessableEntity || !reused {
+				res.Violations = append(res.Violations, fmt.Sprintf("final answers: %s o%d got %d (%s), not an answer of the upstream", s.Attempt, op.ID, s.Status, trunc(s.Body)))
+			}
+			continue
+		}
+		rc := s.Receipt
+		if rc.Scope != op.Scope || rc.Key != op.Key || rc.Op != op.ID || rc.Amount != op.Amount {
+			res.Violations = append(res.Violations, fmt.Sprintf("no foreign replay: %s (scope %s key %s amount %d) got the answer of exec #%d (scope %s key %s amount %d)",
+				s.Attempt, op.Scope, op.Key, op.Amount, rc.Exec, rc.Scope, rc.Key, rc.Amount))
+			continue
+		}
+		x := f.execs[rc.Exec-1]
+		c := f.claims[x.Token]
+		rec, err := w.store.Get(context.Background(), op.Scope, op.Key)
+		switch {
+		case err == nil && rec.State == idempotency.StateDone && rec.Token == x.Token:
+			if rec.Response == nil || rec.Response.Status != s.Status || !bytes.Equal(rec.Response.Body, s.Body) {
+				res.Violations = append(res.Violations, fmt.Sprintf("final answers: %s got %d %s, the store replays another answer under the same token %d", s.Attempt, s.Status, trunc(s.Body), x.Token))
+			}
+		case c != nil && c.Completed && c.CompletedAt+w.plan.TTL <= end:
+			// stored, then expired
+		case allowed[x.N] != "":
+			res.Windows = append(res.Windows, fmt.Sprintf("%s kept the answer of exec #%d, which a later execution replaced: %s", s.Attempt, x.N, allowed[x.N]))
+		case x.Proc.isDeadLocked() && (c == nil || !c.Completed):
+			res.Windows = append(res.Windows, fmt.Sprintf("%s kept the answer of exec #%d, never stored: its owner %s was killed first", s.Attempt, x.N, x.Proc.name))
+		default:
+			state := "no record"
+			if err == nil {
+				state = fmt.Sprintf("%s under token %d", rec.State, rec.Token)
+			}
+			res.Violations = append(res.Violations, fmt.Sprintf("final answers: %s got the answer of exec #%d (token %d) as final, and the store holds %s for %s", s.Attempt, x.N, x.Token, state, k))
+		}
+	}
+
+	// No record stuck in progress once every owner is gone and its lease has passed.
+	now := time.Now()
+	for k, os := range ops {
+		rec, err := w.store.Get(context.Background(), os[0].Scope, os[0].Key)
+		if err == nil && rec.State == idempotency.StateInProgress && rec.LeaseUntil.After(now) {
+			res.Violations = append(res.Violations, fmt.Sprintf("no stuck record: %s in progress under token %d, its lease still %s ahead with every owner gone", k, rec.Token, fmtD(rec.LeaseUntil.Sub(now))))
+		}
+	}
+}
+
+// isDeadLocked is isDead for a caller holding w.mu (replica.mu is another lock).
+func (rep *replica) isDeadLocked() bool { return rep.isDead() }
+
+// explain says why cur could execute after prev, the execution before it of the same
+// key, and whether that is one of the documented windows. w.mu is held.
+func (w *world) explain(prev, cur *execution) (string, bool) {
+	f := &w.facts
+	cp, cc := f.claims[prev.Token], f.claims[cur.Token]
+	switch {
+	case prev.Token == cur.Token:
+		return fmt.Sprintf("both under one claim (token %d): forwarded twice", cur.Token), false
+	case cp == nil || cc == nil:
+		return fmt.Sprintf("an execution under no claim the store granted (tokens %d, %d)", prev.Token, cur.Token), false
+	case cp.Completed && cp.CompletedAt <= cc.At:
+		if cc.At >= cp.CompletedAt+w.plan.TTL {
+			return fmt.Sprintf("#%d's record expired (stored at %s, TTL %s) before #%d's claim at %s", prev.N, fmtD(cp.CompletedAt), w.plan.TTL, cur.N, fmtD(cc.At)), true
+		}
+		return fmt.Sprintf("#%d's answer was stored at %s (under token %d) and #%d was claimed at %s, before it expired", prev.N, fmtD(cp.CompletedAt), prev.Token, cur.N, fmtD(cc.At)), false
+	case cp.Released:
+		return fmt.Sprintf("#%d's key was released after the upstream executed it", prev.N), false
+	case prev.AnswerLost != "":
+		return fmt.Sprintf("the upstream's answer to #%d never reached its owner %s (%s): the key was left to its lease", prev.N, prev.Proc.name, prev.AnswerLost), true
+	}
+	if prev.Proc.isDead() {
+		prev.Proc.mu.Lock()
+		died := prev.Proc.diedAt
+		prev.Proc.mu.Unlock()
+		if died <= cc.At {
+			return fmt.Sprintf("#%d's owner %s was killed at %s, before its answer was stored", prev.N, prev.Proc.name, fmtD(died)), true
+		}
+	}
+	from := cp.At - w.plan.Lease
+	for _, o := range w.plan.Outages {
+		if o.Replica == prev.Proc.slot && o.Start < cc.At && o.End > from {
+			return fmt.Sprintf("#%d's owner %s was cut off from the store alone (%s–%s) while %s reached it", prev.N, prev.Proc.name, fmtD(o.Start), fmtD(o.End), cur.Proc.name), true
+		}
+	}
+	for _, s := range w.plan.Slow {
+		if s.Replica == prev.Proc.slot && s.Start < cc.At && s.End > from {
+			return fmt.Sprintf("#%d's owner %s alone had a slow link to the store (%s–%s) while %s reached it", prev.N, prev.Proc.name, fmtD(s.Start), fmtD(s.End), cur.Proc.name), true
+		}
+	}
+	for _, o := range w.plan.Outages {
+		if o.Replica < 0 && o.Start < cc.At && o.End > from && cur.Proc.started >= o.End {
+			return fmt.Sprintf("#%d's process %s started after an outage (%s–%s) and took the key over before the owner %s could renew", cur.N, cur.Proc.name, fmtD(o.Start), fmtD(o.End), prev.Proc.name), true
+		}
+	}
+	if cc.TookOver {
+		return fmt.Sprintf("#%d's claim (token %d, %s at %s) took over the lease of #%d's owner %s, alive and never cut off alone", cur.N, cur.Token, cur.Proc.name, fmtD(cc.At), prev.N, prev.Proc.name), false
+	}
+	return fmt.Sprintf("#%d's claim (token %d, %s at %s) replaced #%d's record (token %d) while its owner %s ran", cur.N, cur.Token, cur.Proc.name, fmtD(cc.At), prev.N, prev.Token, prev.Proc.name), false
+}
+
+func trunc(b []byte) string {
+	if len(b) > 120 {
+		return string(b[:120]) + "…"
+	}
+	return string(b)
+}

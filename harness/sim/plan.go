@@ -1,0 +1,186 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+)
+
+// Plan is everything a schedule decides before it starts, drawn from the seed: the
+// middleware's settings, the replicas and when they crash, the store's outages and slow
+// spells, and the clients' operations. What happens during the run (each message's
+// delay, each lost reply, each upstream answer) is drawn as it happens, from streams of
+// the same seed.
+type Plan struct {
+	Lease, TTL, StoreTimeout, UpstreamTimeout time.Duration
+	Janitor                                   time.Duration // the janitor's interval
+	Replicas                                  []ReplicaPlan
+	Outages                                   []Outage
+	Slow                                      []Slow
+	Ops                                       []Op
+	// Horizon is when clients stop retrying; every fault window ends before it.
+	Horizon time.Duration
+}
+
+// ReplicaPlan is one replica slot: what it runs and when its process is killed.
+type ReplicaPlan struct {
+	// Gateway: the replica is a retrysafe gateway (gateway.New) forwarding through an
+	// in-memory transport; otherwise idempotency.New's Handler around a handler that
+	// calls the upstream.
+	Gateway bool
+	Wait    bool // Conflict: wait instead of reject
+	Crashes []Crash
+}
+
+// Crash kills a replica's process at At; a new process takes the slot Down later.
+type Crash struct{ At, Down time.Duration }
+
+// Outage is a window in which store calls fail: of every replica (Replica < 0) or of
+// one replica only (a partition between that replica and the store). Stall: calls hang
+// until their caller's timeout; otherwise they fail at once.
+type Outage struct {
+	Start, End time.Duration
+	Replica    int
+	Stall      bool
+}
+
+// Slow is a window in which store calls take Extra longer, for every replica or one.
+type Slow struct {
+	Start, End, Extra time.Duration
+	Replica           int
+}
+
+// Op is one logical operation of a client: one key, sent until it gets a final answer.
+type Op struct {
+	ID             int
+	Scope, Key     string
+	Amount         int // the body; an op reusing another's key with another amount expects 422
+	Start          time.Duration
+	AttemptTimeout time.Duration
+	Hedge          bool // sends a concurrent duplicate with its first attempt
+	SlowReader     bool // reads every answer slowly
+}
+
+func dur(r *rand.Rand, lo, hi time.Duration) time.Duration {
+	if hi <= lo {
+		return lo
+	}
+	return lo + time.Duration(r.Int64N(int64(hi-lo)))
+}
+
+func chance(r *rand.Rand, p float64) bool { return r.Float64() < p }
+
+// newPlan draws a plan from r.
+func newPlan(r *rand.Rand) Plan {
+	var p Plan
+	p.Lease = []time.Duration{2 * time.Second, 3 * time.Second, 6 * time.Second}[r.IntN(3)]
+	p.StoreTimeout = p.Lease / 6
+	p.UpstreamTimeout = p.Lease
+	p.TTL = p.Lease * time.Duration(4+r.IntN(8))
+	p.Janitor = dur(r, p.Lease/2, 2*p.Lease)
+	faults := 4 * p.Lease // fault windows start before this
+	p.Horizon = faults + 10*p.Lease
+
+	nrep := 2 + r.IntN(2)
+	for i := range nrep {
+		rp := ReplicaPlan{Gateway: chance(r, 0.5), Wait: chance(r, 0.3)}
+		if i > 0 || chance(r, 0.5) { // slot 0 crashes less, so that some schedules have a steady replica
+			at := time.Duration(0)
+			for range r.IntN(3) {
+				at += dur(r, p.Lease/4, 2*p.Lease)
+				if at >= faults {
+					break
+				}
+				down := dur(r, p.Lease/5, 2*p.Lease)
+				rp.Crashes = append(rp.Crashes, Crash{At: at, Down: down})
+				at += down
+			}
+		}
+		p.Replicas = append(p.Replicas, rp)
+	}
+	for range r.IntN(3) {
+		start := dur(r, 0, faults)
+		o := Outage{Start: start, End: start + dur(r, p.Lease/10, 5*p.Lease/2), Replica: -1, Stall: chance(r, 0.5)}
+		if chance(r, 0.35) {
+			o.Replica = r.IntN(nrep)
+		}
+		p.Outages = append(p.Outages, o)
+	}
+	for range r.IntN(2) {
+		start := dur(r, 0, faults)
+		s := Slow{Start: start, End: start + dur(r, p.Lease/4, 2*p.Lease), Extra: dur(r, p.Lease/20, 3*p.Lease/4), Replica: -1}
+		if chance(r, 0.35) {
+			s.Replica = r.IntN(nrep)
+		}
+		p.Slow = append(p.Slow, s)
+	}
+	scopes := []string{"alice", "bob"}
+	nops := 3 + r.IntN(6)
+	for i := range nops {
+		op := Op{
+			ID:             i + 1,
+			Scope:          scopes[r.IntN(len(scopes))],
+			Key:            fmt.Sprintf("k%d", 1+r.IntN(3)), // few keys: scopes and reuses collide
+			Amount:         100 * (1 + r.IntN(3)),
+			Start:          dur(r, 0, 2*p.Lease),
+			AttemptTimeout: dur(r, p.Lease/4, 3*p.Lease),
+			Hedge:          chance(r, 0.25),
+			SlowReader:     chance(r, 0.15),
+		}
+		p.Ops = append(p.Ops, op)
+	}
+	return p
+}
+
+// String is the plan, readable, as the trace's header.
+func (p Plan) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "lease %s, ttl %s, store timeout %s, upstream timeout %s, janitor every %s, clients stop at %s\n",
+		p.Lease, p.TTL, p.StoreTimeout, p.UpstreamTimeout, p.Janitor.Round(time.Millisecond), p.Horizon)
+	for i, rp := range p.Replicas {
+		kind := "middleware"
+		if rp.Gateway {
+			kind = "gateway"
+		}
+		if rp.Wait {
+			kind += " (conflict: wait)"
+		}
+		fmt.Fprintf(&b, "replica r%d: %s", i, kind)
+		for _, c := range rp.Crashes {
+			fmt.Fprintf(&b, "; killed at %s, back %s later", fmtD(c.At), fmtD(c.Down))
+		}
+		b.WriteString("\n")
+	}
+	for _, o := range p.Outages {
+		who, how := "every replica", "cut"
+		if o.Replica >= 0 {
+			who = fmt.Sprintf("r%d alone", o.Replica)
+		}
+		if o.Stall {
+			how = "stall"
+		}
+		fmt.Fprintf(&b, "store outage (%s, %s) %s–%s\n", how, who, fmtD(o.Start), fmtD(o.End))
+	}
+	for _, s := range p.Slow {
+		who := "every replica"
+		if s.Replica >= 0 {
+			who = fmt.Sprintf("r%d alone", s.Replica)
+		}
+		fmt.Fprintf(&b, "store slow by %s (%s) %s–%s\n", fmtD(s.Extra), who, fmtD(s.Start), fmtD(s.End))
+	}
+	for _, op := range p.Ops {
+		fmt.Fprintf(&b, "op o%d: scope %s key %s amount %d, from %s, attempt timeout %s", op.ID, op.Scope, op.Key, op.Amount, fmtD(op.Start), fmtD(op.AttemptTimeout))
+		if op.Hedge {
+			b.WriteString(", hedged")
+		}
+		if op.SlowReader {
+			b.WriteString(", slow reader")
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// fmtD prints a virtual instant or duration to the microsecond.
+func fmtD(d time.Duration) string { return d.Round(time.Microsecond).String() }

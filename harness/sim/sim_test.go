@@ -1,0 +1,111 @@
+package sim
+
+import (
+	"flag"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/idempotency/idempotencytest"
+)
+
+var (
+	seedFlag  = flag.Int64("seed", -1, "run only this seed and print its trace")
+	seedsFlag = flag.Int("seeds", 0, "how many seeds TestSim explores (default 300, 5000 with RETRYSAFE_LONG=1)")
+	firstFlag = flag.Uint64("seed-from", 1, "the first seed TestSim explores")
+)
+
+// ciSeeds is how many seeds TestSim explores by default: what fits in about a minute
+// under the race detector on a loaded 2-core machine.
+const (
+	ciSeeds   = 300
+	longSeeds = 5000
+)
+
+func runSeed(t *testing.T, seed uint64) *Result {
+	var res *Result
+	synctest.Test(t, func(t *testing.T) { res = Run(seed) })
+	return res
+}
+
+// TestSim explores seeds and fails with the trace of every schedule that broke an
+// invariant; -seed N runs one schedule and prints its trace whatever its verdict.
+func TestSim(t *testing.T) {
+	if *seedFlag >= 0 {
+		res := runSeed(t, uint64(*seedFlag))
+		t.Log("\n" + res.Report())
+		if res.Failed() {
+			t.Fatalf("seed %d broke %d invariants", *seedFlag, len(res.Violations))
+		}
+		return
+	}
+	n := *seedsFlag
+	if n == 0 {
+		n = ciSeeds
+		if os.Getenv("RETRYSAFE_LONG") == "1" {
+			n = longSeeds
+		}
+	}
+	start := time.Now()
+	var mu sync.Mutex
+	var failed []uint64
+	execs, windows, finals, unfinished := 0, 0, 0, 0
+	t.Run("seeds", func(t *testing.T) {
+		for i := range uint64(n) {
+			seed := *firstFlag + i
+			t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) {
+				t.Parallel()
+				res := runSeed(t, seed)
+				mu.Lock()
+				execs, windows, finals, unfinished = execs+res.Executions, windows+len(res.Windows), finals+res.Finals, unfinished+res.Unfinished
+				mu.Unlock()
+				if res.Failed() {
+					mu.Lock()
+					failed = append(failed, seed)
+					mu.Unlock()
+					t.Errorf("seed %d: %s\nreproduce: go test ./harness/sim -run 'TestSim$' -seed %d -v\n%s",
+						seed, strings.Join(res.Violations, "\n"), seed, res.Report())
+				}
+			})
+		}
+	})
+	t.Logf("%d seeds in %s: %d executions, %d extra in documented windows, %d final answers, %d operations unfinished; failing seeds: %v",
+		n, time.Since(start).Round(time.Millisecond), execs, windows, finals, unfinished, failed)
+}
+
+// TestDeterministic runs seeds twice: the same seed must give the same trace.
+func TestDeterministic(t *testing.T) {
+	for _, seed := range []uint64{1, 2, 3, 7, 11, 42} {
+		a, b := runSeed(t, seed), runSeed(t, seed)
+		ra, rb := a.Report(), b.Report()
+		if ra != rb {
+			la, lb := strings.Split(ra, "\n"), strings.Split(rb, "\n")
+			for i := range min(len(la), len(lb)) {
+				if la[i] != lb[i] {
+					t.Fatalf("seed %d: the traces differ at line %d:\n  %s\n  %s", seed, i+1, la[i], lb[i])
+				}
+			}
+			t.Fatalf("seed %d: the traces differ in length (%d and %d lines)", seed, len(la), len(lb))
+		}
+		if len(a.Trace) < 20 {
+			t.Fatalf("seed %d: a trace of %d events: the schedule did nothing", seed, len(a.Trace))
+		}
+	}
+}
+
+// TestHandleConformance runs the store conformance suite against the simulated
+// network in front of the memory store, with message delays and without lost replies
+// or outages (the suite expects every call answered): the store the simulation runs
+// against honours the idempotency.Store contract.
+func TestHandleConformance(t *testing.T) {
+	idempotencytest.Run(t, idempotencytest.Harness{
+		New: func(t *testing.T, clock func() time.Time) idempotency.Store {
+			return newQuietHandle(clock)
+		},
+	})
+}

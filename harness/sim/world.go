@@ -1,0 +1,375 @@
+package sim
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/idempotency/memstore"
+)
+
+// Event is one line of a schedule's trace: a virtual instant (from the schedule's
+// start), who did it, and what.
+type Event struct {
+	At   time.Duration
+	Who  string
+	What string
+}
+
+func (e Event) String() string { return fmt.Sprintf("%12s  %-10s %s", fmtD(e.At), e.Who, e.What) }
+
+// world is one schedule: its random streams, its trace, the store every replica
+// shares, and the facts the invariants are checked against.
+type world struct {
+	seed  uint64
+	plan  Plan
+	start time.Time
+	store *memstore.Store // the real store, on the simulation's clock
+
+	quiet   bool // no lost replies (the conformance suite's world)
+	mu      sync.Mutex
+	streams map[string]*rand.Rand
+	events  []Event
+	facts   facts
+}
+
+// stream returns the random stream called name, made from the seed and the name. Every
+// decision is drawn from the stream of the thing that makes it (one client, one replica's
+// calls for one key, the upstream for one key), so that decisions do not depend on how
+// the goroutines of one virtual instant interleave. w.mu is held.
+func (w *world) stream(name string) *rand.Rand {
+	r, ok := w.streams[name]
+	if !ok {
+		h := fnv.New64a()
+		h.Write([]byte(name))
+		r = rand.New(rand.NewPCG(w.seed, h.Sum64()))
+		w.streams[name] = r
+	}
+	return r
+}
+
+// draw runs f with the stream called name.
+func (w *world) draw(name string, f func(r *rand.Rand)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f(w.stream(name))
+}
+
+// now is the virtual time since the schedule started.
+func (w *world) now() time.Duration { return time.Since(w.start) }
+
+func (w *world) event(who, format string, args ...any) {
+	e := Event{At: w.now(), Who: who, What: fmt.Sprintf(format, args...)}
+	w.mu.Lock()
+	w.events = append(w.events, e)
+	w.mu.Unlock()
+}
+
+// trace returns the events in a stable order: by instant, then by who and what, so
+// that goroutines that ran at one virtual instant in another order give the same trace.
+func (w *world) trace() []Event {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ev := slices.Clone(w.events)
+	slices.SortStableFunc(ev, func(a, b Event) int {
+		return cmp.Or(cmp.Compare(a.At, b.At), strings.Compare(a.Who, b.Who), strings.Compare(a.What, b.What))
+	})
+	return ev
+}
+
+// sleep waits d of virtual time, or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// outage returns the outage that holds at now for replica slot (-1: the janitor,
+// which sees only outages of every replica), if any.
+func (w *world) outage(slot int, now time.Duration) (Outage, bool) {
+	for _, o := range w.plan.Outages {
+		if now >= o.Start && now < o.End && (o.Replica < 0 || o.Replica == slot) {
+			return o, true
+		}
+	}
+	return Outage{}, false
+}
+
+func (w *world) slowBy(slot int, now time.Duration) time.Duration {
+	var d time.Duration
+	for _, s := range w.plan.Slow {
+		if now >= s.Start && now < s.End && (s.Replica < 0 || s.Replica == slot) {
+			d = max(d, s.Extra)
+		}
+	}
+	return d
+}
+
+// Errors of the simulated network between a replica and the store.
+var (
+	errStoreDown  = errors.New("sim: store unreachable")
+	errReplyLost  = errors.New("sim: store reply lost (the call may have been applied)")
+	errDisconnect = errors.New("sim: process killed: store connection closed")
+)
+
+// handle is one process's connection to the shared store: the real memstore behind a
+// simulated network. A call travels to the store (a drawn delay, plus the slow spells),
+// is refused or hangs in an outage, is applied, and its reply travels back (a drawn
+// delay; or it is lost, the call applied). A killed process's handle is cut: every call
+// in flight loses its reply, and no later call reaches the store. It honours the
+// idempotency.Store contract as the store behind a network does: a call that fails may
+// have been applied.
+type handle struct {
+	w    *world
+	name string // the process's
+	slot int
+	mu   sync.Mutex
+	cut  bool
+}
+
+var (
+	_ idempotency.Store   = (*handle)(nil)
+	_ idempotency.Janitor = (*handle)(nil)
+	_ idempotency.Pinger  = (*handle)(nil)
+)
+
+func (h *handle) disconnect() {
+	h.mu.Lock()
+	h.cut = true
+	h.mu.Unlock()
+}
+
+func (h *handle) isCut() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cut
+}
+
+// call sends op for key through the network, applying it with apply at the store. A
+// message once sent arrives, however late, whether or not its caller still waits: a
+// caller that gives up (its context ends) learns nothing of whether it was applied.
+func (h *handle) call(ctx context.Context, op, key string, apply func() (string, error)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	w := h.w
+	var there, back time.Duration
+	var lost bool
+	w.draw(h.name+"/"+op+"/"+key, func(r *rand.Rand) {
+		there, back = dur(r, 50*time.Microsecond, 3*time.Millisecond), dur(r, 50*time.Microsecond, 3*time.Millisecond)
+		if chance(r, 0.03) {
+			there += dur(r, 0, w.plan.Lease/3) // a late message
+		}
+		lost = chance(r, 0.04) && !w.quiet
+	})
+	if h.isCut() {
+		return errDisconnect
+	}
+	there += w.slowBy(h.slot, w.now())
+	reply := make(chan error, 1)
+	go func() {
+		time.Sleep(there)
+		if h.isCut() {
+			reply <- errDisconnect
+			return
+		}
+		if o, down := w.outage(h.slot, w.now()); down {
+			if !o.Stall {
+				reply <- errStoreDown
+			} // black-holed: no reply; the caller's timeout ends the call
+			return
+		}
+		what, err := apply()
+		if what != "" {
+			w.event("store", "%s: %s", h.name, what)
+		}
+		time.Sleep(back)
+		switch _, down := w.outage(h.slot, w.now()); {
+		case h.isCut():
+			err = errDisconnect
+		case down:
+			err = errStoreDown
+		case lost:
+			w.event("store", "%s: reply to %s %s lost", h.name, op, key)
+			err = errReplyLost
+		}
+		reply <- err
+	}()
+	select {
+	case err := <-reply:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func sk(scope, key string) string { return scope + "/" + key }
+
+// Claim implements idempotency.Store.
+func (h *handle) Claim(ctx context.Context, req idempotency.ClaimRequest) (res idempotency.ClaimResult, err error) {
+	err = h.call(ctx, "claim", sk(req.Scope, req.Key), func() (string, error) {
+		var e error
+		res, e = h.w.store.Claim(context.Background(), req)
+		if e != nil {
+			return "claim " + sk(req.Scope, req.Key) + ": " + e.Error(), e
+		}
+		h.w.noteClaim(h.name, req, res)
+		take := ""
+		if !req.NoTakeover {
+			take = " (may take over)"
+		}
+		if res.Claimed {
+			how := "claimed"
+			if res.TookOver {
+				how = "took over"
+			}
+			return fmt.Sprintf("claim %s%s: %s, token %d", sk(req.Scope, req.Key), take, how, res.Token), nil
+		}
+		x := res.Existing
+		return fmt.Sprintf("claim %s%s: refused, %s token %d lease %s", sk(req.Scope, req.Key), take, x.State, x.Token,
+			fmtD(x.LeaseUntil.Sub(res.Now))), nil
+	})
+	if err != nil {
+		return idempotency.ClaimResult{}, err
+	}
+	return res, nil
+}
+
+// Extend implements idempotency.Store.
+func (h *handle) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
+	return h.call(ctx, "extend", sk(scope, key), func() (string, error) {
+		err := h.w.store.Extend(context.Background(), scope, key, token, lease)
+		return fmt.Sprintf("extend %s token %d: %v", sk(scope, key), token, errText(err)), err
+	})
+}
+
+// Abandon implements idempotency.Store.
+func (h *handle) Abandon(ctx context.Context, scope, key string, token int64) error {
+	return h.call(ctx, "abandon", sk(scope, key), func() (string, error) {
+		err := h.w.store.Abandon(context.Background(), scope, key, token)
+		return fmt.Sprintf("abandon %s token %d: %v", sk(scope, key), token, errText(err)), err
+	})
+}
+
+// Complete implements idempotency.Store.
+func (h *handle) Complete(ctx context.Context, c idempotency.Completion) error {
+	return h.call(ctx, "complete", sk(c.Scope, c.Key), func() (string, error) {
+		err := h.w.store.Complete(context.Background(), c)
+		if err == nil {
+			h.w.noteComplete(c)
+		}
+		return fmt.Sprintf("complete %s token %d status %d: %v", sk(c.Scope, c.Key), c.Token, c.Response.Status, errText(err)), err
+	})
+}
+
+// Release implements idempotency.Store.
+func (h *handle) Release(ctx context.Context, scope, key string, token int64) error {
+	return h.call(ctx, "release", sk(scope, key), func() (string, error) {
+		err := h.w.store.Release(context.Background(), scope, key, token)
+		if err == nil {
+			h.w.noteRelease(token)
+		}
+		return fmt.Sprintf("release %s token %d: %v", sk(scope, key), token, errText(err)), err
+	})
+}
+
+// Get implements idempotency.Store.
+func (h *handle) Get(ctx context.Context, scope, key string) (rec *idempotency.Record, err error) {
+	err = h.call(ctx, "get", sk(scope, key), func() (string, error) {
+		var e error
+		rec, e = h.w.store.Get(context.Background(), scope, key)
+		return "", e
+	})
+	return rec, err
+}
+
+// Delete implements idempotency.Store.
+func (h *handle) Delete(ctx context.Context, scope, key string) error {
+	return h.call(ctx, "delete", sk(scope, key), func() (string, error) {
+		err := h.w.store.Delete(context.Background(), scope, key)
+		return "delete " + sk(scope, key), err
+	})
+}
+
+// DeleteExpired implements idempotency.Janitor.
+func (h *handle) DeleteExpired(ctx context.Context, limit int) (n int, err error) {
+	err = h.call(ctx, "janitor", "", func() (string, error) {
+		var e error
+		n, e = h.w.store.DeleteExpired(context.Background(), limit)
+		if n == 0 && e == nil {
+			return "", nil
+		}
+		return fmt.Sprintf("janitor deleted %d expired records", n), e
+	})
+	return n, err
+}
+
+// Ping implements idempotency.Pinger.
+func (h *handle) Ping(ctx context.Context) error {
+	return h.call(ctx, "ping", "", func() (string, error) { return "", h.w.store.Ping(context.Background()) })
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	return err.Error()
+}
+
+// logHandler puts a replica's log lines in the trace.
+type logHandler struct {
+	w     *world
+	who   string
+	min   slog.Level
+	attrs []slog.Attr
+}
+
+func (l *logHandler) Enabled(_ context.Context, lv slog.Level) bool { return lv >= l.min }
+
+func (l *logHandler) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "log %s: %s", r.Level, r.Message)
+	for _, a := range l.attrs {
+		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+		return true
+	})
+	l.w.event(l.who, "%s", b.String())
+	return nil
+}
+
+func (l *logHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &logHandler{w: l.w, who: l.who, min: l.min, attrs: append(slices.Clone(l.attrs), as...)}
+}
+
+func (l *logHandler) WithGroup(string) slog.Handler { return l }
+
+// newQuietHandle returns a handle over a new memory store on clock, in a world with no
+// fault window and no lost reply: every call is delayed as drawn (in real time, outside
+// a bubble) and answered, so that the conformance suite checks what the handle passes
+// through, concurrency included, and the store behind it.
+func newQuietHandle(clock func() time.Time) *handle {
+	w := &world{start: time.Now(), streams: map[string]*rand.Rand{}, quiet: true}
+	w.facts = facts{claims: map[int64]*claimFact{}, procs: map[string]*replica{}}
+	w.store = memstore.NewWithClock(clock)
+	return &handle{w: w, name: "conformance", slot: -1}
+}
