@@ -214,7 +214,7 @@ func (h *History) Sample() error {
 	h.evict(now)
 	if len(s.req) > 0 || len(s.op) > 0 {
 		if len(h.samples) >= h.limit {
-			h.foldOldest()
+			h.foldOldest(&s)
 		}
 		h.samples = append(h.samples, s)
 	}
@@ -379,15 +379,18 @@ func (h *History) evict(now time.Time) {
 	}
 }
 
-// foldOldest adds the oldest sample into the next one, so that the number of samples
-// stays bounded when Sample is called more often than Interval, without losing counts
-// of the window: the merged sample covers both intervals and keeps the later time.
-func (h *History) foldOldest() {
-	if len(h.samples) < 2 {
-		h.samples = h.samples[:0]
+// foldOldest adds the oldest sample into the one after it (next, the sample about to be
+// appended, when it is the only one), so that the number of samples stays bounded when
+// Sample is called more often than Interval, without losing counts of the window: the
+// merged sample covers both intervals and keeps the later time.
+func (h *History) foldOldest(next *sample) {
+	if len(h.samples) == 0 {
 		return
 	}
-	a, b := h.samples[0], &h.samples[1]
+	a, b := h.samples[0], next
+	if len(h.samples) > 1 {
+		b = &h.samples[1]
+	}
 	for _, r := range a.req {
 		j := slices.IndexFunc(b.req, func(x reqDelta) bool { return x.s == r.s })
 		if j < 0 {
@@ -413,6 +416,7 @@ func (h *History) foldOldest() {
 		// Another layout: the older observations are dropped with it, as a quantile
 		// cannot be computed across layouts.
 	}
+	h.samples[0] = sample{}
 	h.samples = slices.Delete(h.samples, 0, 1)
 }
 

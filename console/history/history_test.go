@@ -266,6 +266,26 @@ func TestSamplingFasterThanInterval(t *testing.T) {
 	if got := opOf(t, h.StoreLatency(), "get").Count; got != 60 {
 		t.Errorf("gets: %d, want 60", got)
 	}
+
+	// Room for one sample only.
+	one := history.New(m.reg, history.Options{Now: clk.Now, Window: 10 * time.Second, Interval: time.Minute})
+	if err := one.Sample(); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		clk.Add(time.Second)
+		m.add("/", "replayed", 1)
+		m.storeDur.WithLabelValues("get").Observe(0.002)
+		if err := one.Sample(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := routeOf(t, one.Outcomes(), "/").Totals[history.ClassReplayed]; got != 3 {
+		t.Errorf("one sample kept: replayed %d, want 3", got)
+	}
+	if got := opOf(t, one.StoreLatency(), "get").Count; got != 3 {
+		t.Errorf("one sample kept: gets %d, want 3", got)
+	}
 }
 
 func TestResets(t *testing.T) {
