@@ -83,8 +83,9 @@ func (w *world) check(res *Result) {
 		xs := byKey[k]
 		for i := 1; i < len(xs); i++ {
 			res.Extra++
-			why, ok := w.explain(xs[i-1], xs[i])
+			why, kind, ok := w.explain(xs[i-1], xs[i])
 			msg := fmt.Sprintf("%s executed again (#%d after #%d): %s", k, xs[i].N, xs[i-1].N, why)
+			res.Kinds = append(res.Kinds, kind)
 			if ok {
 				allowed[xs[i-1].N] = why
 				res.Windows = append(res.Windows, msg)
@@ -154,53 +155,54 @@ func (w *world) check(res *Result) {
 func (rep *replica) isDeadLocked() bool { return rep.isDead() }
 
 // explain says why cur could execute after prev, the execution before it of the same
-// key, and whether that is one of the documented windows. w.mu is held.
-func (w *world) explain(prev, cur *execution) (string, bool) {
+// key, under which kind of cause, and whether that is one of the documented windows.
+// w.mu is held.
+func (w *world) explain(prev, cur *execution) (why, kind string, ok bool) {
 	f := &w.facts
 	cp, cc := f.claims[prev.Token], f.claims[cur.Token]
 	switch {
 	case prev.Token == cur.Token:
-		return fmt.Sprintf("both under one claim (token %d): forwarded twice", cur.Token), false
+		return fmt.Sprintf("both under one claim (token %d): forwarded twice", cur.Token), "forwarded-twice", false
 	case cp == nil || cc == nil:
-		return fmt.Sprintf("an execution under no claim the store granted (tokens %d, %d)", prev.Token, cur.Token), false
+		return fmt.Sprintf("an execution under no claim the store granted (tokens %d, %d)", prev.Token, cur.Token), "no-claim", false
 	case cp.Completed && cp.CompletedAt <= cc.At:
 		if cc.At >= cp.CompletedAt+w.plan.TTL {
-			return fmt.Sprintf("#%d's record expired (stored at %s, TTL %s) before #%d's claim at %s", prev.N, fmtD(cp.CompletedAt), w.plan.TTL, cur.N, fmtD(cc.At)), true
+			return fmt.Sprintf("#%d's record expired (stored at %s, TTL %s) before #%d's claim at %s", prev.N, fmtD(cp.CompletedAt), w.plan.TTL, cur.N, fmtD(cc.At)), "expired", true
 		}
-		return fmt.Sprintf("#%d's answer was stored at %s (under token %d) and #%d was claimed at %s, before it expired", prev.N, fmtD(cp.CompletedAt), prev.Token, cur.N, fmtD(cc.At)), false
+		return fmt.Sprintf("#%d's answer was stored at %s (under token %d) and #%d was claimed at %s, before it expired", prev.N, fmtD(cp.CompletedAt), prev.Token, cur.N, fmtD(cc.At)), "ran-after-stored", false
 	case cp.Released:
-		return fmt.Sprintf("#%d's key was released after the upstream executed it", prev.N), false
+		return fmt.Sprintf("#%d's key was released after the upstream executed it", prev.N), "released-after-execution", false
 	case prev.AnswerLost != "":
-		return fmt.Sprintf("the upstream's answer to #%d never reached its owner %s (%s): the key was left to its lease", prev.N, prev.Proc.name, prev.AnswerLost), true
+		return fmt.Sprintf("the upstream's answer to #%d never reached its owner %s (%s): the key was left to its lease", prev.N, prev.Proc.name, prev.AnswerLost), "answer-lost", true
 	}
 	if prev.Proc.isDead() {
 		prev.Proc.mu.Lock()
 		died := prev.Proc.diedAt
 		prev.Proc.mu.Unlock()
 		if died <= cc.At {
-			return fmt.Sprintf("#%d's owner %s was killed at %s, before its answer was stored", prev.N, prev.Proc.name, fmtD(died)), true
+			return fmt.Sprintf("#%d's owner %s was killed at %s, before its answer was stored", prev.N, prev.Proc.name, fmtD(died)), "owner-killed", true
 		}
 	}
 	from := cp.At - w.plan.Lease
 	for _, o := range w.plan.Outages {
 		if o.Replica == prev.Proc.slot && o.Start < cc.At && o.End > from {
-			return fmt.Sprintf("#%d's owner %s was cut off from the store alone (%s–%s) while %s reached it", prev.N, prev.Proc.name, fmtD(o.Start), fmtD(o.End), cur.Proc.name), true
+			return fmt.Sprintf("#%d's owner %s was cut off from the store alone (%s–%s) while %s reached it", prev.N, prev.Proc.name, fmtD(o.Start), fmtD(o.End), cur.Proc.name), "owner-cut-off-alone", true
 		}
 	}
 	for _, s := range w.plan.Slow {
 		if s.Replica == prev.Proc.slot && s.Start < cc.At && s.End > from {
-			return fmt.Sprintf("#%d's owner %s alone had a slow link to the store (%s–%s) while %s reached it", prev.N, prev.Proc.name, fmtD(s.Start), fmtD(s.End), cur.Proc.name), true
+			return fmt.Sprintf("#%d's owner %s alone had a slow link to the store (%s–%s) while %s reached it", prev.N, prev.Proc.name, fmtD(s.Start), fmtD(s.End), cur.Proc.name), "owner-slow-alone", true
 		}
 	}
 	for _, o := range w.plan.Outages {
 		if o.Replica < 0 && o.Start < cc.At && o.End > from && cur.Proc.started >= o.End {
-			return fmt.Sprintf("#%d's process %s started after an outage (%s–%s) and took the key over before the owner %s could renew", cur.N, cur.Proc.name, fmtD(o.Start), fmtD(o.End), prev.Proc.name), true
+			return fmt.Sprintf("#%d's process %s started after an outage (%s–%s) and took the key over before the owner %s could renew", cur.N, cur.Proc.name, fmtD(o.Start), fmtD(o.End), prev.Proc.name), "started-after-outage", true
 		}
 	}
 	if cc.TookOver {
-		return fmt.Sprintf("#%d's claim (token %d, %s at %s) took over the lease of #%d's owner %s, alive and never cut off alone", cur.N, cur.Token, cur.Proc.name, fmtD(cc.At), prev.N, prev.Proc.name), false
+		return fmt.Sprintf("#%d's claim (token %d, %s at %s) took over the lease of #%d's owner %s, alive and never cut off alone", cur.N, cur.Token, cur.Proc.name, fmtD(cc.At), prev.N, prev.Proc.name), "took-over-live-owner", false
 	}
-	return fmt.Sprintf("#%d's claim (token %d, %s at %s) replaced #%d's record (token %d) while its owner %s ran", cur.N, cur.Token, cur.Proc.name, fmtD(cc.At), prev.N, prev.Token, prev.Proc.name), false
+	return fmt.Sprintf("#%d's claim (token %d, %s at %s) replaced #%d's record (token %d) while its owner %s ran", cur.N, cur.Token, cur.Proc.name, fmtD(cc.At), prev.N, prev.Token, prev.Proc.name), "replaced-running-record", false
 }
 
 func trunc(b []byte) string {

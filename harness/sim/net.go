@@ -189,7 +189,7 @@ func (rep *replica) callUpstream(ctx context.Context, token int64, scope string,
 	var refused, lost bool
 	w.draw("link/"+rep.name+"/"+sk(scope, p.Key), func(r *rand.Rand) {
 		there = dur(r, 100*time.Microsecond, 5*time.Millisecond)
-		refused, lost = chance(r, 0.03), chance(r, 0.06)
+		refused, lost = chance(r, 0.03), chance(r, 0.04)
 		switch x := r.Float64(); {
 		case x < 0.03 && !w.plan.Replicas[rep.slot].Gateway:
 			took = dur(r, w.plan.TTL/2, 3*w.plan.TTL/2) // a handler that runs past the record's TTL
@@ -414,8 +414,10 @@ func (w *world) attempt(op *Op, id string, slots []*slot) result {
 	var pick int
 	var there, back time.Duration
 	var lost, waitOut bool
+	var slow time.Duration
 	w.draw("client/"+id, func(r *rand.Rand) {
 		pick = r.IntN(len(slots))
+		slow = dur(r, w.plan.Lease/4, 2*w.plan.Lease)
 		there, back = dur(r, 100*time.Microsecond, 10*time.Millisecond), dur(r, 100*time.Microsecond, 10*time.Millisecond)
 		lost, waitOut = chance(r, 0.08), chance(r, 0.5)
 	})
@@ -434,7 +436,7 @@ func (w *world) attempt(op *Op, id string, slots []*slot) result {
 	req.Header.Set("X-Sim-Attempt", id)
 	wr := &writer{ctx: ctx, h: http.Header{}}
 	if op.SlowReader {
-		wr.slow = w.plan.Lease / 2
+		wr.slow = slow
 	}
 	w.event(name, "%s sent to %s (%s %s, amount %d)", id, rep.name, op.Scope, op.Key, op.Amount)
 	done := make(chan bool, 1)

@@ -23,6 +23,9 @@ type Result struct {
 	// Windows are the extra executions that happened in a documented window, each with
 	// its cause.
 	Windows []string
+	// Kinds are the causes of the extra executions, one short name each
+	// (answer-lost, owner-killed, …; took-over-live-owner and the like for violations).
+	Kinds []string
 	// Counts: the upstream's executions, the final answers clients saw, the operations
 	// that got none by the horizon, and the executions beyond one per key.
 	Executions, Finals, Unfinished, Extra int

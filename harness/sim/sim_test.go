@@ -55,6 +55,7 @@ func TestSim(t *testing.T) {
 	var mu sync.Mutex
 	var failed []uint64
 	execs, windows, finals, unfinished := 0, 0, 0, 0
+	kinds := map[string]int{}
 	t.Run("seeds", func(t *testing.T) {
 		for i := range uint64(n) {
 			seed := *firstFlag + i
@@ -63,6 +64,9 @@ func TestSim(t *testing.T) {
 				res := runSeed(t, seed)
 				mu.Lock()
 				execs, windows, finals, unfinished = execs+res.Executions, windows+len(res.Windows), finals+res.Finals, unfinished+res.Unfinished
+				for _, k := range res.Kinds {
+					kinds[k]++
+				}
 				mu.Unlock()
 				if res.Failed() {
 					mu.Lock()
@@ -74,8 +78,8 @@ func TestSim(t *testing.T) {
 			})
 		}
 	})
-	t.Logf("%d seeds in %s: %d executions, %d extra in documented windows, %d final answers, %d operations unfinished; failing seeds: %v",
-		n, time.Since(start).Round(time.Millisecond), execs, windows, finals, unfinished, failed)
+	t.Logf("%d seeds in %s: %d executions, %d extra in documented windows, %d final answers, %d operations unfinished; causes of extra executions: %v; failing seeds: %v",
+		n, time.Since(start).Round(time.Millisecond), execs, windows, finals, unfinished, kinds, failed)
 }
 
 // TestDeterministic runs seeds twice: the same seed must give the same trace.
