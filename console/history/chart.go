@@ -22,7 +22,8 @@ type ChartData struct {
 	// Title names the chart: its visible heading, its <title> and the start of its
 	// aria-label.
 	Title string
-	// Buckets are the bars' start times, oldest first, evenly spaced.
+	// Buckets are the bars' start times, oldest first, evenly spaced. Their labels are
+	// written in the times' own location.
 	Buckets []time.Time
 	// Series are stacked in this order, the first at the bottom; the legend lists them
 	// in the same order.

@@ -198,3 +198,47 @@ func TestAgainstTheGateway(t *testing.T) {
 		t.Errorf("complete: %d calls, want %d (one per stored answer)", c.Count, newKeys+1+2)
 	}
 }
+
+// TestGatewayDefaultRegistry: a gateway given no Registerer makes its own registry (with
+// the Go and process collectors); Gatherer hands it to a History.
+func TestGatewayDefaultRegistry(t *testing.T) {
+	t.Parallel()
+	up := &countingUpstream{calls: map[string]int{}}
+	upSrv := httptest.NewServer(up)
+	defer upSrv.Close()
+	upURL, _ := url.Parse(upSrv.URL)
+	gw, err := gateway.New(gateway.Config{Upstream: upURL, Logger: slog.New(slog.DiscardHandler),
+		Idempotency: idempotency.Config{Store: memstore.New()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(gw)
+	defer func() {
+		front.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := gw.Shutdown(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	h := history.New(gw.Gatherer(), history.Options{})
+	if err := h.Sample(); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodPost, front.URL+"/pay/ok", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", "one")
+		resp, err := front.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+	}
+	if err := h.Sample(); err != nil {
+		t.Fatal(err)
+	}
+	ro := routeOf(t, h.Outcomes(), "/")
+	if ro.Totals != (history.Counts{history.ClassExecuted: 1, history.ClassReplayed: 1}) || up.count("/pay/ok") != 1 {
+		t.Errorf("catch-all route: %v, upstream calls %d; want 1 executed, 1 replayed, 1 call", ro.Totals, up.count("/pay/ok"))
+	}
+}
