@@ -110,33 +110,43 @@ func TestClassTableInDoc(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The table's rows: a class name starts a row; the outcome values follow it, in
-	// the second column, until the next class.
+	// The table: a header line names its columns; a class name starts a row, and the
+	// outcome values are in the second column of it and of the lines that follow, until
+	// the next class.
+	var lines []string
+	for line := range strings.SplitSeq(string(src), "\n") {
+		if l, ok := strings.CutPrefix(line, "//\t"); ok {
+			lines = append(lines, l)
+		}
+	}
+	var start, end int
 	rows := map[string]history.Class{}
 	var cur history.Class = -1
-	for line := range strings.SplitSeq(string(src), "\n") {
-		line = strings.TrimPrefix(line, "//\t")
-		if line == "" || strings.HasPrefix(line, "//") {
+	for _, line := range lines {
+		if strings.HasPrefix(line, "class ") {
+			start, end = strings.Index(line, "outcome values"), strings.Index(line, "why")
+			continue
+		}
+		if start <= 0 || end <= start {
 			continue
 		}
 		for _, c := range history.Classes() {
 			if strings.HasPrefix(line, c.String()+"  ") {
 				cur = c
-				line = line[len(c.String()):]
 			}
 		}
-		if cur < 0 {
+		if cur < 0 || len(line) <= start {
 			continue
 		}
-		col := strings.TrimSpace(line)
-		if i := strings.Index(col, "  "); i >= 0 {
-			col = col[:i]
-		}
+		col := line[start:min(end, len(line))]
 		for v := range strings.SplitSeq(col, ",") {
 			if v = strings.TrimSpace(v); v != "" {
 				rows[v] = cur
 			}
 		}
+	}
+	if len(rows) < 20 {
+		t.Fatalf("read %d outcome values from the doc's table: %v", len(rows), rows)
 	}
 	var vals []string
 	for _, dir := range []string{"../../idempotency", "../../gateway"} {
