@@ -61,6 +61,7 @@ type History struct {
 	reqs    map[reqKey]*reqSeries
 	ops     map[string]*opSeries
 	samples []sample // oldest first; only those with a delta
+	scratch sample   // the sample being gathered: its slices are reused, and copied to their size when kept
 }
 
 type reqKey struct{ route, outcome string }
@@ -181,20 +182,21 @@ func (h *History) Sample() error {
 	}
 	h.lastErr = nil
 	h.gen++
-	s := sample{t: now}
+	s := &h.scratch
+	s.t, s.req, s.op = now, s.req[:0], s.op[:0]
 	for _, mf := range mfs {
 		switch mf.GetName() {
 		case metricRequests:
 			for _, m := range mf.GetMetric() {
-				h.applyRequests(&s, m)
+				h.applyRequests(s, m)
 			}
 		case metricStoreDur:
 			for _, m := range mf.GetMetric() {
-				h.applyStoreDur(&s, m)
+				h.applyStoreDur(s, m)
 			}
 		case metricStoreErrs:
 			for _, m := range mf.GetMetric() {
-				h.applyStoreErrs(&s, m)
+				h.applyStoreErrs(s, m)
 			}
 		}
 	}
@@ -213,11 +215,14 @@ func (h *History) Sample() error {
 	}
 	h.evict(now)
 	if len(s.req) > 0 || len(s.op) > 0 {
+		kept := sample{t: s.t, req: slices.Clone(s.req), op: slices.Clone(s.op)}
 		if len(h.samples) >= h.limit {
-			h.foldOldest(&s)
+			h.foldOldest(&kept)
 		}
-		h.samples = append(h.samples, s)
+		h.samples = append(h.samples, kept)
 	}
+	clear(s.req[:cap(s.req)]) // no pointers kept past their sample
+	clear(s.op[:cap(s.op)])
 	return nil
 }
 
