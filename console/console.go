@@ -16,6 +16,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/retrysafe/retrysafe/console/history"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/redeliver"
 )
@@ -34,6 +35,10 @@ type Options struct {
 	Store idempotency.Store
 	// StoreName describes the store in the page header (with any password redacted).
 	StoreName string
+	// History, when set, gives the outcomes page its charts and store latencies: the
+	// gateway's own counters sampled over the last hour. Its owner runs it (Run).
+	// Nil: the page says the outcomes come from a gateway's counters.
+	History *history.History
 	// RouteTable, when set, writes the effective route table (as
 	// configfile.File.WriteTable does) shown on the routes page.
 	RouteTable func(io.Writer) error
@@ -133,7 +138,7 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Security-Policy", contentSecurityPolicy)
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Referrer-Policy", "same-origin") // no-referrer would make Chromium send "Origin: null" with the forms
 	h.Set("Cache-Control", "no-store")
 	if !c.authorized(r) && r.URL.Path != "/login" && !isStatic(r) {
 		c.unauthorized(w, r)

@@ -159,6 +159,7 @@ func (c *Console) apply(w http.ResponseWriter, r *http.Request, verb string, do 
 		return
 	}
 	ids, all := selection(r.PostForm)
+	c.log.Debug("console: "+verb, "queue", name, "ids", ids, "all", all)
 	if len(ids) == 0 && !all {
 		c.fail(w, r, http.StatusBadRequest, "Select the dead letters to "+verb+".")
 		return
