@@ -182,6 +182,9 @@ func (h *History) Sample() error {
 	}
 	h.lastErr = nil
 	h.gen++
+	if n := len(h.samples); n > 0 && now.Before(h.samples[n-1].t) {
+		now = h.samples[n-1].t // a clock set back: the samples stay in order
+	}
 	s := &h.scratch
 	s.t, s.req, s.op = now, s.req[:0], s.op[:0]
 	for _, mf := range mfs {

@@ -365,6 +365,34 @@ func TestResets(t *testing.T) {
 	}
 }
 
+// TestClockSetBack: a sample taken on a clock set back is kept in order, and counted.
+func TestClockSetBack(t *testing.T) {
+	t.Parallel()
+	m := newGatewayMetrics(t, nil)
+	clk := newClock()
+	h := history.New(m.reg, history.Options{Now: clk.Now, Window: 10 * time.Minute})
+	if err := h.Sample(); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []time.Duration{time.Minute, -30 * time.Second, time.Minute, 8 * time.Minute} {
+		clk.Add(step)
+		m.add("/", "executed", 1)
+		if err := h.Sample(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The second sample, taken at 18:00:30, is stamped 18:01, as the first. At 18:10:45
+	// the window starts at 18:00:45: all four are in it.
+	clk.Add(75 * time.Second)
+	if got := routeOf(t, h.Outcomes(), "/").Totals[history.ClassExecuted]; got != 4 {
+		t.Errorf("executed %d, want 4", got)
+	}
+	clk.Add(30 * time.Second) // 18:11:15: the first two are out
+	if got := routeOf(t, h.Outcomes(), "/").Totals[history.ClassExecuted]; got != 2 {
+		t.Errorf("executed %d, want 2", got)
+	}
+}
+
 func TestGatherFailureRecordsNothing(t *testing.T) {
 	t.Parallel()
 	m := newGatewayMetrics(t, nil)
