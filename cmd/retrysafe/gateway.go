@@ -59,7 +59,7 @@ Bad flags, an unreachable store or an unparsable upstream: one line on stderr, e
 
 examples:
   retrysafe gateway --upstream http://127.0.0.1:3000
-  retrysafe gateway --upstream http://api:3000 --listen :8080 --admin :9090 \
+  RETRYSAFE_ADMIN_TOKEN=… retrysafe gateway --upstream http://api:3000 --listen :8080 --admin :9090 \
       --store 'postgres://retrysafe@db:5432/app?schema=retrysafe' --log-format json
   RETRYSAFE_UPSTREAM=http://api:3000 RETRYSAFE_STORE=redis://cache:6379/0 retrysafe gateway
   curl -i -X POST http://127.0.0.1:8080/payments -H 'Idempotency-Key: 7c0e…' -d '{"amount":100}'
@@ -70,8 +70,9 @@ type gatewayFlags struct {
 	config                                                                              string
 	keyHeader, keyPointer, fingerprintIgnore, scopeCookie                               string
 	ttl, lease, upstreamTimeout, shutdownTimeout, bodyTimeout, waitTimeout              time.Duration
-	requireKey, failOpen, scopeNone                                                     bool
+	requireKey, failOpen, scopeNone, otel                                               bool
 	maxBody, maxResponse, maxBodyMemory                                                 byteSize
+	adminToken, consoleMode                                                             string
 }
 
 // newGatewayFlags defines retrysafe gateway's flags, their defaults taken from the
@@ -86,6 +87,8 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 	fs.StringVar(&f.upstream, "upstream", "", "")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "")
 	fs.StringVar(&f.admin, "admin", "127.0.0.1:9090", "")
+	fs.StringVar(&f.adminToken, "admin-token", "", "")
+	fs.StringVar(&f.consoleMode, "console", consoleOn, "")
 	fs.StringVar(&f.store, "store", storedsn.Default, "")
 	fs.DurationVar(&f.ttl, "ttl", idempotency.DefaultTTL, "")
 	fs.DurationVar(&f.lease, "lease", idempotency.DefaultLease, "")
@@ -108,11 +111,14 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 	fs.DurationVar(&f.waitTimeout, "wait-timeout", idempotency.DefaultWaitTimeout, "")
 	fs.StringVar(&f.logFormat, "log-format", "text", "")
 	fs.StringVar(&f.logLevel, "log-level", "info", "")
+	fs.BoolVar(&f.otel, "otel", false, "")
 	docs := []flagDoc{
 		{name: "config", arg: "FILE", help: "a YAML file of routes, each with its own policy and upstream (see retrysafe config check --help and examples/gateway.yaml); the flags set beside it override its defaults; SIGHUP reloads it", def: "-"},
 		{name: "upstream", arg: "URL", help: "the API to protect: http:// or https:// (required without --config)", def: "-"},
 		{name: "listen", arg: "ADDR", help: "proxy address; port 0 picks one, and the address is logged"},
-		{name: "admin", arg: "ADDR", help: `/healthz, /readyz, /metrics; "off" disables`},
+		{name: "admin", arg: "ADDR", help: `/healthz, /readyz, /metrics and the operator console at /; "off" disables`},
+		{name: "admin-token", arg: "TOKEN", help: "the token the console and /metrics ask for (Authorization: Bearer, or the console's login form); required when --admin is not a loopback address and the console is on", def: "-"},
+		{name: "console", arg: "on|off|read-only", help: "the operator console on the admin listener: keys (search, evict), outcomes per route, routes; read-only hides and refuses the actions"},
 		{name: "store", arg: "DSN", help: "sqlite:PATH, postgres://… (optional ?schema=NAME), redis://… (optional ?prefix=P), memory: — the schema is applied at start. SQLite and PostgreSQL batch the writes of concurrent requests into shared commits (group commit); ?batch=false turns it off"},
 		{name: "ttl", arg: "DURATION", field: "TTL", help: "how long responses are kept for replay"},
 		{name: "lease", arg: "DURATION", field: "Lease", help: "how long a key stays in progress without its owner, e.g. after a crash or an upstream timeout"},
@@ -136,6 +142,7 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 		{name: "wait-timeout", arg: "DUR", field: "WaitTimeout", help: "the longest a duplicate waits with --conflict wait; then 409"},
 		{name: "log-format", arg: "text|json"},
 		{name: "log-level", arg: "LEVEL", help: "debug, info, warn or error"},
+		{name: "otel", help: otelHelp, def: "false"},
 	}
 	return fs, f, docs
 }
@@ -178,6 +185,14 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if strings.EqualFold(adminAddr, "off") {
 		adminAddr = ""
 	}
+	if err := checkConsoleMode(f.consoleMode); err != nil {
+		return fail(stderr, cmd, err, exitUsage)
+	}
+	if adminAddr != "" && f.consoleMode != consoleOff {
+		if err := checkExposure("--admin", adminAddr, f.adminToken); err != nil {
+			return fail(stderr, cmd, err, exitUsage)
+		}
+	}
 
 	store, err := storedsn.Open(ctx, s.store, logger)
 	if err != nil {
@@ -188,9 +203,20 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return fail(stderr, cmd, fmt.Errorf("applying the schema of %s: %w", store.Name, err), exitUsage)
 	}
 	cfg.Idempotency.Store = store.Store
+	stopTracing, err := startTracing(ctx, f.otel, &cfg, logger)
+	if err != nil {
+		return fail(stderr, cmd, err, exitUsage)
+	}
+	defer stopTracing() // after Run: the last requests' spans
 	gw, err := gateway.New(cfg)
 	if err != nil {
 		return fail(stderr, cmd, flagError(err, docs), exitUsage)
+	}
+	routes := &routeTable{}
+	routes.set(cmp.Or(s.file, &configfile.File{Gateway: cfg}))
+	adminCfg, err := gatewayConsole(ctx, f.consoleMode, f.adminToken, gw, store, routes, logger)
+	if err != nil {
+		return fail(stderr, cmd, err, exitUsage)
 	}
 	ln, err := net.Listen("tcp", s.listen)
 	if err != nil {
@@ -233,10 +259,11 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 					continue
 				}
 				s = reloadConfig(gw, reload, s, logger)
+				routes.set(s.file)
 			}
 		}
 	}()
-	err = gw.Run(ctx, ln, adminLn)
+	err = gw.RunWith(ctx, ln, adminLn, adminCfg)
 	stopReloads()
 	<-reloaded
 	if err != nil {
@@ -399,7 +426,7 @@ func flagOverrides(fs *flag.FlagSet) []configfile.Override {
 	fs.Visit(func(fl *flag.Flag) {
 		o := configfile.Override{Key: overrideKeys[fl.Name], Value: fl.Value.String(), Source: "--" + fl.Name}
 		switch fl.Name {
-		case "config":
+		case "config", "otel", "admin-token", "console": // not keys of the file
 			return
 		case "require-key":
 			o.Key, o.Value = "defaults.mode", map[bool]string{true: "required", false: "optional"}[fl.Value.String() == "true"]
