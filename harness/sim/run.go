@@ -117,6 +117,7 @@ func Run(seed uint64) *Result {
 	}
 	stopJanitor()
 	<-janitorDone
+	w.inflight.Wait() // the last messages still in the network arrive
 	// Every owner is gone: once a lease has passed, no record may be in progress.
 	time.Sleep(w.plan.Lease + w.plan.Lease/2)
 

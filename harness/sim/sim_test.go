@@ -3,6 +3,7 @@ package sim
 import (
 	"flag"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -78,6 +79,7 @@ func TestSim(t *testing.T) {
 			})
 		}
 	})
+	slices.Sort(failed)
 	t.Logf("%d seeds in %s: %d executions, %d extra in documented windows, %d final answers, %d operations unfinished; causes of extra executions: %v; failing seeds: %v",
 		n, time.Since(start).Round(time.Millisecond), execs, windows, finals, unfinished, kinds, failed)
 }

@@ -35,11 +35,12 @@ type world struct {
 	start time.Time
 	store *memstore.Store // the real store, on the simulation's clock
 
-	quiet   bool // no lost replies (the conformance suite's world)
-	mu      sync.Mutex
-	streams map[string]*rand.Rand
-	events  []Event
-	facts   facts
+	quiet    bool           // no lost replies (the conformance suite's world)
+	inflight sync.WaitGroup // messages in the network between a process and the store
+	mu       sync.Mutex
+	streams  map[string]*rand.Rand
+	events   []Event
+	facts    facts
 }
 
 // stream returns the random stream called name, made from the seed and the name. Every
@@ -164,37 +165,54 @@ func (h *handle) isCut() bool {
 
 // call sends op for key through the network, applying it with apply at the store. A
 // message once sent arrives, however late, whether or not its caller still waits: a
-// caller that gives up (its context ends) learns nothing of whether it was applied.
+// caller that gives up (its context ends) learns nothing of whether it was applied. In
+// a stall a message is black-holed, or held and delivered when the stall ends.
 func (h *handle) call(ctx context.Context, op, key string, apply func() (string, error)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	w := h.w
 	var there, back time.Duration
-	var lost bool
+	var lost, held bool
 	w.draw(h.name+"/"+op+"/"+key, func(r *rand.Rand) {
 		there, back = dur(r, 50*time.Microsecond, 3*time.Millisecond), dur(r, 50*time.Microsecond, 3*time.Millisecond)
-		if chance(r, 0.03) {
+		switch x := r.Float64(); {
+		case x < 0.01:
+			there += dur(r, w.plan.Lease/3, 2*w.plan.Lease) // held somewhere, delivered long after
+		case x < 0.04:
 			there += dur(r, 0, w.plan.Lease/3) // a late message
 		}
 		lost = chance(r, 0.04) && !w.quiet
+		held = chance(r, 0.5)
 	})
 	if h.isCut() {
 		return errDisconnect
 	}
 	there += w.slowBy(h.slot, w.now())
 	reply := make(chan error, 1)
+	w.inflight.Add(1)
 	go func() {
+		defer w.inflight.Done()
 		time.Sleep(there)
 		if h.isCut() {
 			reply <- errDisconnect
 			return
 		}
 		if o, down := w.outage(h.slot, w.now()); down {
-			if !o.Stall {
+			switch {
+			case !o.Stall:
 				reply <- errStoreDown
-			} // black-holed: no reply; the caller's timeout ends the call
-			return
+				return
+			case !held:
+				return // black-holed: no reply; the caller's timeout ends the call
+			}
+			// Held by the partition, as TCP holds a segment it retransmits: delivered
+			// when the partition heals, whether or not the caller still waits.
+			time.Sleep(o.End - w.now())
+			if h.isCut() {
+				reply <- errDisconnect
+				return
+			}
 		}
 		what, err := apply()
 		if what != "" {
