@@ -76,11 +76,29 @@ func validColor(s string) bool {
 	return true
 }
 
+// appendNum appends a coordinate with at most two decimals.
+func appendNum(dst []byte, v float64) []byte {
+	dst = strconv.AppendFloat(dst, v, 'f', 2, 64)
+	for dst[len(dst)-1] == '0' {
+		dst = dst[:len(dst)-1]
+	}
+	if dst[len(dst)-1] == '.' {
+		dst = dst[:len(dst)-1]
+	}
+	return dst
+}
+
 // num formats a coordinate with at most two decimals.
-func num(v float64) string {
-	s := strconv.FormatFloat(v, 'f', 2, 64)
-	s = strings.TrimRight(s, "0")
-	return strings.TrimSuffix(s, ".")
+func num(v float64) string { return string(appendNum(nil, v)) }
+
+func writeNum(b *strings.Builder, v float64) {
+	var buf [32]byte
+	b.Write(appendNum(buf[:0], v))
+}
+
+func writeUint(b *strings.Builder, v uint64) {
+	var buf [20]byte
+	b.Write(strconv.AppendUint(buf[:0], v, 10))
 }
 
 func esc(s string) string { return html.EscapeString(s) }
@@ -166,6 +184,7 @@ func Chart(c ChartData) template.HTML {
 	plotH := bottom - top
 
 	var b strings.Builder
+	b.Grow(min(1024+120*n*max(len(c.Series), 1), 1<<20))
 	summary := esc(c.Title) + ": "
 	var parts []string
 	for si, s := range c.Series {
@@ -232,22 +251,44 @@ func Chart(c ChartData) template.HTML {
 		if bw > 4 {
 			gap = 1
 		}
+		labels := make([]string, n) // the tooltips' times, one per bucket
+		for i, t := range c.Buckets {
+			labels[i] = esc(timeLabel(t, bucket))
+		}
+		fills := make([]string, len(c.Series))
+		names := make([]string, len(c.Series))
+		for si, s := range c.Series {
+			fills[si], names[si] = s.Color, esc(s.Name)
+			if !validColor(s.Color) {
+				fills[si] = "#9e9e9e"
+			}
+		}
 		for i := range n {
 			y := bottom
-			for _, s := range c.Series {
+			for si, s := range c.Series {
 				if i >= len(s.Counts) || s.Counts[i] == 0 {
 					continue
 				}
 				v := s.Counts[i]
 				hh := float64(v) * scale
 				y -= hh
-				fill := s.Color
-				if !validColor(fill) {
-					fill = "#9e9e9e"
-				}
-				b.WriteString(`<rect x="` + num(left+float64(i)*bw+gap/2) + `" y="` + num(y) + `" width="` + num(bw-gap) +
-					`" height="` + num(hh) + `" fill="` + esc(fill) + `"><title>` + esc(timeLabel(c.Buckets[i], bucket)) + ` ` +
-					esc(s.Name) + `: ` + strconv.FormatUint(v, 10) + `</title></rect>`)
+				b.WriteString(`<rect x="`)
+				writeNum(&b, left+float64(i)*bw+gap/2)
+				b.WriteString(`" y="`)
+				writeNum(&b, y)
+				b.WriteString(`" width="`)
+				writeNum(&b, bw-gap)
+				b.WriteString(`" height="`)
+				writeNum(&b, hh)
+				b.WriteString(`" fill="`)
+				b.WriteString(fills[si]) // validated: # and hex digits
+				b.WriteString(`"><title>`)
+				b.WriteString(labels[i])
+				b.WriteByte(' ')
+				b.WriteString(names[si])
+				b.WriteString(`: `)
+				writeUint(&b, v)
+				b.WriteString(`</title></rect>`)
 			}
 		}
 	}
