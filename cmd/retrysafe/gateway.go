@@ -189,7 +189,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return fail(stderr, cmd, err, exitUsage)
 	}
 	if adminAddr != "" && f.consoleMode != consoleOff {
-		if err := checkExposure("--admin", adminAddr, f.adminToken); err != nil {
+		if err := checkExposure("--admin", adminAddr, f.adminToken, ", or --console off"); err != nil {
 			return fail(stderr, cmd, err, exitUsage)
 		}
 	}

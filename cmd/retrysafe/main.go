@@ -48,7 +48,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cmd, rest := args[0], args[1:]
 	commands := map[string]func(context.Context, []string, io.Writer, io.Writer) int{
 		"gateway": runGateway, "migrate": runMigrate, "keys": runKeys, "demo": runDemo,
-		"check": runCheck, "sim": runSim, "dlq": runDLQ, "config": runConfig,
+		"check": runCheck, "sim": runSim, "dlq": runDLQ, "config": runConfig, "console": runConsole,
 	}
 	if run, ok := commands[cmd]; ok {
 		return run(ctx, rest, stdout, stderr)
@@ -71,7 +71,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				fmt.Fprint(stdout, h)
 				return exitOK
 			}
-			fmt.Fprintf(stderr, "retrysafe help: unknown command %q (commands: gateway, config, demo, keys, check, sim, dlq, migrate, version, help)\n", rest[0])
+			fmt.Fprintf(stderr, "retrysafe help: unknown command %q (commands: gateway, config, console, demo, keys, check, sim, dlq, migrate, version, help)\n", rest[0])
 			return exitUsage
 		}
 		fmt.Fprint(stdout, usage)
@@ -84,7 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func helps() map[string]string {
 	return map[string]string{
 		"gateway": gatewayHelp(), "migrate": migrateHelp, "keys": keysHelp, "demo": demoHelp,
-		"check": checkHelp, "sim": simHelp, "dlq": dlqHelp, "config": configHelp,
+		"check": checkHelp, "sim": simHelp, "dlq": dlqHelp, "config": configHelp, "console": consoleHelp,
 		"version": "usage: retrysafe version\n\nPrints the module version the binary was built from (\"dev\" for a\nbuild from a work tree), and the Go version and platform.\n\nexamples:\n  retrysafe version\n",
 		"help":    usage,
 	}
@@ -102,6 +102,7 @@ commands:
   check     check whether an endpoint honours Idempotency-Key (sends real requests)
   sim       simulate what backoff, jitter and retry budgets buy (virtual time)
   dlq       inspect, replay and purge dead letters on RabbitMQ or NATS (list|show|replay|purge)
+  console   the operator console (keys, dead letters) in a browser, without a gateway
   migrate   apply the store's schema
   version   print the version
   help      this text, or "retrysafe help <command>"

@@ -1,0 +1,221 @@
+package main
+
+// End-to-end tests of the operator console as the binary serves it: on the gateway's
+// admin listener (--admin-token, --console) and as retrysafe console.
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/retrysafe/retrysafe/harness/testenv"
+)
+
+// adminGet sends a GET to the admin listener, with the bearer token when given.
+func adminGet(t *testing.T, u, token string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, u, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
+
+// adminPost posts form with the bearer token, following no redirect.
+func adminPost(t *testing.T, u, token string, form url.Values) int {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", "Bearer "+token)
+	c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	res, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	return res.StatusCode
+}
+
+var consoleCSRF = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
+
+// TestE2EConsoleExposure: a console reachable from other hosts without a token is
+// refused at start, for the gateway's admin listener and for retrysafe console; with
+// --console off the admin listener may be exposed as before.
+func TestE2EConsoleExposure(t *testing.T) {
+	t.Parallel()
+	gw := []string{"gateway", "--upstream", "http://127.0.0.1:1", "--store", "memory:", "--listen", "127.0.0.1:0"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{append(gw, "--admin", "0.0.0.0:0"), "--admin 0.0.0.0:0 is not a loopback address"},
+		{append(gw, "--admin", ":0", "--console", "read-only"), "set --admin-token"},
+		{append(gw, "--console", "maybe"), `--console "maybe": want on, off or read-only`},
+		{[]string{"console", "--store", "memory:", "--listen", "0.0.0.0:0"}, "--listen 0.0.0.0:0 is not a loopback address"},
+		{[]string{"console", "--store", "memory:", "--queue", "q"}, "--queue needs --amqp or --nats"},
+		{[]string{"console", "--store", "memory:", "--amqp", "amqp://127.0.0.1:1/"}, "need at least one --queue"},
+		{[]string{"console", "--store", "memory:", "--nats", "amqp://127.0.0.1:1/", "--queue", "q"}, "--nats amqp://127.0.0.1:1/: want nats://"},
+	} {
+		out, code := runBinary(t, c.args...)
+		if code != exitUsage || !strings.Contains(out, c.want) || strings.Count(strings.TrimSpace(out), "\n") > 0 {
+			t.Errorf("%v: exit %d, want 2 and one line with %q:\n%s", c.args, code, c.want, out)
+		}
+	}
+	p := startGateway(t, nil, "--upstream", "http://127.0.0.1:1", "--store", "memory:", "--admin", "0.0.0.0:0", "--console", "off")
+	if status, _ := adminGet(t, p.admin+"/healthz", ""); status != http.StatusOK {
+		t.Errorf("/healthz with --console off: %d", status)
+	}
+	if status, _ := adminGet(t, p.admin+"/keys", ""); status != http.StatusNotFound {
+		t.Errorf("/keys with --console off: %d, want 404", status)
+	}
+}
+
+// TestE2EConsoleGateway: the gateway's admin listener serves the console at /, behind
+// the token from RETRYSAFE_ADMIN_TOKEN when bound off loopback; an eviction through it
+// makes the next request with the key execute again; read-only refuses it.
+func TestE2EConsoleGateway(t *testing.T) {
+	t.Parallel()
+	var executions atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		executions.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	}))
+	t.Cleanup(up.Close)
+	const token = "e2e-console-token"
+	p := startGateway(t, []string{"RETRYSAFE_ADMIN_TOKEN=" + token}, "--upstream", up.URL, "--store", "memory:", "--admin", "0.0.0.0:0")
+	key := testenv.Name("console-e2e")
+	send := func() {
+		req, _ := http.NewRequest(http.MethodPost, p.addr+"/payments", strings.NewReader(`{"amount":1}`))
+		req.Header.Set("Idempotency-Key", key)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+	}
+	send()
+	send()
+	if n := executions.Load(); n != 1 {
+		t.Fatalf("upstream executions %d, want 1", n)
+	}
+	for _, path := range []string{"/keys", "/outcomes", "/metrics"} {
+		if status, _ := adminGet(t, p.admin+path, ""); status != http.StatusUnauthorized {
+			t.Errorf("GET %s without the token: %d, want 401", path, status)
+		}
+	}
+	if status, _ := adminGet(t, p.admin+"/healthz", ""); status != http.StatusOK {
+		t.Errorf("/healthz without the token: %d, want 200 (probes stay open)", status)
+	}
+	if status, body := adminGet(t, p.admin+"/metrics", token); status != http.StatusOK || !strings.Contains(body, "retrysafe_gateway_requests_total") {
+		t.Errorf("/metrics with the token: %d", status)
+	}
+	status, body := adminGet(t, p.admin+"/keys?key="+url.QueryEscape(key), token)
+	if status != http.StatusOK || !strings.Contains(body, key) {
+		t.Fatalf("GET /keys with the token: %d:\n%s", status, body)
+	}
+	if status, body := adminGet(t, p.admin+"/routes", token); status != http.StatusOK || !strings.Contains(body, "catch-all") {
+		t.Errorf("GET /routes: %d:\n%s", status, body)
+	}
+	if status, body := adminGet(t, p.admin+"/outcomes", token); status != http.StatusOK || !strings.Contains(body, "Store latency") {
+		t.Errorf("GET /outcomes: %d:\n%s", status, body)
+	}
+	_, page := adminGet(t, p.admin+"/keys/evict?"+url.Values{"scope": {`""`}, "key": {key}}.Encode(), token)
+	m := consoleCSRF.FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("no CSRF token on the confirmation page:\n%s", page)
+	}
+	form := url.Values{"scope": {`""`}, "key": {key}}
+	if status := adminPost(t, p.admin+"/keys/evict", token, form); status != http.StatusForbidden {
+		t.Errorf("POST without the CSRF token: %d, want 403", status)
+	}
+	form.Set("csrf", m[1])
+	if status := adminPost(t, p.admin+"/keys/evict", token, form); status != http.StatusSeeOther {
+		t.Fatalf("POST with the CSRF token: %d, want 303", status)
+	}
+	send()
+	if n := executions.Load(); n != 2 {
+		t.Errorf("upstream executions after the eviction %d, want 2", n)
+	}
+
+	ro := startGateway(t, nil, "--upstream", up.URL, "--store", "memory:", "--console", "read-only")
+	if status, body := adminGet(t, ro.admin+"/keys", ""); status != http.StatusOK || strings.Contains(body, "Evict") || !strings.Contains(body, "read-only") {
+		t.Errorf("read-only /keys: %d:\n%s", status, body)
+	}
+	if status := adminPost(t, ro.admin+"/keys/evict", "", form); status != http.StatusForbidden {
+		t.Errorf("read-only POST: %d, want 403", status)
+	}
+}
+
+// TestE2EConsoleCommand: retrysafe console serves a store's keys without a gateway,
+// says that the outcomes come from a gateway, and stops on SIGTERM with status 0.
+func TestE2EConsoleCommand(t *testing.T) {
+	t.Parallel()
+	db := "sqlite:" + filepath.Join(t.TempDir(), "keys.db")
+	if out, code := runBinary(t, "migrate", "--store", db); code != 0 {
+		t.Fatalf("migrate: %d %s", code, out)
+	}
+	cmd := exec.Command(binary, "console", "--store", db, "--listen", "127.0.0.1:0", "--log-format", "json")
+	cmd.Env = env()
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	addr := make(chan string, 1)
+	var logged strings.Builder
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			logged.WriteString(sc.Text() + "\n")
+			var m map[string]any
+			if json.Unmarshal(sc.Bytes(), &m) == nil && m["msg"] == "retrysafe console listening" {
+				addr <- m["addr"].(string)
+			}
+		}
+	}()
+	var base string
+	select {
+	case base = <-addr:
+	case <-done:
+		t.Fatalf("retrysafe console exited:\n%s", logged.String())
+	case <-time.After(20 * time.Second):
+		t.Fatal("retrysafe console did not start")
+	}
+	base = strings.TrimSuffix(base, "/")
+	if status, body := adminGet(t, base+"/keys", ""); status != http.StatusOK || !strings.Contains(body, "No record matches") {
+		t.Errorf("GET /keys: %d:\n%s", status, body)
+	}
+	if status, body := adminGet(t, base+"/outcomes", ""); status != http.StatusOK || !strings.Contains(body, "come from a gateway") {
+		t.Errorf("GET /outcomes: %d:\n%s", status, body)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("retrysafe console after SIGTERM: %v\n%s", err, logged.String())
+	}
+}
