@@ -166,16 +166,19 @@ func (h *handle) isCut() bool {
 // call sends op for key through the network, applying it with apply at the store. A
 // message once sent arrives, however late, whether or not its caller still waits: a
 // caller that gives up (its context ends) learns nothing of whether it was applied. In
-// a stall a message is black-holed, or held and delivered when the stall ends.
-func (h *handle) call(ctx context.Context, op, key string, apply func() (string, error)) error {
+// a stall a message is black-holed, or held and delivered when the stall ends. apply
+// returns the call's result, the trace line of what it did ("" for none), and its error.
+func call[T any](ctx context.Context, h *handle, op, key string, apply func() (T, string, error)) (T, error) {
+	var zero T
 	if err := ctx.Err(); err != nil {
-		return err
+		return zero, err
 	}
 	w := h.w
-	var there, back time.Duration
+	var there, back, heal time.Duration
 	var lost, held bool
 	w.draw(h.name+"/"+op+"/"+key, func(r *rand.Rand) {
 		there, back = dur(r, 50*time.Microsecond, 3*time.Millisecond), dur(r, 50*time.Microsecond, 3*time.Millisecond)
+		heal = dur(r, 50*time.Microsecond, 3*time.Millisecond)
 		switch x := r.Float64(); {
 		case x < 0.01:
 			there += dur(r, w.plan.Lease/3, 2*w.plan.Lease) // held somewhere, delivered long after
@@ -186,67 +189,70 @@ func (h *handle) call(ctx context.Context, op, key string, apply func() (string,
 		held = chance(r, 0.5)
 	})
 	if h.isCut() {
-		return errDisconnect
+		return zero, errDisconnect
 	}
 	there += w.slowBy(h.slot, w.now())
-	reply := make(chan error, 1)
+	type answer struct {
+		v   T
+		err error
+	}
+	reply := make(chan answer, 1)
 	w.inflight.Add(1)
 	go func() {
 		defer w.inflight.Done()
 		time.Sleep(there)
 		if h.isCut() {
-			reply <- errDisconnect
+			reply <- answer{zero, errDisconnect}
 			return
 		}
 		if o, down := w.outage(h.slot, w.now()); down {
 			switch {
 			case !o.Stall:
-				reply <- errStoreDown
+				reply <- answer{zero, errStoreDown}
 				return
 			case !held:
 				return // black-holed: no reply; the caller's timeout ends the call
 			}
 			// Held by the partition, as TCP holds a segment it retransmits: delivered
 			// when the partition heals, whether or not the caller still waits.
-			time.Sleep(o.End - w.now())
+			time.Sleep(o.End - w.now() + heal)
 			if h.isCut() {
-				reply <- errDisconnect
+				reply <- answer{zero, errDisconnect}
 				return
 			}
 		}
-		what, err := apply()
+		v, what, err := apply()
 		if what != "" {
 			w.event("store", "%s: %s", h.name, what)
 		}
 		time.Sleep(back)
 		switch _, down := w.outage(h.slot, w.now()); {
 		case h.isCut():
-			err = errDisconnect
+			v, err = zero, errDisconnect
 		case down:
-			err = errStoreDown
+			v, err = zero, errStoreDown
 		case lost:
 			w.event("store", "%s: reply to %s %s lost", h.name, op, key)
-			err = errReplyLost
+			v, err = zero, errReplyLost
 		}
-		reply <- err
+		reply <- answer{v, err}
 	}()
 	select {
-	case err := <-reply:
-		return err
+	case a := <-reply:
+		return a.v, a.err
 	case <-ctx.Done():
-		return ctx.Err()
+		return zero, ctx.Err()
 	}
 }
 
 func sk(scope, key string) string { return scope + "/" + key }
 
 // Claim implements idempotency.Store.
-func (h *handle) Claim(ctx context.Context, req idempotency.ClaimRequest) (res idempotency.ClaimResult, err error) {
-	err = h.call(ctx, "claim", sk(req.Scope, req.Key), func() (string, error) {
-		var e error
-		res, e = h.w.store.Claim(context.Background(), req)
-		if e != nil {
-			return "claim " + sk(req.Scope, req.Key) + ": " + e.Error(), e
+func (h *handle) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	return call(ctx, h, "claim", sk(req.Scope, req.Key), func() (idempotency.ClaimResult, string, error) {
+		res, err := h.w.store.Claim(context.Background(), req)
+		if err != nil {
+			return res, "claim " + sk(req.Scope, req.Key) + ": " + err.Error(), err
 		}
 		h.w.noteClaim(h.name, req, res)
 		take := ""
@@ -258,21 +264,26 @@ func (h *handle) Claim(ctx context.Context, req idempotency.ClaimRequest) (res i
 			if res.TookOver {
 				how = "took over"
 			}
-			return fmt.Sprintf("claim %s%s: %s, token %d", sk(req.Scope, req.Key), take, how, res.Token), nil
+			return res, fmt.Sprintf("claim %s%s: %s, token %d", sk(req.Scope, req.Key), take, how, res.Token), nil
 		}
 		x := res.Existing
-		return fmt.Sprintf("claim %s%s: refused, %s token %d lease %s", sk(req.Scope, req.Key), take, x.State, x.Token,
+		return res, fmt.Sprintf("claim %s%s: refused, %s token %d lease %s", sk(req.Scope, req.Key), take, x.State, x.Token,
 			fmtD(x.LeaseUntil.Sub(res.Now))), nil
 	})
-	if err != nil {
-		return idempotency.ClaimResult{}, err
-	}
-	return res, nil
+}
+
+// update is call for the methods that answer only an error.
+func (h *handle) update(ctx context.Context, op, key string, apply func() (string, error)) error {
+	_, err := call(ctx, h, op, key, func() (struct{}, string, error) {
+		what, err := apply()
+		return struct{}{}, what, err
+	})
+	return err
 }
 
 // Extend implements idempotency.Store.
 func (h *handle) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
-	return h.call(ctx, "extend", sk(scope, key), func() (string, error) {
+	return h.update(ctx, "extend", sk(scope, key), func() (string, error) {
 		err := h.w.store.Extend(context.Background(), scope, key, token, lease)
 		return fmt.Sprintf("extend %s token %d: %v", sk(scope, key), token, errText(err)), err
 	})
@@ -280,7 +291,7 @@ func (h *handle) Extend(ctx context.Context, scope, key string, token int64, lea
 
 // Abandon implements idempotency.Store.
 func (h *handle) Abandon(ctx context.Context, scope, key string, token int64) error {
-	return h.call(ctx, "abandon", sk(scope, key), func() (string, error) {
+	return h.update(ctx, "abandon", sk(scope, key), func() (string, error) {
 		err := h.w.store.Abandon(context.Background(), scope, key, token)
 		return fmt.Sprintf("abandon %s token %d: %v", sk(scope, key), token, errText(err)), err
 	})
@@ -288,7 +299,7 @@ func (h *handle) Abandon(ctx context.Context, scope, key string, token int64) er
 
 // Complete implements idempotency.Store.
 func (h *handle) Complete(ctx context.Context, c idempotency.Completion) error {
-	return h.call(ctx, "complete", sk(c.Scope, c.Key), func() (string, error) {
+	return h.update(ctx, "complete", sk(c.Scope, c.Key), func() (string, error) {
 		err := h.w.store.Complete(context.Background(), c)
 		if err == nil {
 			h.w.noteComplete(c)
@@ -299,7 +310,7 @@ func (h *handle) Complete(ctx context.Context, c idempotency.Completion) error {
 
 // Release implements idempotency.Store.
 func (h *handle) Release(ctx context.Context, scope, key string, token int64) error {
-	return h.call(ctx, "release", sk(scope, key), func() (string, error) {
+	return h.update(ctx, "release", sk(scope, key), func() (string, error) {
 		err := h.w.store.Release(context.Background(), scope, key, token)
 		if err == nil {
 			h.w.noteRelease(token)
@@ -309,39 +320,34 @@ func (h *handle) Release(ctx context.Context, scope, key string, token int64) er
 }
 
 // Get implements idempotency.Store.
-func (h *handle) Get(ctx context.Context, scope, key string) (rec *idempotency.Record, err error) {
-	err = h.call(ctx, "get", sk(scope, key), func() (string, error) {
-		var e error
-		rec, e = h.w.store.Get(context.Background(), scope, key)
-		return "", e
+func (h *handle) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
+	return call(ctx, h, "get", sk(scope, key), func() (*idempotency.Record, string, error) {
+		rec, err := h.w.store.Get(context.Background(), scope, key)
+		return rec, "", err
 	})
-	return rec, err
 }
 
 // Delete implements idempotency.Store.
 func (h *handle) Delete(ctx context.Context, scope, key string) error {
-	return h.call(ctx, "delete", sk(scope, key), func() (string, error) {
-		err := h.w.store.Delete(context.Background(), scope, key)
-		return "delete " + sk(scope, key), err
+	return h.update(ctx, "delete", sk(scope, key), func() (string, error) {
+		return "delete " + sk(scope, key), h.w.store.Delete(context.Background(), scope, key)
 	})
 }
 
 // DeleteExpired implements idempotency.Janitor.
-func (h *handle) DeleteExpired(ctx context.Context, limit int) (n int, err error) {
-	err = h.call(ctx, "janitor", "", func() (string, error) {
-		var e error
-		n, e = h.w.store.DeleteExpired(context.Background(), limit)
-		if n == 0 && e == nil {
-			return "", nil
+func (h *handle) DeleteExpired(ctx context.Context, limit int) (int, error) {
+	return call(ctx, h, "janitor", "", func() (int, string, error) {
+		n, err := h.w.store.DeleteExpired(context.Background(), limit)
+		if n == 0 && err == nil {
+			return 0, "", nil
 		}
-		return fmt.Sprintf("janitor deleted %d expired records", n), e
+		return n, fmt.Sprintf("janitor deleted %d expired records", n), err
 	})
-	return n, err
 }
 
 // Ping implements idempotency.Pinger.
 func (h *handle) Ping(ctx context.Context) error {
-	return h.call(ctx, "ping", "", func() (string, error) { return "", h.w.store.Ping(context.Background()) })
+	return h.update(ctx, "ping", "", func() (string, error) { return "", h.w.store.Ping(context.Background()) })
 }
 
 func errText(err error) string {
