@@ -30,6 +30,10 @@ type ReplicaPlan struct {
 	// calls the upstream.
 	Gateway bool
 	Wait    bool // Conflict: wait instead of reject
+	// Skew is how far the replica's clock is from the simulation's (the store's). The
+	// middleware takes every instant it compares from the store, so nothing the replica
+	// does reads it; a store that decided by its caller's clock would (see callerClock).
+	Skew    time.Duration
 	Crashes []Crash
 }
 
@@ -84,7 +88,7 @@ func newPlan(r *rand.Rand) Plan {
 
 	nrep := 2 + r.IntN(2)
 	for i := range nrep {
-		rp := ReplicaPlan{Gateway: chance(r, 0.5), Wait: chance(r, 0.3)}
+		rp := ReplicaPlan{Gateway: chance(r, 0.5), Wait: chance(r, 0.3), Skew: dur(r, -p.Lease, p.Lease)}
 		if i > 0 || chance(r, 0.5) { // slot 0 crashes less, so that some schedules have a steady replica
 			at := time.Duration(0)
 			for range r.IntN(3) {
@@ -146,7 +150,7 @@ func (p Plan) String() string {
 		if rp.Wait {
 			kind += " (conflict: wait)"
 		}
-		fmt.Fprintf(&b, "replica r%d: %s", i, kind)
+		fmt.Fprintf(&b, "replica r%d: %s, clock %+.6fs off", i, kind, rp.Skew.Seconds())
 		for _, c := range rp.Crashes {
 			fmt.Fprintf(&b, "; killed at %s, back %s later", fmtD(c.At), fmtD(c.Down))
 		}

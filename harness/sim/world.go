@@ -250,7 +250,7 @@ func sk(scope, key string) string { return scope + "/" + key }
 // Claim implements idempotency.Store.
 func (h *handle) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
 	return call(ctx, h, "claim", sk(req.Scope, req.Key), func() (idempotency.ClaimResult, string, error) {
-		res, err := h.w.store.Claim(context.Background(), req)
+		res, err := h.w.store.Claim(h.callerContext(), req)
 		if err != nil {
 			return res, "claim " + sk(req.Scope, req.Key) + ": " + err.Error(), err
 		}
@@ -284,7 +284,7 @@ func (h *handle) update(ctx context.Context, op, key string, apply func() (strin
 // Extend implements idempotency.Store.
 func (h *handle) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
 	return h.update(ctx, "extend", sk(scope, key), func() (string, error) {
-		err := h.w.store.Extend(context.Background(), scope, key, token, lease)
+		err := h.w.store.Extend(h.callerContext(), scope, key, token, lease)
 		return fmt.Sprintf("extend %s token %d: %v", sk(scope, key), token, errText(err)), err
 	})
 }
@@ -292,7 +292,7 @@ func (h *handle) Extend(ctx context.Context, scope, key string, token int64, lea
 // Abandon implements idempotency.Store.
 func (h *handle) Abandon(ctx context.Context, scope, key string, token int64) error {
 	return h.update(ctx, "abandon", sk(scope, key), func() (string, error) {
-		err := h.w.store.Abandon(context.Background(), scope, key, token)
+		err := h.w.store.Abandon(h.callerContext(), scope, key, token)
 		return fmt.Sprintf("abandon %s token %d: %v", sk(scope, key), token, errText(err)), err
 	})
 }
@@ -300,7 +300,7 @@ func (h *handle) Abandon(ctx context.Context, scope, key string, token int64) er
 // Complete implements idempotency.Store.
 func (h *handle) Complete(ctx context.Context, c idempotency.Completion) error {
 	return h.update(ctx, "complete", sk(c.Scope, c.Key), func() (string, error) {
-		err := h.w.store.Complete(context.Background(), c)
+		err := h.w.store.Complete(h.callerContext(), c)
 		if err == nil {
 			h.w.noteComplete(c)
 		}
@@ -311,7 +311,7 @@ func (h *handle) Complete(ctx context.Context, c idempotency.Completion) error {
 // Release implements idempotency.Store.
 func (h *handle) Release(ctx context.Context, scope, key string, token int64) error {
 	return h.update(ctx, "release", sk(scope, key), func() (string, error) {
-		err := h.w.store.Release(context.Background(), scope, key, token)
+		err := h.w.store.Release(h.callerContext(), scope, key, token)
 		if err == nil {
 			h.w.noteRelease(token)
 		}
@@ -322,7 +322,7 @@ func (h *handle) Release(ctx context.Context, scope, key string, token int64) er
 // Get implements idempotency.Store.
 func (h *handle) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
 	return call(ctx, h, "get", sk(scope, key), func() (*idempotency.Record, string, error) {
-		rec, err := h.w.store.Get(context.Background(), scope, key)
+		rec, err := h.w.store.Get(h.callerContext(), scope, key)
 		return rec, "", err
 	})
 }
@@ -330,14 +330,14 @@ func (h *handle) Get(ctx context.Context, scope, key string) (*idempotency.Recor
 // Delete implements idempotency.Store.
 func (h *handle) Delete(ctx context.Context, scope, key string) error {
 	return h.update(ctx, "delete", sk(scope, key), func() (string, error) {
-		return "delete " + sk(scope, key), h.w.store.Delete(context.Background(), scope, key)
+		return "delete " + sk(scope, key), h.w.store.Delete(h.callerContext(), scope, key)
 	})
 }
 
 // DeleteExpired implements idempotency.Janitor.
 func (h *handle) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	return call(ctx, h, "janitor", "", func() (int, string, error) {
-		n, err := h.w.store.DeleteExpired(context.Background(), limit)
+		n, err := h.w.store.DeleteExpired(h.callerContext(), limit)
 		if n == 0 && err == nil {
 			return 0, "", nil
 		}
@@ -347,8 +347,29 @@ func (h *handle) DeleteExpired(ctx context.Context, limit int) (int, error) {
 
 // Ping implements idempotency.Pinger.
 func (h *handle) Ping(ctx context.Context) error {
-	return h.update(ctx, "ping", "", func() (string, error) { return "", h.w.store.Ping(context.Background()) })
+	return h.update(ctx, "ping", "", func() (string, error) { return "", h.w.store.Ping(h.callerContext()) })
 }
+
+// callerContext is the context of the store calls the handle applies: it carries the
+// calling replica's clock (CallerNow), skewed by the plan. The memory store decides by
+// its own clock and never reads it; it is there so that a store that decided by its
+// caller's clock (as stores did when callers sent instants) can be simulated with the
+// replicas' skews: such a store reads it through the CallerNow method.
+func (h *handle) callerContext() context.Context {
+	var skew time.Duration
+	if h.slot >= 0 && h.slot < len(h.w.plan.Replicas) {
+		skew = h.w.plan.Replicas[h.slot].Skew
+	}
+	return callerClock{Context: context.Background(), skew: skew}
+}
+
+type callerClock struct {
+	context.Context
+	skew time.Duration
+}
+
+// CallerNow is the calling replica's clock.
+func (c callerClock) CallerNow() time.Time { return time.Now().Add(c.skew) }
 
 func errText(err error) string {
 	if err == nil {
