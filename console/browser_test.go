@@ -420,7 +420,33 @@ func TestBrowser(t *testing.T) {
 	if txt := b.text(t); !strings.Contains(txt, key) || !strings.Contains(txt, "done") || !strings.Contains(txt, "201") {
 		t.Fatalf("the search result lacks the key, its state or status:\n%s", txt)
 	}
+	// Records of other states, written through the store's own API: one stuck (in
+	// progress past its lease), one in progress, one abandoned by its owner.
+	ctx := context.Background()
+	scope := "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+	claim := func(key string, lease time.Duration) int64 {
+		res, err := s.store.Claim(ctx, idempotency.ClaimRequest{Scope: scope, Key: key, Fingerprint: "fp", Lease: lease, TTL: time.Hour})
+		if err != nil || !res.Claimed {
+			t.Fatalf("claim %s: %v %+v", key, err, res)
+		}
+		return res.Token
+	}
+	stuckKey := "refund-" + testenv.Name("stuck")
+	claim(stuckKey, 20*time.Millisecond)
+	claim("charge-"+testenv.Name("running"), 10*time.Minute)
+	abandoned := "payout-" + testenv.Name("abandoned")
+	if err := s.store.Abandon(ctx, scope, abandoned, claim(abandoned, 10*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the stuck record's lease runs out, on PostgreSQL's clock
+	b.do(t, "the stuck filter", chromedp.Navigate(s.admin+"/keys?stuck=1"), chromedp.WaitVisible(chromedp.CSS("table.records")))
+	if txt := b.text(t); !strings.Contains(txt, stuckKey) || strings.Contains(txt, abandoned) || strings.Contains(txt, key) {
+		t.Errorf("the stuck filter shows:\n%s", txt)
+	}
 	b.do(t, "showing all keys", chromedp.Navigate(s.admin+"/keys"), chromedp.WaitVisible(chromedp.CSS("table.records")))
+	if n := value(t, b, "counting the badges", chromedp.Evaluate[int](`document.querySelectorAll(".badge.stuck").length`)); n != 1 {
+		t.Errorf("%d stuck badges on the keys page, want 1", n)
+	}
 	b.screenshot(t, "console-keys.png")
 	b.do(t, "opening the record", chromedp.Navigate(s.admin+"/keys?key="+url.QueryEscape(key)+"&state=done"),
 		chromedp.WaitVisible(chromedp.CSS("table.records td.key a")),
