@@ -21,7 +21,12 @@ type claimFact struct {
 	Completed   bool
 	CompletedAt time.Duration
 	Released    bool
+	// Renewals are the owner's lease renewals sent to the store: when, and how late
+	// each message was by its own delay.
+	Renewals []renewal
 }
+
+type renewal struct{ At, Own time.Duration }
 
 // facts are what the schedule did, as the store, the upstream and the clients saw it.
 type facts struct {
@@ -48,6 +53,14 @@ func (w *world) noteComplete(c idempotency.Completion) {
 	defer w.mu.Unlock()
 	if f := w.facts.claims[c.Token]; f != nil {
 		f.Completed, f.CompletedAt = true, time.Since(w.start)
+	}
+}
+
+func (w *world) noteRenewal(token int64, own time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if f := w.facts.claims[token]; f != nil {
+		f.Renewals = append(f.Renewals, renewal{At: time.Since(w.start), Own: own})
 	}
 }
 
@@ -181,6 +194,11 @@ func (w *world) explain(prev, cur *execution) (why, kind string, ok bool) {
 		prev.Proc.mu.Unlock()
 		if died <= cc.At {
 			return fmt.Sprintf("#%d's owner %s was killed at %s, before its answer was stored", prev.N, prev.Proc.name, fmtD(died)), "owner-killed", true
+		}
+	}
+	for _, rn := range cp.Renewals {
+		if rn.At >= cc.At-w.plan.Lease && rn.At < cc.At && rn.Own >= w.plan.StoreTimeout {
+			return fmt.Sprintf("#%d's owner %s renewed its lease at %s over its own link, which delivered the renewal %s late, while %s reached the store", prev.N, prev.Proc.name, fmtD(rn.At), fmtD(rn.Own), cur.Proc.name), "owner-link-late-alone", true
 		}
 	}
 	from := cp.At - w.plan.Lease

@@ -371,12 +371,20 @@ type result struct {
 	retryAfter time.Duration
 }
 
-// client runs one operation: attempts until a final answer (2xx, or 4xx but 409) or
-// the horizon, backing off between them.
-func (w *world) client(ctx context.Context, op *Op, slots []*slot, wg *sync.WaitGroup) {
+// client runs one operation as one client of it (op.Clients run it at once, each its
+// own retrying client with the op's key and body): attempts until a final answer (2xx,
+// or 4xx but 409) or the horizon, backing off between them.
+func (w *world) client(ctx context.Context, op *Op, nth int, slots []*slot, wg *sync.WaitGroup) {
 	defer wg.Done()
 	name := fmt.Sprintf("o%d", op.ID)
-	if sleep(ctx, op.Start) != nil {
+	if nth > 0 {
+		name += string(rune('a' + nth))
+	}
+	start := op.Start
+	if nth > 0 {
+		w.draw("client/"+name, func(r *rand.Rand) { start += dur(r, 0, w.plan.Lease/2) })
+	}
+	if sleep(ctx, start) != nil {
 		return
 	}
 	backoff := 50 * time.Millisecond
@@ -385,10 +393,10 @@ func (w *world) client(ctx context.Context, op *Op, slots []*slot, wg *sync.Wait
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				w.attempt(op, name+".1h", slots)
+				w.attempt(op, name, name+".1h", slots)
 			}()
 		}
-		res := w.attempt(op, fmt.Sprintf("%s.%d", name, n), slots)
+		res := w.attempt(op, name, fmt.Sprintf("%s.%d", name, n), slots)
 		if res.final {
 			return
 		}
@@ -408,9 +416,8 @@ func (w *world) client(ctx context.Context, op *Op, slots []*slot, wg *sync.Wait
 	w.mu.Unlock()
 }
 
-// attempt sends op once, to a replica the client's stream picks.
-func (w *world) attempt(op *Op, id string, slots []*slot) result {
-	name := fmt.Sprintf("o%d", op.ID)
+// attempt sends op once, as client name, to a replica the attempt's stream picks.
+func (w *world) attempt(op *Op, name, id string, slots []*slot) result {
 	var pick int
 	var there, back time.Duration
 	var lost, waitOut bool

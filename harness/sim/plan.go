@@ -21,6 +21,13 @@ type Plan struct {
 	Ops                                       []Op
 	// Horizon is when clients stop retrying; every fault window ends before it.
 	Horizon time.Duration
+	// Storm: a few keys, each sent by several clients at once, through store stalls
+	// that hold messages, with more messages delivered late: the schedules where a
+	// claim decided on old knowledge reaches the store after the key changed hands.
+	Storm bool
+	// Late is the share of store messages delivered long (a third of a lease to two
+	// leases) after they were sent.
+	Late float64
 }
 
 // ReplicaPlan is one replica slot: what it runs and when its process is killed.
@@ -62,6 +69,7 @@ type Op struct {
 	Amount         int // the body; an op reusing another's key with another amount expects 422
 	Start          time.Duration
 	AttemptTimeout time.Duration
+	Clients        int  // how many clients send it at once, each retrying on its own
 	Hedge          bool // sends a concurrent duplicate with its first attempt
 	SlowReader     bool // reads every answer slowly
 }
@@ -83,6 +91,11 @@ func newPlan(r *rand.Rand) Plan {
 	p.UpstreamTimeout = p.Lease
 	p.TTL = p.Lease * time.Duration(4+r.IntN(8))
 	p.Janitor = dur(r, p.Lease/2, 2*p.Lease)
+	p.Storm = chance(r, 0.25)
+	p.Late = 0.01
+	if p.Storm {
+		p.Late = 0.04
+	}
 	faults := 4 * p.Lease // fault windows start before this
 	p.Horizon = faults + 10*p.Lease
 
@@ -111,6 +124,12 @@ func newPlan(r *rand.Rand) Plan {
 		}
 		p.Outages = append(p.Outages, o)
 	}
+	if p.Storm {
+		for range 1 + r.IntN(2) {
+			start := dur(r, 0, faults)
+			p.Outages = append(p.Outages, Outage{Start: start, End: start + dur(r, p.Lease, 5*p.Lease/2), Replica: -1, Stall: true})
+		}
+	}
 	for range r.IntN(2) {
 		start := dur(r, 0, faults)
 		s := Slow{Start: start, End: start + dur(r, p.Lease/4, 2*p.Lease), Extra: dur(r, p.Lease/20, 3*p.Lease/4), Replica: -1}
@@ -121,6 +140,9 @@ func newPlan(r *rand.Rand) Plan {
 	}
 	scopes := []string{"alice", "bob"}
 	nops := 3 + r.IntN(6)
+	if p.Storm {
+		nops = 2 + r.IntN(2)
+	}
 	for i := range nops {
 		op := Op{
 			ID:             i + 1,
@@ -129,8 +151,15 @@ func newPlan(r *rand.Rand) Plan {
 			Amount:         100 * (1 + r.IntN(3)),
 			Start:          dur(r, 0, 2*p.Lease),
 			AttemptTimeout: dur(r, p.Lease/4, 3*p.Lease),
+			Clients:        1,
 			Hedge:          chance(r, 0.25),
 			SlowReader:     chance(r, 0.15),
+		}
+		if chance(r, 0.15) {
+			op.Clients = 2
+		}
+		if p.Storm {
+			op.Clients = 2 + r.IntN(3)
 		}
 		p.Ops = append(p.Ops, op)
 	}
@@ -140,8 +169,12 @@ func newPlan(r *rand.Rand) Plan {
 // String is the plan, readable, as the trace's header.
 func (p Plan) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "lease %s, ttl %s, store timeout %s, upstream timeout %s, janitor every %s, clients stop at %s\n",
-		p.Lease, p.TTL, p.StoreTimeout, p.UpstreamTimeout, p.Janitor.Round(time.Millisecond), p.Horizon)
+	fmt.Fprintf(&b, "lease %s, ttl %s, store timeout %s, upstream timeout %s, janitor every %s, clients stop at %s, late messages %.0f%%",
+		p.Lease, p.TTL, p.StoreTimeout, p.UpstreamTimeout, p.Janitor.Round(time.Millisecond), p.Horizon, 100*p.Late)
+	if p.Storm {
+		b.WriteString(", storm")
+	}
+	b.WriteString("\n")
 	for i, rp := range p.Replicas {
 		kind := "middleware"
 		if rp.Gateway {
@@ -175,6 +208,9 @@ func (p Plan) String() string {
 	}
 	for _, op := range p.Ops {
 		fmt.Fprintf(&b, "op o%d: scope %s key %s amount %d, from %s, attempt timeout %s", op.ID, op.Scope, op.Key, op.Amount, fmtD(op.Start), fmtD(op.AttemptTimeout))
+		if op.Clients > 1 {
+			fmt.Fprintf(&b, ", %d clients", op.Clients)
+		}
 		if op.Hedge {
 			b.WriteString(", hedged")
 		}

@@ -87,8 +87,10 @@ func Run(seed uint64) *Result {
 
 	var clients sync.WaitGroup
 	for i := range w.plan.Ops {
-		clients.Add(1)
-		go w.client(ctx, &w.plan.Ops[i], slots, &clients)
+		for nth := range max(1, w.plan.Ops[i].Clients) {
+			clients.Add(1)
+			go w.client(ctx, &w.plan.Ops[i], nth, slots, &clients)
+		}
 	}
 	clients.Wait()
 	stop()

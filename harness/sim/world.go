@@ -169,6 +169,12 @@ func (h *handle) isCut() bool {
 // a stall a message is black-holed, or held and delivered when the stall ends. apply
 // returns the call's result, the trace line of what it did ("" for none), and its error.
 func call[T any](ctx context.Context, h *handle, op, key string, apply func() (T, string, error)) (T, error) {
+	return callNoting(ctx, h, op, key, nil, apply)
+}
+
+// callNoting is call, which also tells sent how long the message will take to reach the
+// store by its own delay (the fault of this one message, apart from the windows).
+func callNoting[T any](ctx context.Context, h *handle, op, key string, sent func(own time.Duration), apply func() (T, string, error)) (T, error) {
 	var zero T
 	if err := ctx.Err(); err != nil {
 		return zero, err
@@ -180,16 +186,19 @@ func call[T any](ctx context.Context, h *handle, op, key string, apply func() (T
 		there, back = dur(r, 50*time.Microsecond, 3*time.Millisecond), dur(r, 50*time.Microsecond, 3*time.Millisecond)
 		heal = dur(r, 50*time.Microsecond, 3*time.Millisecond)
 		switch x := r.Float64(); {
-		case x < 0.01:
+		case x < w.plan.Late:
 			there += dur(r, w.plan.Lease/3, 2*w.plan.Lease) // held somewhere, delivered long after
-		case x < 0.04:
+		case x < w.plan.Late+0.03:
 			there += dur(r, 0, w.plan.Lease/3) // a late message
 		}
 		lost = chance(r, 0.04) && !w.quiet
-		held = chance(r, 0.5)
+		held = chance(r, 0.5) || w.plan.Storm
 	})
 	if h.isCut() {
 		return zero, errDisconnect
+	}
+	if sent != nil {
+		sent(there)
 	}
 	there += w.slowBy(h.slot, w.now())
 	type answer struct {
@@ -283,10 +292,12 @@ func (h *handle) update(ctx context.Context, op, key string, apply func() (strin
 
 // Extend implements idempotency.Store.
 func (h *handle) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
-	return h.update(ctx, "extend", sk(scope, key), func() (string, error) {
+	sent := func(own time.Duration) { h.w.noteRenewal(token, own) }
+	_, err := callNoting(ctx, h, "extend", sk(scope, key), sent, func() (struct{}, string, error) {
 		err := h.w.store.Extend(h.callerContext(), scope, key, token, lease)
-		return fmt.Sprintf("extend %s token %d: %v", sk(scope, key), token, errText(err)), err
+		return struct{}{}, fmt.Sprintf("extend %s token %d: %v", sk(scope, key), token, errText(err)), err
 	})
+	return err
 }
 
 // Abandon implements idempotency.Store.
