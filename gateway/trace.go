@@ -188,17 +188,19 @@ func (tr *reqTrace) endUpstream(status int, f failure) {
 	if span == nil {
 		return
 	}
+	attrs := make([]attribute.KeyValue, 0, 2)
 	if status > 0 {
-		span.SetAttributes(attribute.Int("http.response.status_code", status))
+		attrs = append(attrs, attribute.Int("http.response.status_code", status))
 	}
 	switch {
 	case f != failNone:
-		span.SetAttributes(attribute.String("error.type", f.String()))
+		attrs = append(attrs, attribute.String("error.type", f.String()))
 		span.SetStatus(codes.Error, "upstream "+f.String())
 	case status >= 400:
-		span.SetAttributes(attribute.String("error.type", strconv.Itoa(status)))
+		attrs = append(attrs, attribute.String("error.type", strconv.Itoa(status)))
 		span.SetStatus(codes.Error, "")
 	}
+	span.SetAttributes(attrs...)
 	span.End()
 }
 
@@ -238,14 +240,16 @@ func (t *tracing) end(ex *exchange, outcome string, status int) {
 		span.End(trace.WithTimestamp(now))
 	}
 	span := tr.span
-	span.SetAttributes(AttrOutcome.String(outcome), attribute.Int("http.response.status_code", status))
+	attrs := make([]attribute.KeyValue, 0, 4)
+	attrs = append(attrs, AttrOutcome.String(outcome), attribute.Int("http.response.status_code", status))
 	if hash != "" {
-		span.SetAttributes(AttrKeyHash.String(hash))
+		attrs = append(attrs, AttrKeyHash.String(hash))
 	}
 	if status >= 500 {
-		span.SetAttributes(attribute.String("error.type", strconv.Itoa(status)))
+		attrs = append(attrs, attribute.String("error.type", strconv.Itoa(status)))
 		span.SetStatus(codes.Error, outcome)
 	}
+	span.SetAttributes(attrs...)
 	span.End(trace.WithTimestamp(now))
 }
 

@@ -61,7 +61,7 @@ func (*tracedImmediatePinger) Immediate()                       {}
 
 // begin starts the span of store operation op on the key of scope and key, when ctx is
 // a traced request's; nil otherwise.
-func (s *tracedStore) begin(ctx context.Context, op idempotency.StoreOp, scope, key string) (trace.Span, *reqTrace) {
+func (s *tracedStore) begin(ctx context.Context, op idempotency.StoreOp, scope, key string, more ...attribute.KeyValue) (trace.Span, *reqTrace) {
 	if !trace.SpanFromContext(ctx).IsRecording() {
 		return nil, nil
 	}
@@ -71,7 +71,7 @@ func (s *tracedStore) begin(ctx context.Context, op idempotency.StoreOp, scope, 
 		tr.setKey(hash)
 	}
 	_, span := s.t.tracer.Start(ctx, "store."+string(op), trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(s.t.store, AttrStoreOp.String(string(op)), AttrKeyHash.String(hash)))
+		trace.WithAttributes(s.t.store, AttrStoreOp.String(string(op)), AttrKeyHash.String(hash)), trace.WithAttributes(more...))
 	return span, tr
 }
 
@@ -132,10 +132,7 @@ func (s *tracedStore) Abandon(ctx context.Context, scope, key string, token int6
 }
 
 func (s *tracedStore) Complete(ctx context.Context, c idempotency.Completion) error {
-	span, _ := s.begin(ctx, idempotency.StoreComplete, c.Scope, c.Key)
-	if span != nil {
-		span.SetAttributes(attribute.Int("http.response.status_code", c.Response.Status))
-	}
+	span, _ := s.begin(ctx, idempotency.StoreComplete, c.Scope, c.Key, attribute.Int("http.response.status_code", c.Response.Status))
 	err := s.Store.Complete(ctx, c)
 	endStoreSpan(span, err)
 	return err
