@@ -60,12 +60,10 @@ const (
 // its traces by computing it. The newline cannot occur in a key, so that no other
 // scope and key have the same input.
 func KeyHash(scope, key string) string {
-	h := sha256.New()
-	h.Write([]byte(scope))
-	h.Write([]byte{'\n'})
-	h.Write([]byte(key))
-	var sum [sha256.Size]byte
-	return hex.EncodeToString(h.Sum(sum[:0])[:8])
+	var buf [192]byte // most scopes and keys: no allocation but the result
+	b := append(append(append(buf[:0], scope...), '\n'), key...)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
 }
 
 // tracing is the gateway's instrumentation, made by New when Config.TracerProvider is
@@ -149,6 +147,13 @@ func (tr *reqTrace) setKey(hash string) {
 	tr.mu.Lock()
 	tr.keyHash = hash
 	tr.mu.Unlock()
+}
+
+// key returns the request's key hash, "" before its claim.
+func (tr *reqTrace) key() string {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.keyHash
 }
 
 // claimed records when a claim of the request ended.

@@ -65,13 +65,21 @@ func (s *tracedStore) begin(ctx context.Context, op idempotency.StoreOp, scope, 
 	if !trace.SpanFromContext(ctx).IsRecording() {
 		return nil, nil
 	}
-	hash := KeyHash(scope, key)
 	tr := reqTraceFrom(ctx)
-	if tr != nil && op == idempotency.StoreClaim {
+	var hash string
+	switch {
+	case tr == nil:
+		hash = KeyHash(scope, key)
+	case op == idempotency.StoreClaim:
+		hash = KeyHash(scope, key)
 		tr.setKey(hash)
+	default: // the request's own key, hashed at its claim
+		if hash = tr.key(); hash == "" {
+			hash = KeyHash(scope, key)
+		}
 	}
-	_, span := s.t.tracer.Start(ctx, "store."+string(op), trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(s.t.store, AttrStoreOp.String(string(op)), AttrKeyHash.String(hash)), trace.WithAttributes(more...))
+	attrs := append(make([]attribute.KeyValue, 0, 3+len(more)), s.t.store, AttrStoreOp.String(string(op)), AttrKeyHash.String(hash))
+	_, span := s.t.tracer.Start(ctx, "store."+string(op), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(append(attrs, more...)...))
 	return span, tr
 }
 
