@@ -101,6 +101,16 @@
 //	requests_waiting                          gauge: duplicates waiting for a key in
 //	                                          progress (--conflict wait)
 //
+// With Config.TracerProvider set (retrysafe gateway --otel), every request is an
+// OpenTelemetry server span, "METHOD pattern", the child of the caller's W3C
+// traceparent, with children for the store calls made for it (store.claim,
+// store.complete, store.release, store.abandon, store.extend), the upstream call (a
+// client span, whose traceparent the upstream receives) and an answer from the store
+// (replay, conflict, mismatch). The spans carry the route, outcome, status, store and
+// KeyHash of the scope and key; never the key, the scope's value, a body, a header's
+// value or an error's text (trace.go). Without it nothing of this runs: the request
+// path tests two pointers.
+//
 // Several gateways sharing one PostgreSQL or Redis store behave as one: the claim is
 // atomic in the store, so of concurrent duplicates sent to different replicas exactly
 // one is forwarded.
