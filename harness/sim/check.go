@@ -21,6 +21,8 @@ type claimFact struct {
 	Completed   bool
 	CompletedAt time.Duration
 	Released    bool
+	// Deletes: not a claim but the janitor's deletion of the record of token Deletes.
+	Deletes int64
 	// Renewals are the owner's lease renewals sent to the store: when, and how late
 	// each message was by its own delay.
 	Renewals []renewal
@@ -35,6 +37,7 @@ type facts struct {
 	seen       []*seen
 	procs      map[string]*replica
 	order      []*replica // every process, in the order they started
+	janitor    *replica   // the janitor, as the pseudo-process of its deletions
 	unfinished int
 }
 
@@ -62,6 +65,18 @@ func (w *world) noteRenewal(token int64, own time.Duration) {
 	if f := w.facts.claims[token]; f != nil {
 		f.Renewals = append(f.Renewals, renewal{At: time.Since(w.start), Own: own})
 	}
+}
+
+// noteDeleted records the janitor's deletion of rec as a pseudo-claim (a negative
+// token), so that what became of a key can be followed past it.
+func (w *world) noteDeleted(rec idempotency.Record) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.facts.janitor == nil {
+		w.facts.janitor = &replica{w: w, slot: -1, name: "janitor", started: -time.Hour, h: &handle{w: w, name: "janitor", slot: -1}}
+	}
+	tok := -int64(len(w.facts.claims) + 1)
+	w.facts.claims[tok] = &claimFact{Token: tok, Proc: w.facts.janitor, Scope: rec.Scope, Key: rec.Key, At: time.Since(w.start), Deletes: rec.Token}
 }
 
 func (w *world) noteRelease(token int64) {
@@ -145,6 +160,8 @@ func (w *world) check(res *Result) {
 			res.Windows = append(res.Windows, fmt.Sprintf("%s kept the answer of exec #%d, which a later execution replaced: %s", s.Attempt, x.N, allowed[x.N]))
 		case x.Proc.isDeadLocked() && (c == nil || !c.Completed):
 			res.Windows = append(res.Windows, fmt.Sprintf("%s kept the answer of exec #%d, never stored: its owner %s was killed first", s.Attempt, x.N, x.Proc.name))
+		case c != nil && w.takenOver(x, c) != "":
+			res.Windows = append(res.Windows, fmt.Sprintf("%s kept the answer of exec #%d, whose record was taken over or deleted since: %s", s.Attempt, x.N, w.takenOver(x, c)))
 		default:
 			state := "no record"
 			if err == nil {
@@ -164,6 +181,19 @@ func (w *world) check(res *Result) {
 	}
 }
 
+// takenOver says why the key of x (claimed as c) could pass to a later claim, when that
+// is a documented window; "" otherwise. w.mu is held.
+func (w *world) takenOver(x *execution, c *claimFact) string {
+	next := w.lastClaim(x.Scope, x.Key, c.At)
+	if next == nil {
+		return ""
+	}
+	if why, _, ok := w.explain(x, next); ok {
+		return why
+	}
+	return ""
+}
+
 // isDeadLocked is isDead for a caller holding w.mu (replica.mu is another lock).
 func (rep *replica) isDeadLocked() bool { return rep.isDead() }
 
@@ -180,9 +210,9 @@ func (w *world) explain(prev, cur *execution) (why, kind string, ok bool) {
 		return fmt.Sprintf("an execution under no claim the store granted (tokens %d, %d)", prev.Token, cur.Token), "no-claim", false
 	case cp.Completed && cp.CompletedAt <= cc.At:
 		if cc.At >= cp.CompletedAt+w.plan.TTL {
-			return fmt.Sprintf("#%d's record expired (stored at %s, TTL %s) before #%d's claim at %s", prev.N, fmtD(cp.CompletedAt), w.plan.TTL, cur.N, fmtD(cc.At)), "expired", true
+			return fmt.Sprintf("#%d's record expired (stored at %s, TTL %s) before %s's claim at %s", prev.N, fmtD(cp.CompletedAt), w.plan.TTL, tokenName(cur), fmtD(cc.At)), "expired", true
 		}
-		return fmt.Sprintf("#%d's answer was stored at %s (under token %d) and #%d was claimed at %s, before it expired", prev.N, fmtD(cp.CompletedAt), prev.Token, cur.N, fmtD(cc.At)), "ran-after-stored", false
+		return fmt.Sprintf("#%d's answer was stored at %s (under token %d) and %s was claimed at %s, before it expired", prev.N, fmtD(cp.CompletedAt), prev.Token, tokenName(cur), fmtD(cc.At)), "ran-after-stored", false
 	case cp.Released:
 		return fmt.Sprintf("#%d's key was released after the upstream executed it", prev.N), "released-after-execution", false
 	case prev.AnswerLost != "":
@@ -212,15 +242,46 @@ func (w *world) explain(prev, cur *execution) (why, kind string, ok bool) {
 			return fmt.Sprintf("#%d's owner %s alone had a slow link to the store (%s–%s) while %s reached it", prev.N, prev.Proc.name, fmtD(s.Start), fmtD(s.End), cur.Proc.name), "owner-slow-alone", true
 		}
 	}
+	// A process presumes the store healthy when it starts: one that started less than
+	// two thirds of a lease before its claim and never saw a store call fail knows
+	// nothing of an outage that kept the owner from renewing (health's documented
+	// window).
 	for _, o := range w.plan.Outages {
-		if o.Replica < 0 && o.Start < cc.At && o.End > from && cur.Proc.started >= o.End {
-			return fmt.Sprintf("#%d's process %s started after an outage (%s–%s) and took the key over before the owner %s could renew", cur.N, cur.Proc.name, fmtD(o.Start), fmtD(o.End), prev.Proc.name), "started-after-outage", true
+		if o.Replica < 0 && o.Start < cc.At && o.End > from && cur.Proc.started >= cc.At-2*w.plan.Lease/3 && !cur.Proc.h.failedBy(cc.At) {
+			return fmt.Sprintf("%s's process %s started at %s, after an outage (%s–%s) it never saw, and took the key over before the owner %s could renew", tokenName(cur), cur.Proc.name, fmtD(cur.Proc.started), fmtD(o.Start), fmtD(o.End), prev.Proc.name), "started-after-outage", true
 		}
 	}
-	if cc.TookOver {
-		return fmt.Sprintf("#%d's claim (token %d, %s at %s) took over the lease of #%d's owner %s, alive and never cut off alone", cur.N, cur.Token, cur.Proc.name, fmtD(cc.At), prev.N, prev.Proc.name), "took-over-live-owner", false
+	if cc.Deletes != 0 {
+		return fmt.Sprintf("the janitor deleted #%d's record (token %d) at %s, expired, while its owner %s ran, alive and never cut off alone", prev.N, prev.Token, fmtD(cc.At), prev.Proc.name), "deleted-running-record", false
 	}
-	return fmt.Sprintf("#%d's claim (token %d, %s at %s) replaced #%d's record (token %d) while its owner %s ran", cur.N, cur.Token, cur.Proc.name, fmtD(cc.At), prev.N, prev.Token, prev.Proc.name), "replaced-running-record", false
+	if cc.TookOver {
+		return fmt.Sprintf("%s's claim (token %d, %s at %s) took over the lease of #%d's owner %s, alive and never cut off alone", tokenName(cur), cur.Token, cur.Proc.name, fmtD(cc.At), prev.N, prev.Proc.name), "took-over-live-owner", false
+	}
+	return fmt.Sprintf("%s's claim (token %d, %s at %s) replaced #%d's record (token %d) while its owner %s ran", tokenName(cur), cur.Token, cur.Proc.name, fmtD(cc.At), prev.N, prev.Token, prev.Proc.name), "replaced-running-record", false
+}
+
+// tokenName names an execution in explain's sentences, or the claim standing for one
+// (N zero: a claim whose owner executed nothing).
+func tokenName(x *execution) string {
+	if x.N == 0 {
+		return fmt.Sprintf("token %d", x.Token)
+	}
+	return fmt.Sprintf("#%d", x.N)
+}
+
+// lastClaim returns the last claim of (scope, key) the store granted after instant at,
+// as an execution-shaped value for explain, or nil. w.mu is held.
+func (w *world) lastClaim(scope, key string, at time.Duration) *execution {
+	var last *claimFact
+	for _, c := range w.facts.claims {
+		if c.Scope == scope && c.Key == key && c.At > at && (last == nil || c.At > last.At) {
+			last = c
+		}
+	}
+	if last == nil || last.Proc == nil {
+		return nil
+	}
+	return &execution{Scope: scope, Key: key, Token: last.Token, Proc: last.Proc}
 }
 
 func trunc(b []byte) string {

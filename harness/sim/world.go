@@ -143,6 +143,28 @@ type handle struct {
 	slot int
 	mu   sync.Mutex
 	cut  bool
+	// failed is when a call of this process first failed for want of the store (as the
+	// middleware's health counts failures); zero: never.
+	failed time.Duration
+}
+
+// noteFailure records a failed call, for the first one.
+func (h *handle) noteFailure(err error) {
+	if err == nil || errors.Is(err, idempotency.ErrLeaseLost) || errors.Is(err, idempotency.ErrNotFound) || errors.Is(err, context.Canceled) {
+		return
+	}
+	h.mu.Lock()
+	if h.failed == 0 {
+		h.failed = h.w.now()
+	}
+	h.mu.Unlock()
+}
+
+// failedBy reports whether a call of this process failed before at.
+func (h *handle) failedBy(at time.Duration) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.failed != 0 && h.failed <= at
 }
 
 var (
@@ -248,8 +270,10 @@ func callNoting[T any](ctx context.Context, h *handle, op, key string, sent func
 	}()
 	select {
 	case a := <-reply:
+		h.noteFailure(a.err)
 		return a.v, a.err
 	case <-ctx.Done():
+		h.noteFailure(ctx.Err())
 		return zero, ctx.Err()
 	}
 }
@@ -348,7 +372,14 @@ func (h *handle) Delete(ctx context.Context, scope, key string) error {
 // DeleteExpired implements idempotency.Janitor.
 func (h *handle) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	return call(ctx, h, "janitor", "", func() (int, string, error) {
+		before := h.w.records()
 		n, err := h.w.store.DeleteExpired(h.callerContext(), limit)
+		after := h.w.records()
+		for k, rec := range before {
+			if _, ok := after[k]; !ok {
+				h.w.noteDeleted(rec)
+			}
+		}
 		if n == 0 && err == nil {
 			return 0, "", nil
 		}
@@ -381,6 +412,25 @@ type callerClock struct {
 
 // CallerNow is the calling replica's clock.
 func (c callerClock) CallerNow() time.Time { return time.Now().Add(c.skew) }
+
+// records returns every record of the store, by scope and key.
+func (w *world) records() map[string]idempotency.Record {
+	recs := map[string]idempotency.Record{}
+	f := idempotency.ListFilter{Limit: 1000}
+	for {
+		page, err := w.store.List(context.Background(), f)
+		if err != nil {
+			return recs
+		}
+		for _, r := range page.Records {
+			recs[sk(r.Scope, r.Key)] = r
+		}
+		if page.Next == "" {
+			return recs
+		}
+		f.After = page.Next
+	}
+}
 
 func errText(err error) string {
 	if err == nil {
