@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -164,6 +165,68 @@ func TestE2EConsoleGateway(t *testing.T) {
 	}
 }
 
+// consoleProc is a running retrysafe console.
+type consoleProc struct {
+	cmd  *exec.Cmd
+	base string // its URL, without the trailing slash
+	done chan struct{}
+	mu   sync.Mutex
+	log  strings.Builder
+}
+
+func (p *consoleProc) logged() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// startConsole runs retrysafe console with args (plus a free loopback address and JSON
+// logs) and waits for its "listening" line.
+func startConsole(t *testing.T, args ...string) *consoleProc {
+	t.Helper()
+	p := &consoleProc{done: make(chan struct{})}
+	p.cmd = exec.Command(binary, append([]string{"console", "--listen", "127.0.0.1:0", "--log-format", "json"}, args...)...)
+	p.cmd.Env = env()
+	stderr, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("retrysafe console %v log:\n%s", args, p.logged())
+		}
+	})
+	addr := make(chan string, 1)
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.log.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+			var m map[string]any
+			if json.Unmarshal(sc.Bytes(), &m) == nil && m["msg"] == "retrysafe console listening" {
+				addr <- m["addr"].(string)
+			}
+		}
+		_ = p.cmd.Wait()
+	}()
+	select {
+	case a := <-addr:
+		p.base = strings.TrimSuffix(a, "/")
+	case <-p.done:
+		t.Fatalf("retrysafe console exited:\n%s", p.logged())
+	case <-time.After(20 * time.Second):
+		t.Fatalf("retrysafe console did not start:\n%s", p.logged())
+	}
+	return p
+}
+
 // TestE2EConsoleCommand: retrysafe console serves a store's keys without a gateway,
 // says that the outcomes come from a gateway, and stops on SIGTERM with status 0.
 func TestE2EConsoleCommand(t *testing.T) {
@@ -172,50 +235,64 @@ func TestE2EConsoleCommand(t *testing.T) {
 	if out, code := runBinary(t, "migrate", "--store", db); code != 0 {
 		t.Fatalf("migrate: %d %s", code, out)
 	}
-	cmd := exec.Command(binary, "console", "--store", db, "--listen", "127.0.0.1:0", "--log-format", "json")
-	cmd.Env = env()
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	addr := make(chan string, 1)
-	var logged strings.Builder
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			logged.WriteString(sc.Text() + "\n")
-			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) == nil && m["msg"] == "retrysafe console listening" {
-				addr <- m["addr"].(string)
-			}
-		}
-	}()
-	var base string
-	select {
-	case base = <-addr:
-	case <-done:
-		t.Fatalf("retrysafe console exited:\n%s", logged.String())
-	case <-time.After(20 * time.Second):
-		t.Fatal("retrysafe console did not start")
-	}
-	base = strings.TrimSuffix(base, "/")
-	if status, body := adminGet(t, base+"/keys", ""); status != http.StatusOK || !strings.Contains(body, "No record matches") {
+	p := startConsole(t, "--store", db)
+	if status, body := adminGet(t, p.base+"/keys", ""); status != http.StatusOK || !strings.Contains(body, "No record matches") {
 		t.Errorf("GET /keys: %d:\n%s", status, body)
 	}
-	if status, body := adminGet(t, base+"/outcomes", ""); status != http.StatusOK || !strings.Contains(body, "come from a gateway") {
+	if status, body := adminGet(t, p.base+"/outcomes", ""); status != http.StatusOK || !strings.Contains(body, "come from a gateway") {
 		t.Errorf("GET /outcomes: %d:\n%s", status, body)
 	}
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	<-done
-	if err := cmd.Wait(); err != nil {
-		t.Errorf("retrysafe console after SIGTERM: %v\n%s", err, logged.String())
+	<-p.done
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("retrysafe console after SIGTERM: exit %d\n%s", code, p.logged())
+	}
+}
+
+// TestE2EConsoleDLQ: retrysafe console lists the dead letters of a queue on RabbitMQ
+// and on NATS JetStream, and replays the one selected back to its work queue.
+func TestE2EConsoleDLQ(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, flag string
+		setup      func(t *testing.T) *dlqBroker
+	}{
+		{"rabbitmq", "--amqp", rabbitDLQ},
+		{"jetstream", "--nats", natsDLQ},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			b := c.setup(t)
+			p := startConsole(t, "--store", "memory:", c.flag, b.url, "--queue", b.queue)
+			path := p.base + "/dlq/" + url.PathEscape(b.queue)
+			status, page := adminGet(t, path, "")
+			for _, id := range dlqTestIDs() {
+				if status != http.StatusOK || !strings.Contains(page, id) || !strings.Contains(page, "boom: the handler refuses") {
+					t.Fatalf("GET the DLQ page: %d, want %s and its error:\n%s", status, id, page)
+				}
+			}
+			m := consoleCSRF.FindStringSubmatch(page)
+			if m == nil {
+				t.Fatalf("no CSRF token on the DLQ page:\n%s", page)
+			}
+			client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+			res, err := client.PostForm(path+"/replay", url.Values{"csrf": {m[1]}, "id": {"dlq-m2"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			if res.StatusCode != http.StatusSeeOther {
+				t.Fatalf("replay: %d, want 303", res.StatusCode)
+			}
+			waitFor(t, "the replayed message in the work queue", 15*time.Second, func() bool {
+				work, dlq := b.counts(t)
+				return work == 1 && dlq == 2
+			})
+			if _, page := adminGet(t, path, ""); strings.Contains(page, ">dlq-m2<") || !strings.Contains(page, ">dlq-m1<") {
+				t.Errorf("the DLQ page after the replay:\n%s", page)
+			}
+		})
 	}
 }
