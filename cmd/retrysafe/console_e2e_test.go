@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -294,5 +295,50 @@ func TestE2EConsoleDLQ(t *testing.T) {
 				t.Errorf("the DLQ page after the replay:\n%s", page)
 			}
 		})
+	}
+}
+
+// TestE2EConsoleRoutesReload: the routes page shows the file's table, upstream names
+// included, and after SIGHUP the table of the file the gateway took; a file it refused
+// leaves the page as it was.
+func TestE2EConsoleRoutesReload(t *testing.T) {
+	t.Parallel()
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	t.Cleanup(api.Close)
+	file := writeFile(t, "gateway.yaml", "upstreams:\n  ledger: ${API_URL}\nroutes:\n  - match: POST /payments\n    upstream: ledger\n")
+	gw := startGateway(t, []string{"API_URL=" + api.URL}, "--config", file, "--store", "memory:")
+	routes := func() string {
+		t.Helper()
+		status, body := adminGet(t, gw.admin+"/routes", "")
+		if status != http.StatusOK {
+			t.Fatalf("GET /routes: %d", status)
+		}
+		return body
+	}
+	if body := routes(); !strings.Contains(body, "POST /payments") || !strings.Contains(body, "<td>ledger</td>") {
+		t.Fatalf("the routes page before the reload:\n%s", body)
+	}
+	reloads := 0
+	reload := func(text, msg string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := gw.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		reloads++
+		n := reloads
+		gw.awaitLog(msg, 10*time.Second, func(string) bool {
+			return strings.Count(gw.log(), `"msg":"config reload`) >= n
+		})
+	}
+	reload("upstreams:\n  ledger: ${API_URL}\nroutes:\n  - match: POST /refunds\n    upstream: ledger\n    mode: optional\n", "the reload")
+	if body := routes(); strings.Contains(body, "POST /payments") || !strings.Contains(body, "POST /refunds") || !strings.Contains(body, "<td>ledger</td>") {
+		t.Errorf("the routes page after the reload:\n%s", body)
+	}
+	reload("routes:\n  - match: POST /broken\n    upstream: nowhere\n", "the refused reload")
+	if body := routes(); strings.Contains(body, "/broken") || !strings.Contains(body, "POST /refunds") {
+		t.Errorf("the routes page after a refused reload:\n%s", body)
 	}
 }

@@ -163,10 +163,15 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	var (
 		s      gatewaySetup
 		reload func() (*configfile.File, error)
+		loaded *configfile.File // the file reload read last
 	)
 	if f.config != "" {
 		opts := configfile.Options{Overrides: flagOverrides(fs), CheckStore: checkStoreDSN}
-		reload = func() (*configfile.File, error) { return configfile.Load(f.config, opts) }
+		reload = func() (*configfile.File, error) {
+			file, err := configfile.Load(f.config, opts)
+			loaded = file // the console's route table, once the gateway has taken it
+			return file, err
+		}
 		file, err := reload()
 		if err != nil {
 			return failConfig(stderr, cmd, err)
@@ -258,8 +263,10 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 					logger.Warn("SIGHUP ignored: there is no --config file to reload")
 					continue
 				}
-				s = reloadConfig(gw, reload, s, logger)
-				routes.set(s.file)
+				before := s.file
+				if s = reloadConfig(gw, reload, s, logger); s.file != before {
+					routes.set(loaded)
+				}
 			}
 		}
 	}()
