@@ -250,6 +250,15 @@ func TestAdminToken(t *testing.T) {
 	if status != http.StatusOK || !strings.Contains(body, "pay-1") {
 		t.Errorf("GET /keys after the login: %d:\n%s", status, body)
 	}
+	if status, _ := post(t, c, srv.URL+"/logout", nil, "Origin", "https://evil.example"); status != http.StatusForbidden {
+		t.Errorf("logout from another site: %d, want 403", status)
+	}
+	if status, _ := post(t, c, srv.URL+"/logout", nil); status != http.StatusSeeOther {
+		t.Errorf("logout: %d, want 303", status)
+	}
+	if status, _, _ := get(t, c, srv.URL+"/keys"); status != http.StatusUnauthorized {
+		t.Errorf("GET /keys after the logout: %d, want 401", status)
+	}
 }
 
 // TestRecordPage: credentials among stored headers are never shown, the body is

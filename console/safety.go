@@ -151,7 +151,13 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
+// logout clears the session cookie. It changes nothing but the caller's own session,
+// yet it is still refused from another site, so that no page can log an operator out.
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
+	if !sameOrigin(r) {
+		c.fail(w, r, http.StatusForbidden, "Refused: the request comes from another site.")
+		return
+	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1,
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
