@@ -372,3 +372,37 @@ func TestKeyHash(t *testing.T) {
 		t.Error("KeyHash is not stable")
 	}
 }
+
+// TestTraceHeartbeat: the lease renewals of a request in flight are store.extend spans
+// under its server span.
+func TestTraceHeartbeat(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	tf := newTraced(t, memstore.New(), up, func(c *gateway.Config) { c.Idempotency.Lease = 150 * time.Millisecond })
+	const key = "key-RAW-beat"
+	done := make(chan reply, 1)
+	go func() { done <- tf.send("/block", key) }()
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		for _, s := range tf.spans.GetSpans() {
+			if s.Name == "store.extend" {
+				return true
+			}
+		}
+		return false
+	}, "a lease renewal")
+	up.release()
+	if r := <-done; r.status != http.StatusCreated {
+		t.Fatalf("status %d", r.status)
+	}
+	root, kids := tf.request(0)
+	got := names(kids)
+	if len(got) < 4 || got[0] != "store.claim" || got[1] != "upstream POST" || got[len(got)-1] != "store.complete" || !slices.Contains(got, "store.extend") {
+		t.Fatalf("children %v, want the claim, the upstream call, renewals and the completion", got)
+	}
+	for _, k := range kids {
+		if k.Name == "store.extend" {
+			wantAttrs(t, k, map[attribute.Key]string{gateway.AttrKeyHash: keyHash(key), gateway.AttrStoreOp: "extend"})
+		}
+	}
+	wantAttrs(t, root, map[attribute.Key]string{gateway.AttrOutcome: "executed"})
+}
