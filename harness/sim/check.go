@@ -215,7 +215,7 @@ func (w *world) explain(prev, cur *execution) (why, kind string, ok bool) {
 		return fmt.Sprintf("#%d's answer was stored at %s (under token %d) and %s was claimed at %s, before it expired", prev.N, fmtD(cp.CompletedAt), prev.Token, tokenName(cur), fmtD(cc.At)), "ran-after-stored", false
 	case cp.Released:
 		return fmt.Sprintf("#%d's key was released after the upstream executed it", prev.N), "released-after-execution", false
-	case prev.AnswerLost != "":
+	case prev.AnswerLost != "" && prev.AnswerLostAt <= cc.At: // a loss the takeover caused explains nothing
 		return fmt.Sprintf("the upstream's answer to #%d never reached its owner %s (%s): the key was left to its lease", prev.N, prev.Proc.name, prev.AnswerLost), "answer-lost", true
 	}
 	if prev.Proc.isDead() {
@@ -231,7 +231,9 @@ func (w *world) explain(prev, cur *execution) (why, kind string, ok bool) {
 			return fmt.Sprintf("#%d's owner %s renewed its lease at %s over its own link, which delivered the renewal %s late, while %s reached the store", prev.N, prev.Proc.name, fmtD(rn.At), fmtD(rn.Own), cur.Proc.name), "owner-link-late-alone", true
 		}
 	}
-	from := cp.At - w.plan.Lease
+	// A live owner renews at least every second while it can: a lease that ran out by
+	// cc.At had its renewals fail in the lease before (give or take a slow spell).
+	from := max(cp.At, cc.At-w.plan.Lease-w.plan.Lease/2)
 	for _, o := range w.plan.Outages {
 		if o.Replica == prev.Proc.slot && o.Start < cc.At && o.End > from {
 			return fmt.Sprintf("#%d's owner %s was cut off from the store alone (%s–%s) while %s reached it", prev.N, prev.Proc.name, fmtD(o.Start), fmtD(o.End), cur.Proc.name), "owner-cut-off-alone", true

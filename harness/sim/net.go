@@ -37,8 +37,10 @@ type execution struct {
 	Proc       *replica
 	At         time.Duration
 	Status     int
-	// AnswerLost says why the owner never got the upstream's answer ("" when it did).
-	AnswerLost string
+	// AnswerLost says why the owner never got the upstream's answer ("" when it did),
+	// and AnswerLostAt when it learnt that it would not.
+	AnswerLost   string
+	AnswerLostAt time.Duration
 }
 
 // replica is one process in a replica slot: its store handle, its middleware (or
@@ -191,8 +193,8 @@ func (rep *replica) callUpstream(ctx context.Context, token int64, scope string,
 		there = dur(r, 100*time.Microsecond, 5*time.Millisecond)
 		refused, lost = chance(r, 0.03), chance(r, 0.04)
 		switch x := r.Float64(); {
-		case x < 0.03 && !w.plan.Replicas[rep.slot].Gateway:
-			took = dur(r, w.plan.TTL/2, 3*w.plan.TTL/2) // a handler that runs past the record's TTL
+		case x < 0.05 && !w.plan.Replicas[rep.slot].Gateway:
+			took = dur(r, w.plan.TTL/2, 2*w.plan.TTL) // a handler that may run past the record's TTL
 		case x < 0.15:
 			took = dur(r, 300*time.Millisecond, 2*w.plan.Lease)
 		default:
@@ -263,7 +265,7 @@ func (w *world) answerLost(ex *execution, why string) {
 	}
 	w.mu.Lock()
 	if ex.AnswerLost == "" {
-		ex.AnswerLost = why
+		ex.AnswerLost, ex.AnswerLostAt = why, time.Since(w.start)
 	}
 	w.mu.Unlock()
 }

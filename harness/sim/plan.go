@@ -127,7 +127,7 @@ func newPlan(r *rand.Rand) Plan {
 	if p.Storm {
 		for range 1 + r.IntN(2) {
 			start := dur(r, 0, faults)
-			p.Outages = append(p.Outages, Outage{Start: start, End: start + dur(r, p.Lease, 5*p.Lease/2), Replica: -1, Stall: true})
+			p.Outages = append(p.Outages, Outage{Start: start, End: start + dur(r, p.Lease, 5*p.Lease/2), Replica: -1, Stall: chance(r, 0.5)})
 		}
 	}
 	for range r.IntN(2) {

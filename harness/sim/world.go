@@ -214,7 +214,7 @@ func callNoting[T any](ctx context.Context, h *handle, op, key string, sent func
 			there += dur(r, 0, w.plan.Lease/3) // a late message
 		}
 		lost = chance(r, 0.04) && !w.quiet
-		held = chance(r, 0.5) || w.plan.Storm
+		held = chance(r, 0.5)
 	})
 	if h.isCut() {
 		return zero, errDisconnect
