@@ -102,7 +102,7 @@
 //	                                          progress (--conflict wait)
 //
 // With Config.TracerProvider set (retrysafe gateway --otel), every request is an
-// OpenTelemetry server span, "METHOD pattern", the child of the caller's W3C
+// OpenTelemetry server span, "METHOD /path-pattern", the child of the caller's W3C
 // traceparent, with children for the store calls made for it (store.claim,
 // store.complete, store.release, store.abandon, store.extend), the upstream call (a
 // client span, whose traceparent the upstream receives) and an answer from the store

@@ -65,8 +65,9 @@ type route struct {
 	// them: the key, the scope's source and the content type (both fingerprinted).
 	protected []string
 	// scopeSource says where the scope comes from, for the spans: authorization,
-	// header, cookie, none or custom ("" for an Off route).
-	scopeSource string
+	// header, cookie, none or custom ("" for an Off route); httpRoute is the pattern's
+	// path, their http.route.
+	scopeSource, httpRoute string
 }
 
 // New returns a Gateway, or an error when cfg is unusable.
@@ -203,7 +204,7 @@ func (g *Gateway) routeError(ps []policy, i int, err error) error {
 
 // newRoute makes the middleware, proxy and handlers of p.
 func (g *Gateway) newRoute(p policy) (*route, error) {
-	rt := &route{policy: p, label: p.pattern, keyHeader: p.mw.KeyHeader, scopeSource: scopeSource(p)}
+	rt := &route{policy: p, label: p.pattern, keyHeader: p.mw.KeyHeader, scopeSource: scopeSource(p), httpRoute: patternPath(p.pattern)}
 	if !p.off {
 		mcfg := p.mw
 		mcfg.Store = g.store

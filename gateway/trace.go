@@ -25,8 +25,8 @@ import (
 // request path does none of it: ServeHTTP, forward, finish and the proxy's Rewrite test
 // one pointer (Gateway.tracing, exchange.tr) and the store is not wrapped.
 //
-// A traced request is one server span, "METHOD pattern", whose parent is the caller's
-// W3C traceparent when it sent one. Its children are the store calls made for it
+// A traced request is one server span, "METHOD /path" (the path of its route's
+// pattern), whose parent is the caller's W3C traceparent when it sent one. Its children are the store calls made for it
 // ("store.claim", "store.complete", "store.release", "store.abandon", "store.extend",
 // "store.get"; trace_store.go), the upstream call (a client span, "upstream METHOD",
 // whose context the upstream receives in traceparent), and, for a request answered
@@ -45,6 +45,7 @@ const TracerName = "github.com/retrysafe/retrysafe/gateway"
 // server.port, error.type).
 const (
 	AttrOutcome     = attribute.Key("retrysafe.outcome")      // server span: the idempotency outcome (executed, replayed, …)
+	AttrRoute       = attribute.Key("retrysafe.route")        // server span: the route's whole pattern, as the metrics' route label
 	AttrKeyHash     = attribute.Key("retrysafe.key.hash")     // KeyHash of the request's scope and key
 	AttrScopeSource = attribute.Key("retrysafe.scope.source") // where the scope comes from, never its value
 	AttrStore       = attribute.Key("retrysafe.store")        // the store: postgresql, sqlite, redis, memory, or its package
@@ -128,8 +129,8 @@ func (t *tracing) start(r *http.Request, ex *exchange) *http.Request {
 	name, attrs := r.Method, make([]attribute.KeyValue, 0, 8)
 	attrs = append(attrs, attribute.String("http.request.method", r.Method), t.store)
 	if rt := ex.rt; rt != nil {
-		name += " " + rt.label
-		attrs = append(attrs, attribute.String("http.route", rt.label))
+		name += " " + rt.httpRoute
+		attrs = append(attrs, attribute.String("http.route", rt.httpRoute), AttrRoute.String(rt.label))
 		if rt.scopeSource != "" {
 			attrs = append(attrs, AttrScopeSource.String(rt.scopeSource))
 		}
@@ -256,6 +257,15 @@ func (t *tracing) end(ex *exchange, outcome string, status int) {
 	}
 	span.SetAttributes(attrs...)
 	span.End(trace.WithTimestamp(now))
+}
+
+// patternPath is the path of a ServeMux pattern, "[METHOD ][HOST]/[PATH]": its
+// http.route.
+func patternPath(pattern string) string {
+	if i := strings.IndexByte(pattern, '/'); i >= 0 {
+		return pattern[i:]
+	}
+	return pattern
 }
 
 // scopeSource names where a route's scope comes from, for AttrScopeSource.

@@ -406,3 +406,34 @@ func TestTraceHeartbeat(t *testing.T) {
 	}
 	wantAttrs(t, root, map[attribute.Key]string{gateway.AttrOutcome: "executed"})
 }
+
+// TestTraceAfterReload: the routes of a reload trace their store calls and name their
+// pattern; an Off route's request is a server span with only its upstream call.
+func TestTraceAfterReload(t *testing.T) {
+	t.Parallel()
+	store := memstore.New()
+	tf := newTraced(t, store, nil, nil)
+	u, _ := url.Parse(tf.up.URL)
+	if err := tf.gw.Reload(gateway.Config{Upstream: u, Idempotency: idempotency.Config{Store: store},
+		Routes: []gateway.Route{{Pattern: "POST /pay"}, {Pattern: "POST /echo", Off: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	if r := tf.send("/pay", "key-RAW-reload"); r.status != http.StatusCreated {
+		t.Fatalf("status %d", r.status)
+	}
+	root, kids := tf.request(0)
+	if root.Name != "POST /pay" {
+		t.Errorf("server span %q, want POST /pay", root.Name)
+	}
+	if got, want := names(kids), []string{"store.claim", "upstream POST", "store.complete"}; !slices.Equal(got, want) {
+		t.Fatalf("children %v, want %v", got, want)
+	}
+	if r := tf.send("/echo", ""); r.status != http.StatusOK {
+		t.Fatalf("off route: status %d", r.status)
+	}
+	root, kids = tf.request(1)
+	wantAttrs(t, root, map[attribute.Key]string{gateway.AttrOutcome: "pass-through", "http.route": "/echo", gateway.AttrRoute: "POST /echo", gateway.AttrScopeSource: ""})
+	if got, want := names(kids), []string{"upstream POST"}; !slices.Equal(got, want) {
+		t.Fatalf("off route's children %v, want %v", got, want)
+	}
+}
