@@ -26,11 +26,12 @@ import (
 // one pointer (Gateway.tracing, exchange.tr) and the store is not wrapped.
 //
 // A traced request is one server span, "METHOD /path" (the path of its route's
-// pattern), whose parent is the caller's W3C traceparent when it sent one. Its children are the store calls made for it
-// ("store.claim", "store.complete", "store.release", "store.abandon", "store.extend",
-// "store.get"; trace_store.go), the upstream call (a client span, "upstream METHOD",
-// whose context the upstream receives in traceparent), and, for a request answered
-// from the store, the answer: "replay", "conflict" (409) or "mismatch" (422).
+// pattern), whose parent is the caller's W3C traceparent when it sent one. Its
+// children are the store calls made for it ("store.claim", "store.complete",
+// "store.release", "store.abandon", "store.extend", "store.get"; trace_store.go), the
+// upstream call (a client span, "upstream METHOD", whose context the upstream receives
+// in traceparent), and, for a request answered from the store, the answer: "replay",
+// "conflict" (409) or "mismatch" (422).
 //
 // What the spans never hold: the key (only KeyHash of scope and key), the scope's value
 // (only where it comes from: authorization, header, cookie, none or custom), bodies,
@@ -59,7 +60,9 @@ const (
 // does not reveal the key or the scope (the scope is often a user's or tenant's
 // identifier, by default the hash of a credential). An operator who knows a key finds
 // its traces by computing it. The newline cannot occur in a key, so that no other
-// scope and key have the same input.
+// scope and key have the same input. A hash is not a secret's protection: whoever
+// knows the scope can test guesses of a key against it, which is why keys should be
+// random (a UUID), as clients make them.
 func KeyHash(scope, key string) string {
 	var buf [192]byte // most scopes and keys: no allocation but the result
 	b := append(append(append(buf[:0], scope...), '\n'), key...)
