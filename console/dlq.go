@@ -165,12 +165,13 @@ func (c *Console) apply(w http.ResponseWriter, r *http.Request, verb string, do 
 		return
 	}
 	n, err := do(dl, ids)
-	c.log.Info("console: dead letters "+verb+"ed", "queue", name, "count", n, "ids", ids, "all", len(ids) == 0, "remote", r.RemoteAddr)
+	done := map[string]string{"replay": "replayed", "purge": "purged"}[verb]
+	c.log.Info("console: dead letters "+done, "queue", name, "count", n, "ids", ids, "all", len(ids) == 0, "remote", r.RemoteAddr)
 	if err != nil {
 		c.brokerFailed(w, r, name, verb+"ing ("+strconv.Itoa(n)+" done before the failure)", err)
 		return
 	}
-	msg := verb + "ed " + plural(n, "dead letter")
+	msg := done + " " + plural(n, "dead letter")
 	if verb == "replay" {
 		msg += " to " + name + ", attempt counts reset"
 	}

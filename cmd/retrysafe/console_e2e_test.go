@@ -294,6 +294,33 @@ func TestE2EConsoleDLQ(t *testing.T) {
 			if _, page := adminGet(t, path, ""); strings.Contains(page, ">dlq-m2<") || !strings.Contains(page, ">dlq-m1<") {
 				t.Errorf("the DLQ page after the replay:\n%s", page)
 			}
+
+			// Purge: the list's button leads to a confirmation page that removes nothing;
+			// its form, confirmed, removes the one selected.
+			res, err = client.PostForm(path+"/purge", url.Values{"csrf": {m[1]}, "id": {"dlq-m1"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			confirm, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode != http.StatusOK || !strings.Contains(string(confirm), "cannot be replayed afterwards") {
+				t.Fatalf("purge without confirm: %d, want the confirmation page:\n%s", res.StatusCode, confirm)
+			}
+			if _, dlq := b.counts(t); dlq != 2 {
+				t.Fatalf("the confirmation page purged: %d dead letters left, want 2", dlq)
+			}
+			res, err = client.PostForm(path+"/purge", url.Values{"csrf": {m[1]}, "id": {"dlq-m1"}, "confirm": {"1"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			if res.StatusCode != http.StatusSeeOther || !strings.Contains(res.Header.Get("Location"), "Purged+1+dead+letter") {
+				t.Fatalf("purge: %d %s, want 303 saying it purged one", res.StatusCode, res.Header.Get("Location"))
+			}
+			waitFor(t, "one dead letter left", 15*time.Second, func() bool {
+				work, dlq := b.counts(t)
+				return work == 1 && dlq == 1
+			})
 		})
 	}
 }
@@ -334,7 +361,13 @@ func TestE2EConsoleRoutesReload(t *testing.T) {
 		})
 	}
 	reload("upstreams:\n  ledger: ${API_URL}\nroutes:\n  - match: POST /refunds\n    upstream: ledger\n    mode: optional\n", "the reload")
-	if body := routes(); strings.Contains(body, "POST /payments") || !strings.Contains(body, "POST /refunds") || !strings.Contains(body, "<td>ledger</td>") {
+	// The table is replaced just after the reload is logged.
+	var body string
+	waitFor(t, "the reloaded table", 10*time.Second, func() bool {
+		body = routes()
+		return strings.Contains(body, "POST /refunds")
+	})
+	if strings.Contains(body, "POST /payments") || !strings.Contains(body, "<td>ledger</td>") {
 		t.Errorf("the routes page after the reload:\n%s", body)
 	}
 	reload("routes:\n  - match: POST /broken\n    upstream: nowhere\n", "the refused reload")
