@@ -106,6 +106,11 @@ type File struct {
 	// LogFormat (text or json) and LogLevel (debug, info, warn, error); "" when not set.
 	LogFormat, LogLevel string
 
+	// Otel turns OpenTelemetry tracing on, as retrysafe gateway's --otel does; the
+	// exporter's endpoint and the rest come from the OTEL_ environment. False when not
+	// set (the environment alone can still turn tracing on).
+	Otel bool
+
 	// Gateway is the gateway the file describes, but for Idempotency.Store and Logger,
 	// which are the caller's: its own fields are the catch-all policy (Upstream nil
 	// when there is none), and Routes the file's routes, in the file's order, with the

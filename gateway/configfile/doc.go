@@ -33,6 +33,9 @@
 //	                  redis://…, memory:). Default: the caller's (sqlite:retrysafe.db).
 //	log               {format: text|json, level: debug|info|warn|error}. Default: the
 //	                  caller's (text, info).
+//	otel              true: trace with OpenTelemetry, as --otel (the endpoint and the rest
+//	                  from the OTEL_ environment; see the README's Tracing). Default
+//	                  false.
 //	shutdown_timeout  how long the requests in flight get at shutdown, and then the
 //	                  answers the store could not take get to be stored. Default the
 //	                  longest upstream_timeout of the routes + gateway.DefaultShutdownGrace

@@ -186,6 +186,10 @@ func (p *parser) parse(data []byte) *File {
 					p.unknown(k, key, []string{"format", "level"})
 				}
 			})
+		case "otel":
+			var s string
+			s, at, ok = p.enum(k, v, key, "boolean", "true", "false")
+			f.Otel = s == "true"
 		case "shutdown_timeout":
 			f.Gateway.ShutdownTimeout, at, ok = p.duration(k, v, key)
 		case "max_body_memory":
@@ -202,7 +206,7 @@ func (p *parser) parse(data []byte) *File {
 		case "routes":
 			p.routes(k, v, d)
 		default:
-			p.unknown(k, "", []string{"listen", "admin", "store", "log", "shutdown_timeout", "max_body_memory", "max_waiters", "upstreams", "defaults", "routes"})
+			p.unknown(k, "", []string{"listen", "admin", "store", "log", "otel", "shutdown_timeout", "max_body_memory", "max_waiters", "upstreams", "defaults", "routes"})
 			return
 		}
 		if ok {
