@@ -208,7 +208,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return fail(stderr, cmd, fmt.Errorf("applying the schema of %s: %w", store.Name, err), exitUsage)
 	}
 	cfg.Idempotency.Store = store.Store
-	stopTracing, err := startTracing(ctx, f.otel, &cfg, logger)
+	stopTracing, err := startTracing(ctx, f.otel || s.file != nil && s.file.Otel, &cfg, logger)
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}
