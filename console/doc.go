@@ -27,7 +27,10 @@
 //   - Options.ReadOnly hides the actions and refuses their POSTs with 403.
 //   - With Options.AdminToken every request needs the token: Authorization: Bearer, or
 //     the session cookie (HttpOnly, SameSite=Strict, holding an HMAC of the token, not
-//     the token) that the login form sets once given it; compared in constant time.
+//     the token) that the login form sets once given it; compared in constant time. Only
+//     the stylesheet, the script and the icon under /static/ are served without it
+//     (the login form needs them, and they hold no data). The cookie is valid until the
+//     process restarts (its secret is per process) or the operator logs out.
 //   - Every response carries a Content-Security-Policy that allows only the console's
 //     own stylesheet and script (no inline script), X-Frame-Options: DENY and
 //     Cache-Control: no-store (pages show stored responses).
