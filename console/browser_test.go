@@ -459,6 +459,7 @@ func TestBrowser(t *testing.T) {
 	if txt := b.text(t); !strings.Contains(txt, "X-Execution") || !strings.Contains(txt, "Fencing token") {
 		t.Errorf("the record page lacks the headers or the token:\n%s", txt)
 	}
+	b.screenshot(t, "console-record.png")
 
 	// Evict, confirmed on its own page: the store no longer has the key, and the next
 	// request with it executes again.
@@ -518,6 +519,7 @@ func TestBrowser(t *testing.T) {
 	if txt := b.text(t); !strings.Contains(txt, "POST /payments") || !strings.Contains(txt, "required") {
 		t.Errorf("the routes page:\n%s", txt)
 	}
+	b.screenshot(t, "console-routes.png")
 
 	// The dead letter: listed with its reason and attempts, shown, replayed with a
 	// fresh attempt count and consumed by a real consumer.
@@ -526,6 +528,7 @@ func TestBrowser(t *testing.T) {
 	if txt := b.text(t); !strings.Contains(txt, "refund-7") || !strings.Contains(txt, "ledger refused the refund") {
 		t.Errorf("the DLQ page:\n%s", txt)
 	}
+	b.screenshot(t, "console-dlq.png")
 	b.do(t, "showing the dead letter", chromedp.Click(chromedp.CSS("td.key a")), chromedp.WaitVisible(chromedp.CSS("#replay-one")))
 	if txt := b.text(t); !strings.Contains(txt, `{"refund":7}`) {
 		t.Errorf("the dead letter's page:\n%s", txt)
