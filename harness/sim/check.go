@@ -39,6 +39,9 @@ type facts struct {
 	order      []*replica // every process, in the order they started
 	janitor    *replica   // the janitor, as the pseudo-process of its deletions
 	unfinished int
+	// lateTakeovers counts the takeover claims that reached the store after their
+	// TakeoverBy bound (refused by it).
+	lateTakeovers int
 }
 
 func (w *world) noteClaim(proc string, req idempotency.ClaimRequest, res idempotency.ClaimResult) {
@@ -93,7 +96,7 @@ func (w *world) check(res *Result) {
 	defer w.mu.Unlock()
 	end := time.Since(w.start)
 	f := &w.facts
-	res.Executions, res.Finals, res.Unfinished = len(f.execs), len(f.seen), f.unfinished
+	res.Executions, res.Finals, res.Unfinished, res.LateTakeovers = len(f.execs), len(f.seen), f.unfinished, f.lateTakeovers
 
 	// At most one execution per (scope, key), but in the documented windows: each
 	// execution after the first is explained by what happened to the one before it.

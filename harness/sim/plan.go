@@ -94,7 +94,7 @@ func newPlan(r *rand.Rand) Plan {
 	p.Storm = chance(r, 0.25)
 	p.Late = 0.01
 	if p.Storm {
-		p.Late = 0.04
+		p.Late = 0.10
 	}
 	faults := 4 * p.Lease // fault windows start before this
 	p.Horizon = faults + 10*p.Lease
@@ -125,9 +125,9 @@ func newPlan(r *rand.Rand) Plan {
 		p.Outages = append(p.Outages, o)
 	}
 	if p.Storm {
-		for range 1 + r.IntN(2) {
+		for range 1 + r.IntN(3) {
 			start := dur(r, 0, faults)
-			p.Outages = append(p.Outages, Outage{Start: start, End: start + dur(r, p.Lease, 5*p.Lease/2), Replica: -1, Stall: chance(r, 0.5)})
+			p.Outages = append(p.Outages, Outage{Start: start, End: start + dur(r, p.Lease, 5*p.Lease/2), Replica: -1, Stall: chance(r, 0.7)})
 		}
 	}
 	for range r.IntN(2) {

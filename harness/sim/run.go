@@ -29,6 +29,9 @@ type Result struct {
 	// Counts: the upstream's executions, the final answers clients saw, the operations
 	// that got none by the horizon, and the executions beyond one per key.
 	Executions, Finals, Unfinished, Extra int
+	// LateTakeovers counts the takeover claims that reached the store after their
+	// TakeoverBy bound: the schedule exercised the bound.
+	LateTakeovers int
 }
 
 // Failed reports whether an invariant broke.

@@ -55,7 +55,7 @@ func TestSim(t *testing.T) {
 	start := time.Now()
 	var mu sync.Mutex
 	var failed []uint64
-	execs, windows, finals, unfinished := 0, 0, 0, 0
+	execs, windows, finals, unfinished, late := 0, 0, 0, 0, 0
 	kinds := map[string]int{}
 	t.Run("seeds", func(t *testing.T) {
 		for i := range uint64(n) {
@@ -65,6 +65,7 @@ func TestSim(t *testing.T) {
 				res := runSeed(t, seed)
 				mu.Lock()
 				execs, windows, finals, unfinished = execs+res.Executions, windows+len(res.Windows), finals+res.Finals, unfinished+res.Unfinished
+				late += res.LateTakeovers
 				for _, k := range res.Kinds {
 					kinds[k]++
 				}
@@ -80,8 +81,8 @@ func TestSim(t *testing.T) {
 		}
 	})
 	slices.Sort(failed)
-	t.Logf("%d seeds in %s: %d executions, %d extra in documented windows, %d final answers, %d operations unfinished; causes of extra executions: %v; failing seeds: %v",
-		n, time.Since(start).Round(time.Millisecond), execs, windows, finals, unfinished, kinds, failed)
+	t.Logf("%d seeds in %s: %d executions, %d extra in documented windows, %d final answers, %d operations unfinished, %d takeover claims refused as late; causes of extra executions: %v; failing seeds: %v",
+		n, time.Since(start).Round(time.Millisecond), execs, windows, finals, unfinished, late, kinds, failed)
 }
 
 // TestDeterministic runs seeds twice: the same seed must give the same trace.

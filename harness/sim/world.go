@@ -300,6 +300,12 @@ func (h *handle) Claim(ctx context.Context, req idempotency.ClaimRequest) (idemp
 			return res, fmt.Sprintf("claim %s%s: %s, token %d", sk(req.Scope, req.Key), take, how, res.Token), nil
 		}
 		x := res.Existing
+		if !req.NoTakeover && !req.MayTakeOver(res.Now) {
+			h.w.mu.Lock()
+			h.w.facts.lateTakeovers++
+			h.w.mu.Unlock()
+			take = fmt.Sprintf(" (may take over until %s: arrived %s late)", fmtD(req.TakeoverBy.Sub(h.w.start)), fmtD(res.Now.Sub(req.TakeoverBy)))
+		}
 		return res, fmt.Sprintf("claim %s%s: refused, %s token %d lease %s", sk(req.Scope, req.Key), take, x.State, x.Token,
 			fmtD(x.LeaseUntil.Sub(res.Now))), nil
 	})
