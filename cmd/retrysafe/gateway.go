@@ -387,6 +387,7 @@ func reloadConfig(gw *gateway.Gateway, load func() (*configfile.File, error), ru
 	}{
 		{"listen", old.Listen, file.Listen}, {"admin", old.Admin, file.Admin}, {"store", old.Store, file.Store},
 		{"log", old.LogFormat + " " + old.LogLevel, file.LogFormat + " " + file.LogLevel},
+		{"otel", old.Otel, file.Otel},
 		{"shutdown_timeout", old.Gateway.ShutdownTimeout, cfg.ShutdownTimeout},
 		{"max_body_memory", old.Gateway.Idempotency.MaxBodyMemory, cfg.Idempotency.MaxBodyMemory},
 		{"max_waiters", old.Gateway.Idempotency.MaxWaiters, cfg.Idempotency.MaxWaiters},
@@ -406,7 +407,7 @@ func reloadConfig(gw *gateway.Gateway, load func() (*configfile.File, error), ru
 	}
 	logger.Info("config reloaded", "file", file.Path, "routes", len(cfg.Routes))
 	running.file = &configfile.File{Path: file.Path, Listen: old.Listen, Admin: old.Admin, Store: old.Store,
-		LogFormat: old.LogFormat, LogLevel: old.LogLevel, Gateway: cfg}
+		LogFormat: old.LogFormat, LogLevel: old.LogLevel, Otel: old.Otel, Gateway: cfg}
 	running.file.Gateway.ShutdownTimeout = old.Gateway.ShutdownTimeout
 	running.file.Gateway.Idempotency.MaxBodyMemory = old.Gateway.Idempotency.MaxBodyMemory
 	running.file.Gateway.Idempotency.MaxWaiters = old.Gateway.Idempotency.MaxWaiters
