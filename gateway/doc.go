@@ -109,7 +109,7 @@
 // (replay, conflict, mismatch). The spans carry the route, outcome, status, store and
 // KeyHash of the scope and key; never the key, the scope's value, a body, a header's
 // value or an error's text (trace.go). Without it nothing of this runs: the request
-// path tests two pointers.
+// path only tests, at each step, that tracing is off.
 //
 // Several gateways sharing one PostgreSQL or Redis store behave as one: the claim is
 // atomic in the store, so of concurrent duplicates sent to different replicas exactly
