@@ -64,8 +64,8 @@ func (tf *traced) send(path, key string, body ...string) reply {
 	return tf.do(http.MethodPost, path, key, b, "Traceparent", traceparent, "Authorization", secretAuth)
 }
 
-// request returns the tree of the n-th server span (0 is the first ended) and its
-// children, waiting for the n+1 server spans to end.
+// request returns the tree of the n-th server span, in the order the requests began,
+// of those that ended, and its children, waiting for n+1 server spans to end.
 func (tf *traced) request(n int) (root tracetest.SpanStub, children []tracetest.SpanStub) {
 	tf.t.Helper()
 	var servers []tracetest.SpanStub
@@ -78,6 +78,7 @@ func (tf *traced) request(n int) (root tracetest.SpanStub, children []tracetest.
 		}
 		return len(servers) > n
 	}, "server span %d", n)
+	slices.SortFunc(servers, func(a, b tracetest.SpanStub) int { return a.StartTime.Compare(b.StartTime) })
 	root = servers[n]
 	for _, s := range tf.spans.GetSpans() {
 		if s.Parent.SpanID() == root.SpanContext.SpanID() {
@@ -252,7 +253,7 @@ func TestTraceConflictAndMismatch(t *testing.T) {
 	if r := tf.send("/block", key, `{"other":"body"}`); r.status != http.StatusUnprocessableEntity {
 		t.Fatalf("other body: %d, want 422", r.status)
 	}
-	root, kids = tf.request(2) // the first request's span ended second
+	root, kids = tf.request(2) // after the first and the duplicate
 	wantAttrs(t, root, map[attribute.Key]string{gateway.AttrOutcome: "mismatch", "http.response.status_code": "422"})
 	if got, want := names(kids), []string{"store.claim", "mismatch"}; !slices.Equal(got, want) {
 		t.Fatalf("mismatch's children %v, want %v", got, want)
