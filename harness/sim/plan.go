@@ -26,8 +26,10 @@ type Plan struct {
 	// claim decided on old knowledge reaches the store after the key changed hands.
 	Storm bool
 	// Late is the share of store messages delivered long (a third of a lease to two
-	// leases) after they were sent.
-	Late float64
+	// leases) after they were sent, and LateTakeover that of the claims that may take a
+	// key over: the message whose lateness the TakeoverBy bound is for, made late more
+	// often in storms so that the search meets it.
+	Late, LateTakeover float64
 }
 
 // ReplicaPlan is one replica slot: what it runs and when its process is killed.
@@ -92,9 +94,9 @@ func newPlan(r *rand.Rand) Plan {
 	p.TTL = p.Lease * time.Duration(4+r.IntN(8))
 	p.Janitor = dur(r, p.Lease/2, 2*p.Lease)
 	p.Storm = chance(r, 0.25)
-	p.Late = 0.01
+	p.Late, p.LateTakeover = 0.01, 0.01
 	if p.Storm {
-		p.Late = 0.10
+		p.Late, p.LateTakeover = 0.10, 0.5
 	}
 	faults := 4 * p.Lease // fault windows start before this
 	p.Horizon = faults + 10*p.Lease
@@ -169,8 +171,8 @@ func newPlan(r *rand.Rand) Plan {
 // String is the plan, readable, as the trace's header.
 func (p Plan) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "lease %s, ttl %s, store timeout %s, upstream timeout %s, janitor every %s, clients stop at %s, late messages %.0f%%",
-		p.Lease, p.TTL, p.StoreTimeout, p.UpstreamTimeout, p.Janitor.Round(time.Millisecond), p.Horizon, 100*p.Late)
+	fmt.Fprintf(&b, "lease %s, ttl %s, store timeout %s, upstream timeout %s, janitor every %s, clients stop at %s, late messages %.0f%% (takeover claims %.0f%%)",
+		p.Lease, p.TTL, p.StoreTimeout, p.UpstreamTimeout, p.Janitor.Round(time.Millisecond), p.Horizon, 100*p.Late, 100*p.LateTakeover)
 	if p.Storm {
 		b.WriteString(", storm")
 	}

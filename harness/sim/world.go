@@ -207,8 +207,12 @@ func callNoting[T any](ctx context.Context, h *handle, op, key string, sent func
 	w.draw(h.name+"/"+op+"/"+key, func(r *rand.Rand) {
 		there, back = dur(r, 50*time.Microsecond, 3*time.Millisecond), dur(r, 50*time.Microsecond, 3*time.Millisecond)
 		heal = dur(r, 50*time.Microsecond, 3*time.Millisecond)
+		late := w.plan.Late
+		if op == "takeover" {
+			late = w.plan.LateTakeover
+		}
 		switch x := r.Float64(); {
-		case x < w.plan.Late:
+		case x < late:
 			there += dur(r, w.plan.Lease/3, 2*w.plan.Lease) // held somewhere, delivered long after
 		case x < w.plan.Late+0.03:
 			there += dur(r, 0, w.plan.Lease/3) // a late message
@@ -282,7 +286,11 @@ func sk(scope, key string) string { return scope + "/" + key }
 
 // Claim implements idempotency.Store.
 func (h *handle) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
-	return call(ctx, h, "claim", sk(req.Scope, req.Key), func() (idempotency.ClaimResult, string, error) {
+	op := "claim"
+	if !req.NoTakeover {
+		op = "takeover" // its own stream: a claim that may take over is the one whose delay matters
+	}
+	return call(ctx, h, op, sk(req.Scope, req.Key), func() (idempotency.ClaimResult, string, error) {
 		res, err := h.w.store.Claim(h.callerContext(), req)
 		if err != nil {
 			return res, "claim " + sk(req.Scope, req.Key) + ": " + err.Error(), err
