@@ -20,6 +20,7 @@ package redeliverotel
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -72,7 +73,7 @@ func Handler(h redeliver.Handler, cfg Config) redeliver.Handler {
 	}
 	return func(ctx context.Context, m *redeliver.Message) (err error) {
 		parent := ctx
-		if pc := prop.Extract(ctx, propagation.MapCarrier(m.Header)); trace.SpanContextFromContext(pc).IsValid() {
+		if pc := prop.Extract(ctx, headerCarrier(m.Header)); trace.SpanContextFromContext(pc).IsValid() {
 			parent = pc
 		}
 		attrs := []attribute.KeyValue{
@@ -121,4 +122,31 @@ func fail(span trace.Span, c redeliver.Class) {
 // not be nil.
 func Inject(ctx context.Context, cfg Config, header map[string]string) {
 	cfg.propagator().Inject(ctx, propagation.MapCarrier(header))
+}
+
+// headerCarrier reads a message's headers for the propagator, their names in any case
+// (traceparent, Traceparent): a producer that bridges HTTP headers may have written
+// them canonicalized, and header names are case-insensitive in W3C Trace Context.
+type headerCarrier map[string]string
+
+func (h headerCarrier) Get(key string) string {
+	if v, ok := h[key]; ok {
+		return v
+	}
+	for k, v := range h {
+		if strings.EqualFold(k, key) {
+			return v
+		}
+	}
+	return ""
+}
+
+func (h headerCarrier) Set(key, value string) { h[key] = value }
+
+func (h headerCarrier) Keys() []string {
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		keys = append(keys, k)
+	}
+	return keys
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/redeliver"
+	"github.com/retrysafe/retrysafe/redeliver/jetstream"
 	"github.com/retrysafe/retrysafe/redeliver/rabbitmq"
 	"github.com/retrysafe/retrysafe/redeliver/redeliverotel"
 	"github.com/retrysafe/retrysafe/retry"
@@ -33,14 +35,16 @@ func attr(s tracetest.SpanStub, key attribute.Key) attribute.Value {
 	return attribute.Value{}
 }
 
-// TestRabbitMQFailOnceThenSucceed: a message published under a producer's span fails
-// once and succeeds on its retry: two delivery spans, attempts 1 and 2, both children of
-// the producer's span, the first failed with its class.
-func TestRabbitMQFailOnceThenSucceed(t *testing.T) {
-	t.Parallel()
+// broker is a queue of a real broker: its Source, a Publisher, and the queue's name.
+type broker struct {
+	src   redeliver.Source
+	pub   redeliver.Publisher
+	queue string
+}
+
+func rabbitMQ(t *testing.T) broker {
 	url := testenv.AMQPURL(t)
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	cfg := rabbitmq.Config{URL: url, Queue: testenv.Name("otel"), Delays: []time.Duration{50 * time.Millisecond}, Logger: quiet}
+	cfg := rabbitmq.Config{URL: url, Queue: testenv.Name("otel"), Delays: []time.Duration{50 * time.Millisecond}, Logger: quiet()}
 	ctx := context.Background()
 	src, err := rabbitmq.NewSource(ctx, cfg)
 	if err != nil {
@@ -57,7 +61,65 @@ func TestRabbitMQFailOnceThenSucceed(t *testing.T) {
 			t.Errorf("deleting the topology: %v", err)
 		}
 	})
+	pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	return broker{src, pub, cfg.Queue}
+}
 
+func natsJetStream(t *testing.T) broker {
+	url := testenv.NATSURL(t)
+	cfg := jetstream.Config{URL: url, Queue: testenv.Name("otel"), MemoryStorage: true, Logger: quiet(), Policy: policy()}
+	ctx := context.Background()
+	src, err := jetstream.NewSource(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := jetstream.DeleteTopology(context.Background(), cfg); err != nil {
+			t.Errorf("deleting the topology: %v", err)
+		}
+	})
+	nc, err := jetstream.Dial(ctx, url, "redeliverotel-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	pub, err := jetstream.NewPublisher(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return broker{src, pub, cfg.Queue}
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// policy: three attempts, 50ms apart.
+func policy() redeliver.Policy {
+	return redeliver.Policy{MaxAttempts: 3, Timeout: 10 * time.Second,
+		Backoff: retry.Policy{Base: 50 * time.Millisecond, Cap: 50 * time.Millisecond, Jitter: retry.JitterNone}}
+}
+
+// TestFailOnceThenSucceed: on RabbitMQ and on NATS JetStream, a message published under
+// a producer's span fails once and succeeds on its retry: two delivery spans, attempts
+// 1 and 2, both children of the producer's span, the first failed with its class.
+func TestFailOnceThenSucceed(t *testing.T) {
+	t.Parallel()
+	for _, b := range []struct {
+		name string
+		open func(*testing.T) broker
+	}{{"rabbitmq", rabbitMQ}, {"jetstream", natsJetStream}} {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			failOnceThenSucceed(t, b.open(t))
+		})
+	}
+}
+
+func failOnceThenSucceed(t *testing.T, b broker) {
+	ctx := context.Background()
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
@@ -76,11 +138,10 @@ func TestRabbitMQFailOnceThenSucceed(t *testing.T) {
 		return nil
 	}
 	c, err := redeliver.New(redeliver.Config{
-		Source:  src,
-		Handler: redeliverotel.Handler(handler, otelCfg),
-		Policy: redeliver.Policy{MaxAttempts: 3, Timeout: 10 * time.Second,
-			Backoff: retry.Policy{Base: 50 * time.Millisecond, Cap: 50 * time.Millisecond, Jitter: retry.JitterNone}},
-		Logger:        quiet,
+		Source:        b.src,
+		Handler:       redeliverotel.Handler(handler, otelCfg),
+		Policy:        policy(),
+		Logger:        quiet(),
 		ShutdownGrace: 5 * time.Second,
 	})
 	if err != nil {
@@ -96,15 +157,10 @@ func TestRabbitMQFailOnceThenSucceed(t *testing.T) {
 		}
 	})
 
-	pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{URL: url})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pub.Close() })
 	pctx, producer := tp.Tracer("test").Start(ctx, "publish", trace.WithSpanKind(trace.SpanKindProducer))
 	m := &redeliver.Message{ID: "msg-1", Body: []byte(`{"secret":"BODY"}`), Header: map[string]string{}}
 	redeliverotel.Inject(pctx, otelCfg, m.Header)
-	if err := pub.Publish(pctx, cfg.Queue, m); err != nil {
+	if err := b.pub.Publish(pctx, b.queue, m); err != nil {
 		t.Fatal(err)
 	}
 	producer.End()
@@ -126,8 +182,9 @@ func TestRabbitMQFailOnceThenSucceed(t *testing.T) {
 	}, "two delivery spans")
 	slices.SortFunc(deliveries, func(a, b tracetest.SpanStub) int { return a.StartTime.Compare(b.StartTime) })
 	for i, s := range deliveries {
-		if s.Name != "process "+cfg.Queue {
-			t.Errorf("delivery %d: span %q", i+1, s.Name)
+		// JetStream names the stream and its consumer, RabbitMQ the queue.
+		if q := deliveryQueue(s); s.Name != "process "+q || !strings.Contains(q, b.queue) {
+			t.Errorf("delivery %d: span %q, destination %q, want process and the queue %s", i+1, s.Name, q, b.queue)
 		}
 		if s.Parent.SpanID() != producer.SpanContext().SpanID() || s.SpanContext.TraceID() != producer.SpanContext().TraceID() {
 			t.Errorf("delivery %d: not a child of the producer's span", i+1)
@@ -151,6 +208,11 @@ func TestRabbitMQFailOnceThenSucceed(t *testing.T) {
 	if second.Status.Code == codes.Error {
 		t.Errorf("second delivery failed: %v", second.Status)
 	}
+}
+
+// deliveryQueue is the queue a delivery span names (messaging.destination.name).
+func deliveryQueue(s tracetest.SpanStub) string {
+	return attr(s, "messaging.destination.name").AsString()
 }
 
 // TestClasses: a panic, a timeout and a permanent error are marked with their class;
@@ -191,5 +253,24 @@ func TestClasses(t *testing.T) {
 		if s.Parent.IsValid() {
 			t.Errorf("span %d: a parent without a traceparent header", i)
 		}
+	}
+}
+
+// TestCanonicalHeaderName: a producer that wrote Traceparent (as an HTTP bridge would)
+// is still the delivery's parent.
+func TestCanonicalHeaderName(t *testing.T) {
+	t.Parallel()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	const parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	m := &redeliver.Message{Queue: "q", Attempt: 1, Header: map[string]string{"Traceparent": parent}}
+	h := redeliverotel.Handler(func(context.Context, *redeliver.Message) error { return nil }, redeliverotel.Config{TracerProvider: tp})
+	if err := h(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	s := exp.GetSpans()[0]
+	if s.Parent.TraceID().String() != "4bf92f3577b34da6a3ce929d0e0e4736" || s.Parent.SpanID().String() != "00f067aa0ba902b7" {
+		t.Errorf("delivery's parent %v, want the Traceparent header's", s.Parent)
 	}
 }
