@@ -10,6 +10,9 @@
 // the request it sends. A call of Do is a span of the caller's name with children
 // "attempt".
 //
+// An attempt's span ends when its response headers arrive (or it fails), and the call's
+// when Transport returns: reading the body is the caller's, in neither.
+//
 // The spans record the method, the server's host and port, status codes, attempt
 // numbers, waits and failure classes: never the URL's path or query, a header's value,
 // a body or an error's text.
