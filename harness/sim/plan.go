@@ -126,12 +126,6 @@ func newPlan(r *rand.Rand) Plan {
 		}
 		p.Outages = append(p.Outages, o)
 	}
-	if p.Storm {
-		for range 1 + r.IntN(3) {
-			start := dur(r, 0, faults)
-			p.Outages = append(p.Outages, Outage{Start: start, End: start + dur(r, p.Lease, 5*p.Lease/2), Replica: -1, Stall: chance(r, 0.7)})
-		}
-	}
 	for range r.IntN(2) {
 		start := dur(r, 0, faults)
 		s := Slow{Start: start, End: start + dur(r, p.Lease/4, 2*p.Lease), Extra: dur(r, p.Lease/20, 3*p.Lease/4), Replica: -1}
@@ -164,6 +158,14 @@ func newPlan(r *rand.Rand) Plan {
 			op.Clients = 2 + r.IntN(3)
 		}
 		p.Ops = append(p.Ops, op)
+	}
+	if p.Storm {
+		// Outages aimed at requests in flight: each begins shortly after an operation's
+		// first attempt, while its owner may still be running or storing its answer.
+		for range 1 + r.IntN(3) {
+			start := p.Ops[r.IntN(len(p.Ops))].Start + dur(r, 0, p.Lease/2)
+			p.Outages = append(p.Outages, Outage{Start: start, End: start + dur(r, p.Lease, 5*p.Lease/2), Replica: -1, Stall: chance(r, 0.7)})
+		}
 	}
 	return p
 }
