@@ -375,3 +375,25 @@ func TestE2EConsoleRoutesReload(t *testing.T) {
 		t.Errorf("the routes page after a refused reload:\n%s", body)
 	}
 }
+
+// TestE2EConsoleConfigFile: the file's console and admin_token act as the flags do: an
+// exposed admin listener without a token is refused, a token from the environment
+// through ${NAME} protects it, and read-only hides the actions.
+func TestE2EConsoleConfigFile(t *testing.T) {
+	t.Parallel()
+	const base = "upstreams:\n  api: http://127.0.0.1:1\nstore: \"memory:\"\nadmin: 0.0.0.0:0\n"
+	out, code := runBinary(t, "gateway", "--listen", "127.0.0.1:0", "--config", writeConfig(t, base))
+	if code != exitUsage || !strings.Contains(out, "is not a loopback address") {
+		t.Errorf("exposed admin in the file, no token: exit %d, want 2 and the loopback error:\n%s", code, out)
+	}
+	const token = "file-console-token"
+	file := writeConfig(t, base+"console: read-only\nadmin_token: ${CONSOLE_TOKEN}\n")
+	p := startGateway(t, []string{"CONSOLE_TOKEN=" + token}, "--config", file, "--admin", "0.0.0.0:0")
+	if status, _ := adminGet(t, p.admin+"/keys", ""); status != http.StatusUnauthorized {
+		t.Errorf("GET /keys without the token: %d, want 401", status)
+	}
+	status, body := adminGet(t, p.admin+"/keys", token)
+	if status != http.StatusOK || strings.Contains(body, "Evict") || !strings.Contains(body, "read-only") {
+		t.Errorf("GET /keys with the file's token: %d, want 200 read-only:\n%s", status, body)
+	}
+}

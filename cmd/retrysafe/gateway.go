@@ -190,11 +190,17 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if strings.EqualFold(adminAddr, "off") {
 		adminAddr = ""
 	}
-	if err := checkConsoleMode(f.consoleMode); err != nil {
+	// The file's console and admin_token hold the flags' values when the flags were
+	// given (they override the file), and are empty when neither set them.
+	consoleMode, adminToken := f.consoleMode, f.adminToken
+	if s.file != nil {
+		consoleMode, adminToken = cmp.Or(s.file.Console, consoleMode), cmp.Or(s.file.AdminToken, adminToken)
+	}
+	if err := checkConsoleMode(consoleMode); err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}
-	if adminAddr != "" && f.consoleMode != consoleOff {
-		if err := checkExposure("--admin", adminAddr, f.adminToken, ", or --console off"); err != nil {
+	if adminAddr != "" && consoleMode != consoleOff {
+		if err := checkExposure("--admin", adminAddr, adminToken, ", or --console off"); err != nil {
 			return fail(stderr, cmd, err, exitUsage)
 		}
 	}
@@ -219,7 +225,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	routes := &routeTable{}
 	routes.set(cmp.Or(s.file, &configfile.File{Gateway: cfg}))
-	adminCfg, err := gatewayConsole(ctx, f.consoleMode, f.adminToken, gw, store, routes, logger)
+	adminCfg, err := gatewayConsole(ctx, consoleMode, adminToken, gw, store, routes, logger)
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}
@@ -388,6 +394,7 @@ func reloadConfig(gw *gateway.Gateway, load func() (*configfile.File, error), ru
 		{"listen", old.Listen, file.Listen}, {"admin", old.Admin, file.Admin}, {"store", old.Store, file.Store},
 		{"log", old.LogFormat + " " + old.LogLevel, file.LogFormat + " " + file.LogLevel},
 		{"otel", old.Otel, file.Otel},
+		{"console", old.Console, file.Console}, {"admin_token", old.AdminToken != file.AdminToken, false},
 		{"shutdown_timeout", old.Gateway.ShutdownTimeout, cfg.ShutdownTimeout},
 		{"max_body_memory", old.Gateway.Idempotency.MaxBodyMemory, cfg.Idempotency.MaxBodyMemory},
 		{"max_waiters", old.Gateway.Idempotency.MaxWaiters, cfg.Idempotency.MaxWaiters},
@@ -407,7 +414,8 @@ func reloadConfig(gw *gateway.Gateway, load func() (*configfile.File, error), ru
 	}
 	logger.Info("config reloaded", "file", file.Path, "routes", len(cfg.Routes))
 	running.file = &configfile.File{Path: file.Path, Listen: old.Listen, Admin: old.Admin, Store: old.Store,
-		LogFormat: old.LogFormat, LogLevel: old.LogLevel, Otel: old.Otel, Gateway: cfg}
+		LogFormat: old.LogFormat, LogLevel: old.LogLevel, Otel: old.Otel, Console: old.Console,
+		AdminToken: old.AdminToken, Gateway: cfg}
 	running.file.Gateway.ShutdownTimeout = old.Gateway.ShutdownTimeout
 	running.file.Gateway.Idempotency.MaxBodyMemory = old.Gateway.Idempotency.MaxBodyMemory
 	running.file.Gateway.Idempotency.MaxWaiters = old.Gateway.Idempotency.MaxWaiters
@@ -425,6 +433,7 @@ var overrideKeys = map[string]string{
 	"max-response": "defaults.max_response", "upstream-timeout": "defaults.upstream_timeout",
 	"shutdown-timeout": "shutdown_timeout", "conflict": "defaults.conflict",
 	"wait-timeout": "defaults.wait_timeout", "log-format": "log.format", "log-level": "log.level",
+	"console": "console", "admin-token": "admin_token",
 }
 
 // flagOverrides returns the flags set on the command line or from the environment as
@@ -434,7 +443,7 @@ func flagOverrides(fs *flag.FlagSet) []configfile.Override {
 	fs.Visit(func(fl *flag.Flag) {
 		o := configfile.Override{Key: overrideKeys[fl.Name], Value: fl.Value.String(), Source: "--" + fl.Name}
 		switch fl.Name {
-		case "config", "otel", "admin-token", "console": // not keys of the file
+		case "config", "otel": // not keys of the file
 			return
 		case "require-key":
 			o.Key, o.Value = "defaults.mode", map[bool]string{true: "required", false: "optional"}[fl.Value.String() == "true"]

@@ -111,6 +111,13 @@ type File struct {
 	// set (the environment alone can still turn tracing on).
 	Otel bool
 
+	// Console is the operator console's mode on the admin listener (on, off or
+	// read-only), as retrysafe gateway's --console; "" when not set.
+	Console string
+	// AdminToken is the token the console and /metrics ask for, as --admin-token, with
+	// ${NAME} expanded (so that the file need not hold the secret); "" when not set.
+	AdminToken string
+
 	// Gateway is the gateway the file describes, but for Idempotency.Store and Logger,
 	// which are the caller's: its own fields are the catch-all policy (Upstream nil
 	// when there is none), and Routes the file's routes, in the file's order, with the

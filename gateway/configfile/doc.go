@@ -27,8 +27,15 @@
 //
 //	listen            HOST:PORT the proxy listens on. Default: the caller's (retrysafe
 //	                  gateway's --listen, 127.0.0.1:8080).
-//	admin             HOST:PORT of /healthz, /readyz and /metrics, or "off". Default: the
-//	                  caller's (--admin, 127.0.0.1:9090).
+//	admin             HOST:PORT of /healthz, /readyz, /metrics and the operator console,
+//	                  or "off". Default: the caller's (--admin, 127.0.0.1:9090).
+//	console           the operator console on the admin listener: on, off or read-only,
+//	                  as --console. Default: the caller's (on).
+//	admin_token       the token the console and /metrics ask for, as --admin-token;
+//	                  write it as ${NAME} to take it from the environment rather than keep
+//	                  the secret in the file. Required (here, by flag or by
+//	                  RETRYSAFE_ADMIN_TOKEN) when admin is not a loopback address and the
+//	                  console is on.
 //	store             the store's DSN, as --store takes it (sqlite:PATH, postgres://…,
 //	                  redis://…, memory:). Default: the caller's (sqlite:retrysafe.db).
 //	log               {format: text|json, level: debug|info|warn|error}. Default: the

@@ -190,6 +190,13 @@ func (p *parser) parse(data []byte) *File {
 			var s string
 			s, at, ok = p.enum(k, v, key, "boolean", "true", "false")
 			f.Otel = s == "true"
+		case "console":
+			f.Console, at, ok = p.enum(k, v, key, "console mode", "on", "off", "read-only")
+		case "admin_token":
+			var raw string
+			if raw, at, ok = p.scalar(k, v, key); ok {
+				f.AdminToken, ok = p.expand(at, key, raw)
+			}
 		case "shutdown_timeout":
 			f.Gateway.ShutdownTimeout, at, ok = p.duration(k, v, key)
 		case "max_body_memory":
@@ -206,7 +213,7 @@ func (p *parser) parse(data []byte) *File {
 		case "routes":
 			p.routes(k, v, d)
 		default:
-			p.unknown(k, "", []string{"listen", "admin", "store", "log", "otel", "shutdown_timeout", "max_body_memory", "max_waiters", "upstreams", "defaults", "routes"})
+			p.unknown(k, "", []string{"listen", "admin", "store", "log", "otel", "console", "admin_token", "shutdown_timeout", "max_body_memory", "max_waiters", "upstreams", "defaults", "routes"})
 			return
 		}
 		if ok {
