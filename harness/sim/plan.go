@@ -90,7 +90,10 @@ func newPlan(r *rand.Rand) Plan {
 	var p Plan
 	p.Lease = []time.Duration{2 * time.Second, 3 * time.Second, 6 * time.Second}[r.IntN(3)]
 	p.StoreTimeout = p.Lease / 6
-	p.UpstreamTimeout = p.Lease
+	// Not a multiple of the heartbeat's period (a third of the lease, or a second): the
+	// renewal due at the instant an upstream call times out would run before or after
+	// it, as the goroutines of one instant happen to go.
+	p.UpstreamTimeout = dur(r, 3*p.Lease/4, 3*p.Lease/2)
 	p.TTL = p.Lease * time.Duration(4+r.IntN(8))
 	p.Janitor = dur(r, p.Lease/2, 2*p.Lease)
 	p.Storm = chance(r, 0.25)

@@ -221,6 +221,7 @@ func callNoting[T any](ctx context.Context, h *handle, op, key string, sent func
 		held = chance(r, 0.5)
 	})
 	if h.isCut() {
+		_ = sleep(ctx, there) // a connection refused takes its round trip
 		return zero, errDisconnect
 	}
 	if sent != nil {
