@@ -84,7 +84,7 @@
 //
 //	go test ./harness/sim                                  # 2000 seeds (RETRYSAFE_LONG=1: 20000)
 //	go test ./harness/sim -run 'TestSim$' -seeds 50000 -seed-from 1000000
-//	go test ./harness/sim -run 'TestSim$' -seed 152 -v     # one schedule, its plan and trace
+//	go test ./harness/sim -run 'TestSim$' -seed 109 -v     # one schedule, its plan and trace
 //
 // A failing seed's test output holds its violations, the command that reproduces it and
 // the whole trace: the plan, then one line per event (virtual time since the start, who:
@@ -99,17 +99,17 @@
 // fail, and the invariant the first one broke.
 //
 //	defect (re-broken)                                      first seed  failing   invariant the first failing seed broke
-//	1 an answer the store cannot take is dropped, not held        7       92/2000  one execution per key (the record replaced while
-//	  (1-no-held-answer.diff)                                                        its owner held the answer); final answer not replayed
-//	2 a renewal does not move expiry; an expired record is      201       40/2000  one execution per key: the record replaced while
+//	1 an answer the store cannot take is dropped, not held       33      112/2000  one execution per key: the lease taken over from
+//	  (1-no-held-answer.diff)                                                        its live owner, which had dropped the answer
+//	2 a renewal does not move expiry; an expired record is       10       34/2000  one execution per key: the record replaced while
 //	  replaced or swept whatever its lease (2-renewal-expiry.diff)                   its owner ran
 //	3 a takeover claim without its TakeoverBy bound               —        0/2000  not found (below)
 //	  (3-no-takeover-by.diff)
-//	4 the answer is sent before it is stored: a slow reader     486       13/2000  one execution per key: the lease taken over from
+//	4 the answer is sent before it is stored: a slow reader     384       11/2000  one execution per key: the lease taken over from
 //	  holds the completion, unrenewed (4-send-before-store.diff)                     a live owner
-//	5 takeovers not held back after an outage (health           152        3/2000  one execution per key: the lease taken over from
-//	  ignored, 5-no-health.diff)                                                     a live owner
-//	6 leases and expiry decided by the caller's skewed clock,     7      165/2000  one execution per key: run again after its answer
+//	5 takeovers not held back after an outage (health           109        4/2000  one execution per key: the lease taken over from
+//	  ignored, 5-no-health.diff)                                                     a live owner 3 ms after the outage ended
+//	6 leases and expiry decided by the caller's skewed clock,     2      170/2000  one execution per key: run again after its answer
 //	  not the store's (6-caller-clock.diff)                                          was stored, before it expired
 //
 // To re-run one: git worktree add /tmp/simrev HEAD; cd /tmp/simrev; git apply
