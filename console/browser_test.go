@@ -448,6 +448,13 @@ func TestBrowser(t *testing.T) {
 		t.Errorf("%d stuck badges on the keys page, want 1", n)
 	}
 	b.screenshot(t, "console-keys.png")
+	// The stuck record taken over: its page counts the takeover (PostgreSQL counts them).
+	claim(stuckKey, time.Minute)
+	b.do(t, "opening the taken-over record", chromedp.Navigate(s.admin+"/keys/record?"+url.Values{"scope": {scope}, "key": {stuckKey}}.Encode()),
+		chromedp.WaitVisible(chromedp.CSS("dl")))
+	if txt := b.text(t); !strings.Contains(txt, "2 (1 takeover of a claim") {
+		t.Errorf("the taken-over record's page does not count its takeover:\n%s", txt)
+	}
 	b.do(t, "opening the record", chromedp.Navigate(s.admin+"/keys?key="+url.QueryEscape(key)+"&state=done"),
 		chromedp.WaitVisible(chromedp.CSS("table.records td.key a")),
 		chromedp.Click(chromedp.CSS("table.records td.key a")), chromedp.WaitVisible(chromedp.CSS("pre.body")))

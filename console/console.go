@@ -204,6 +204,7 @@ func (c *Console) parseTemplates() error {
 		"stuck":       func(r idempotency.Record) bool { return stuck(r, c.now()) },
 		"recq":        func(r idempotency.Record) template.URL { return recordQuery(r.Scope, r.Key) },
 		"statusClass": func(status int) int { return status / 100 },
+		"sub":         func(a, b int) int { return a - b },
 	}
 	names, err := fs.Glob(templateFS, "templates/*.html")
 	if err != nil {

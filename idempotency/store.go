@@ -61,7 +61,10 @@ type Record struct {
 	Token int64
 	// Abandoned is true when the owner gave up on the request without knowing its
 	// outcome (Store.Abandon): nobody renews the lease, which runs out at LeaseUntil.
-	Abandoned  bool
+	Abandoned bool
+	// Attempts is 1 + the takeovers of the current claim, for operators, when the
+	// store counts them (PostgreSQL, in Get and List); 0 when it does not.
+	Attempts   int
 	CreatedAt  time.Time
 	LeaseUntil time.Time // meaningful while in progress
 	ExpiresAt  time.Time // the record may be deleted after this instant

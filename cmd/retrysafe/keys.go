@@ -218,6 +218,9 @@ func showKey(ctx context.Context, s idempotency.Store, f keysFlags, out io.Write
 	fmt.Fprintf(tw, "state:\t%s\n", r.State)
 	fmt.Fprintf(tw, "fingerprint:\t%s\n", r.Fingerprint)
 	fmt.Fprintf(tw, "token:\t%d\n", r.Token)
+	if r.Attempts > 0 { // stores that count them
+		fmt.Fprintf(tw, "attempts:\t%d (1 + takeovers)\n", r.Attempts)
+	}
 	fmt.Fprintf(tw, "created:\t%s\n", stamp(r.CreatedAt))
 	if r.State == idempotency.StateInProgress {
 		fmt.Fprintf(tw, "lease until:\t%s\n", stamp(r.LeaseUntil))

@@ -321,7 +321,7 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'`),
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'`),
 		release: r.Replace(`DELETE FROM {table}
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'`),
-		get:    r.Replace(`SELECT ` + recordColumns + ` FROM {table} WHERE scope = $1 AND key = $2`),
+		get:    r.Replace(`SELECT attempts, ` + recordColumns + ` FROM {table} WHERE scope = $1 AND key = $2`),
 		delete: r.Replace(`DELETE FROM {table} WHERE scope = $1 AND key = $2`),
 		// $1 clock, $2 limit. SKIP LOCKED: janitors never wait for each other nor for a
 		// claim, renewal or transaction holding a row. Under READ COMMITTED, FOR UPDATE
@@ -497,7 +497,7 @@ func fenced(ctx context.Context, db execer, op, sql string, args ...any) error {
 
 // Get implements idempotency.Store.
 func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
-	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.get, []byte(scope), []byte(key)))
+	rec, err := scanCounted(s.pool.QueryRow(ctx, s.sql.get, []byte(scope), []byte(key)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, idempotency.ErrNotFound
 	}
@@ -559,7 +559,7 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 		}
 		where = append(where, "(scope, key) > ("+arg([]byte(scope))+", "+arg([]byte(key))+")")
 	}
-	q := "SELECT " + recordColumns + " FROM " + s.table
+	q := "SELECT attempts, " + recordColumns + " FROM " + s.table
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
@@ -570,7 +570,7 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 		return idempotency.ListPage{}, fmt.Errorf("pgstore: list: %w", err)
 	}
 	defer rows.Close()
-	page, err := listcursor.Page(rows, limit, func(r pgx.Rows) (*idempotency.Record, error) { return scanRecord(r) })
+	page, err := listcursor.Page(rows, limit, func(r pgx.Rows) (*idempotency.Record, error) { return scanCounted(r) })
 	if err != nil {
 		return idempotency.ListPage{}, fmt.Errorf("pgstore: list: %w", err)
 	}
@@ -583,6 +583,18 @@ func (s *Store) Ping(ctx context.Context) error {
 		return fmt.Errorf("pgstore: ping: %w", err)
 	}
 	return nil
+}
+
+// scanCounted scans attempts, then recordColumns: the operators' reads, which the
+// claims' statements leave out.
+func scanCounted(row pgx.Row) (*idempotency.Record, error) {
+	var attempts int32
+	r, err := scanRecord(row, &attempts)
+	if err != nil {
+		return nil, err
+	}
+	r.Attempts = int(attempts)
+	return r, nil
 }
 
 // scanRecord scans lead, then recordColumns. A done record gets its Response when its

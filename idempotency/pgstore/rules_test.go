@@ -228,9 +228,10 @@ func observe(t *testing.T, s idempotency.Store, key string, setupToken int64, re
 	return o
 }
 
-// normalized is r without its token, its times in UTC.
+// normalized is r without its token and attempts (the memory store counts none), its
+// times in UTC.
 func normalized(r idempotency.Record) idempotency.Record {
-	r.Token = 0
+	r.Token, r.Attempts = 0, 0
 	r.CreatedAt, r.LeaseUntil, r.ExpiresAt = r.CreatedAt.UTC(), r.LeaseUntil.UTC(), r.ExpiresAt.UTC()
 	return r
 }
