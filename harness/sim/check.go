@@ -39,6 +39,9 @@ type facts struct {
 	order      []*replica // every process, in the order they started
 	janitor    *replica   // the janitor, as the pseudo-process of its deletions
 	unfinished int
+	// unstored are the live processes whose Shutdown, with the store reachable again,
+	// could not store the answers they held.
+	unstored []string
 	// lateTakeovers counts the takeover claims that reached the store after their
 	// TakeoverBy bound (refused by it).
 	lateTakeovers int
@@ -172,6 +175,11 @@ func (w *world) check(res *Result) {
 			}
 			res.Violations = append(res.Violations, fmt.Sprintf("final answers: %s got the answer of exec #%d (token %d) as final, and the store holds %s for %s", s.Attempt, x.N, x.Token, state, k))
 		}
+	}
+
+	// A live process stores what it holds once the store answers again.
+	for _, u := range f.unstored {
+		res.Violations = append(res.Violations, "held answers stored: "+u)
 	}
 
 	// No record stuck in progress once every owner is gone and its lease has passed.

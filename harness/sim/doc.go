@@ -54,8 +54,8 @@
 //
 // # Invariants, after every schedule
 //
-// When every client has its final answer or has reached the horizon, every request has
-// been served, every live process has been shut down (storing what it held), every
+// When every client has its final answer or has reached the horizon, every fault window
+// has ended, every request has been served, every live process has been shut down, every
 // message in the network has arrived and a lease and a half has passed:
 //
 //   - One execution per (scope, key), but in the documented windows. Every execution
@@ -73,10 +73,13 @@
 //   - No foreign replay: every answer a client sees comes from the upstream's execution
 //     of its own request (scope, key, body), or is a 422 for a key another operation used
 //     with another body.
-//   - Every final answer (2xx, 4xx but 409, replayed or not) is what the store replays
+//   - Every final answer (2xx, 4xx but 409, replayed or not; a replayed 5xx of the
+//     upstream, which no retry changes) is what the store replays
 //     for its key, unless the record expired since, or its owner was killed before
 //     storing it, or the key passed on (taken over, or deleted by the janitor) in one of
 //     the windows above.
+//   - Held answers are stored: the Shutdown of every live process, the store answering
+//     again, stores every answer it held.
 //   - No record stuck in progress: once every owner is gone and a lease has passed, no
 //     record is in progress with a lease still running.
 //

@@ -375,7 +375,8 @@ type result struct {
 
 // client runs one operation as one client of it (op.Clients run it at once, each its
 // own retrying client with the op's key and body): attempts until a final answer (2xx,
-// or 4xx but 409) or the horizon, backing off between them.
+// 4xx but 409, or the replay of the upstream's 5xx) or the horizon, backing off between
+// them.
 func (w *world) client(ctx context.Context, op *Op, nth int, slots []*slot, wg *sync.WaitGroup) {
 	defer wg.Done()
 	name := fmt.Sprintf("o%d", op.ID)
@@ -494,7 +495,10 @@ func (w *world) attempt(op *Op, name, id string, slots []*slot) result {
 	if s.Receipt != nil {
 		what += fmt.Sprintf(" (exec #%d)", s.Receipt.Exec)
 	}
-	final := s.Status/100 == 2 || s.Status/100 == 4 && s.Status != http.StatusConflict
+	// A replayed 5xx of the upstream is final too: the request ran and failed, and no
+	// retry will change its answer.
+	final := s.Status/100 == 2 || s.Status/100 == 4 && s.Status != http.StatusConflict ||
+		s.Status/100 == 5 && s.Replayed && s.Receipt != nil
 	if !final {
 		ra, _ := strconv.Atoi(wr.h.Get("Retry-After"))
 		w.event(name, "%s, retries", what)

@@ -98,6 +98,16 @@ func Run(seed uint64) *Result {
 	clients.Wait()
 	stop()
 	managers.Wait()
+	// The faults end before the processes stop, so that a live process's Shutdown
+	// stores what it holds (a Shutdown that runs out of time is not simulated).
+	var calm time.Duration
+	for _, o := range w.plan.Outages {
+		calm = max(calm, o.End)
+	}
+	for _, s := range w.plan.Slow {
+		calm = max(calm, s.End)
+	}
+	time.Sleep(calm - w.now())
 	// Quiesce: every request served, then every process stopped. A live process stores
 	// what it holds (the store answers again by now); a killed one stores nothing.
 	w.mu.Lock()
@@ -116,6 +126,9 @@ func Run(seed uint64) *Result {
 		sctx, cancel := context.WithTimeout(context.Background(), 3*w.plan.Lease)
 		if err := rep.stop(sctx); err != nil {
 			w.event(rep.name, "shutdown: %v", err)
+			w.mu.Lock()
+			w.facts.unstored = append(w.facts.unstored, fmt.Sprintf("%s: %v", rep.name, err))
+			w.mu.Unlock()
 		}
 		cancel()
 		w.event(rep.name, "process stopped")
