@@ -85,14 +85,14 @@ func (t *routeTable) write(w io.Writer) error {
 
 // gatewayConsole returns what the gateway's admin listener serves beside its probes:
 // the console (unless mode is off), with the history of the gateway's outcomes sampled
-// until ctx ends, and the admin token.
+// until ctx ends and the dead letters dls, and the admin token.
 func gatewayConsole(ctx context.Context, mode, token string, gw *gateway.Gateway, store *storedsn.Opened,
-	routes *routeTable, logger *slog.Logger) (gateway.AdminConfig, error) {
+	routes *routeTable, dls map[string]redeliver.DeadLetters, logger *slog.Logger) (gateway.AdminConfig, error) {
 	cfg := gateway.AdminConfig{Token: token}
 	if mode == consoleOff {
 		return cfg, nil
 	}
-	opt := console.Options{Store: store.Store, StoreName: store.Name, RouteTable: routes.write,
+	opt := console.Options{Store: store.Store, StoreName: store.Name, RouteTable: routes.write, DeadLetters: dls,
 		ReadOnly: mode == consoleReadOnly, AdminToken: token, Logger: logger}
 	if g := gw.Gatherer(); g != nil {
 		h := history.New(g, history.Options{})
@@ -182,16 +182,8 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}
-	switch {
-	case len(queues) > 0 && amqpURL == "" && natsURL == "":
-		return fail(stderr, cmd, errors.New("--queue needs --amqp or --nats (the broker of its dead letters)"), exitUsage)
-	case len(queues) == 0 && (amqpURL != "" || natsURL != ""):
-		return fail(stderr, cmd, errors.New("--amqp and --nats need at least one --queue (the work queue whose dead letters to show)"), exitUsage)
-	}
-	for _, q := range queues {
-		if q == "" || strings.ContainsAny(q, "/ ") {
-			return fail(stderr, cmd, fmt.Errorf("--queue %q: want a queue name, without '/' or spaces", q), exitUsage)
-		}
+	if err := checkDLQFlags(amqpURL, natsURL, queues); err != nil {
+		return fail(stderr, cmd, err, exitUsage)
 	}
 	if err := checkExposure("--listen", listen, token, ""); err != nil {
 		return fail(stderr, cmd, err, exitUsage)
@@ -235,6 +227,23 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	logger.Info("retrysafe console stopped")
 	return exitOK
+}
+
+// checkDLQFlags checks --amqp, --nats and --queue before anything is opened: a queue
+// needs a broker, a broker a queue, and a queue a plain name.
+func checkDLQFlags(amqpURL, natsURL string, queues []string) error {
+	switch {
+	case len(queues) > 0 && amqpURL == "" && natsURL == "":
+		return errors.New("--queue needs --amqp or --nats (the broker of its dead letters)")
+	case len(queues) == 0 && (amqpURL != "" || natsURL != ""):
+		return errors.New("--amqp and --nats need at least one --queue (the work queue whose dead letters to show)")
+	}
+	for _, q := range queues {
+		if q == "" || strings.ContainsAny(q, "/ ") {
+			return fmt.Errorf("--queue %q: want a queue name, without '/' or spaces", q)
+		}
+	}
+	return nil
 }
 
 // openConsoleDLQs opens the dead letters of each queue on each broker given. With both

@@ -72,6 +72,8 @@ func TestE2EConsoleExposure(t *testing.T) {
 		{append(gw, "--console", "maybe"), `--console "maybe": want on, off or read-only`},
 		{[]string{"console", "--store", "memory:", "--listen", "0.0.0.0:0"}, "--listen 0.0.0.0:0 is not a loopback address"},
 		{[]string{"console", "--store", "memory:", "--queue", "q"}, "--queue needs --amqp or --nats"},
+		{append(gw, "--queue", "q"), "--queue needs --amqp or --nats"},
+		{append(gw, "--amqp", "amqp://127.0.0.1:1/", "--queue", "q", "--console", "off"), "--console off leaves out"},
 		{[]string{"console", "--store", "memory:", "--amqp", "amqp://127.0.0.1:1/"}, "need at least one --queue"},
 		{[]string{"console", "--store", "memory:", "--nats", "amqp://127.0.0.1:1/", "--queue", "q"}, "--nats amqp://127.0.0.1:1/: want nats://"},
 	} {
@@ -396,4 +398,30 @@ func TestE2EConsoleConfigFile(t *testing.T) {
 	if status != http.StatusOK || strings.Contains(body, "Evict") || !strings.Contains(body, "read-only") {
 		t.Errorf("GET /keys with the file's token: %d, want 200 read-only:\n%s", status, body)
 	}
+}
+
+// TestE2EGatewayConsoleDLQ: the gateway's console shows the dead letters of the queues
+// given with --amqp and --queue, and replays the one selected to its work queue.
+func TestE2EGatewayConsoleDLQ(t *testing.T) {
+	t.Parallel()
+	b := rabbitDLQ(t)
+	p := startGateway(t, nil, "--upstream", "http://127.0.0.1:1", "--store", "memory:", "--amqp", b.url, "--queue", b.queue)
+	path := p.admin + "/dlq/" + url.PathEscape(b.queue)
+	status, page := adminGet(t, path, "")
+	for _, id := range dlqTestIDs() {
+		if status != http.StatusOK || !strings.Contains(page, id) {
+			t.Fatalf("GET the gateway console's DLQ page: %d, want %s:\n%s", status, id, page)
+		}
+	}
+	m := consoleCSRF.FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("no CSRF token on the DLQ page:\n%s", page)
+	}
+	if status := adminPost(t, path+"/replay", "", url.Values{"csrf": {m[1]}, "id": {"dlq-m3"}}); status != http.StatusSeeOther {
+		t.Fatalf("replay: %d, want 303", status)
+	}
+	waitFor(t, "the replayed message in the work queue", 15*time.Second, func() bool {
+		work, dlq := b.counts(t)
+		return work == 1 && dlq == 2
+	})
 }

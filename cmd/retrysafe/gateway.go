@@ -73,6 +73,8 @@ type gatewayFlags struct {
 	requireKey, failOpen, scopeNone, otel                                               bool
 	maxBody, maxResponse, maxBodyMemory                                                 byteSize
 	adminToken, consoleMode                                                             string
+	amqpURL, natsURL                                                                    string // the console's dead letters
+	queues                                                                              queueNames
 }
 
 // newGatewayFlags defines retrysafe gateway's flags, their defaults taken from the
@@ -89,6 +91,9 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 	fs.StringVar(&f.admin, "admin", "127.0.0.1:9090", "")
 	fs.StringVar(&f.adminToken, "admin-token", "", "")
 	fs.StringVar(&f.consoleMode, "console", consoleOn, "")
+	fs.StringVar(&f.amqpURL, "amqp", "", "")
+	fs.StringVar(&f.natsURL, "nats", "", "")
+	fs.Var(&f.queues, "queue", "")
 	fs.StringVar(&f.store, "store", storedsn.Default, "")
 	fs.DurationVar(&f.ttl, "ttl", idempotency.DefaultTTL, "")
 	fs.DurationVar(&f.lease, "lease", idempotency.DefaultLease, "")
@@ -119,6 +124,9 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 		{name: "admin", arg: "ADDR", help: `/healthz, /readyz, /metrics and the operator console at /; "off" disables`},
 		{name: "admin-token", arg: "TOKEN", help: "the token the console and /metrics ask for (Authorization: Bearer, or the console's login form); required when --admin is not a loopback address and the console is on", def: "-"},
 		{name: "console", arg: "on|off|read-only", help: "the operator console on the admin listener: keys (search, evict), outcomes per route, routes; read-only hides and refuses the actions"},
+		{name: "amqp", arg: "URL", help: "RabbitMQ (amqp://, amqps://) whose dead letters the console shows: the DLQ NAME.dlq of each --queue", def: "-"},
+		{name: "nats", arg: "URL", help: "NATS JetStream (nats://, tls://) whose dead letters the console shows: the DLQ stream of each --queue", def: "-"},
+		{name: "queue", arg: "NAME", help: "a redeliver work queue (RabbitMQ) or subject (JetStream) whose dead letters the console lists, replays and purges (repeatable; needs --amqp or --nats)", def: "-"},
 		{name: "store", arg: "DSN", help: "sqlite:PATH, postgres://… (optional ?schema=NAME), redis://… (optional ?prefix=P), memory: — the schema is applied at start. SQLite and PostgreSQL batch the writes of concurrent requests into shared commits (group commit); ?batch=false turns it off"},
 		{name: "ttl", arg: "DURATION", field: "TTL", help: "how long responses are kept for replay"},
 		{name: "lease", arg: "DURATION", field: "Lease", help: "how long a key stays in progress without its owner, e.g. after a crash or an upstream timeout"},
@@ -199,6 +207,12 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err := checkConsoleMode(consoleMode); err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}
+	if err := checkDLQFlags(f.amqpURL, f.natsURL, f.queues); err != nil {
+		return fail(stderr, cmd, err, exitUsage)
+	}
+	if len(f.queues) > 0 && (adminAddr == "" || consoleMode == consoleOff) {
+		return fail(stderr, cmd, errors.New("--queue shows dead letters in the console, which --admin off or --console off leaves out"), exitUsage)
+	}
 	if adminAddr != "" && consoleMode != consoleOff {
 		if err := checkExposure("--admin", adminAddr, adminToken, ", or --console off"); err != nil {
 			return fail(stderr, cmd, err, exitUsage)
@@ -225,7 +239,12 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	routes := &routeTable{}
 	routes.set(cmp.Or(s.file, &configfile.File{Gateway: cfg}))
-	adminCfg, err := gatewayConsole(ctx, consoleMode, adminToken, gw, store, routes, logger)
+	dls, closeDLQs, err := openConsoleDLQs(ctx, f.amqpURL, f.natsURL, f.queues)
+	defer closeDLQs()
+	if err != nil {
+		return fail(stderr, cmd, err, exitUsage)
+	}
+	adminCfg, err := gatewayConsole(ctx, consoleMode, adminToken, gw, store, routes, dls, logger)
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}
@@ -443,7 +462,7 @@ func flagOverrides(fs *flag.FlagSet) []configfile.Override {
 	fs.Visit(func(fl *flag.Flag) {
 		o := configfile.Override{Key: overrideKeys[fl.Name], Value: fl.Value.String(), Source: "--" + fl.Name}
 		switch fl.Name {
-		case "config", "otel": // not keys of the file
+		case "config", "otel", "amqp", "nats", "queue": // not keys of the file
 			return
 		case "require-key":
 			o.Key, o.Value = "defaults.mode", map[bool]string{true: "required", false: "optional"}[fl.Value.String() == "true"]
