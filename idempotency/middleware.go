@@ -70,6 +70,11 @@ type Config struct {
 	// Store keeps the records. Required.
 	Store Store
 
+	// Route is what the records of this middleware are filed under, for operators'
+	// tools (Record.Route, ListFilter.Route): the gateway sets each route's pattern.
+	// It decides nothing: a key is one record whatever its route. Default "": none.
+	Route string
+
 	// Methods are the methods that need a key, in upper case (they are upper-cased).
 	// Default: POST and PATCH. Other methods never touch the store. Method names are
 	// case-sensitive (RFC 9110); a request whose method is a keyed method in another
@@ -274,7 +279,7 @@ func New(cfg Config) (*Middleware, error) {
 // cfg.Store must be nil or m's Store (the same value, ==): state over one store is not
 // shared with another. cfg.MaxBodyMemory and cfg.MaxWaiters bound every middleware
 // sharing the state, so they must be zero or equal to m's, and the result has m's.
-// Everything else is cfg's own, with the defaults and checks of New: Methods, the key and
+// Everything else is cfg's own, with the defaults and checks of New: Route, Methods, the key and
 // scope, Lease, TTL, the limits, the conflict policy and MaxWaitersPerKey, Logger,
 // OnOutcome and OnStoreCall (zero means the default, not m's).
 //
@@ -623,7 +628,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if p := m.pendingFor(scope, key); p != nil {
 		return m.answerHeld(w, p, fp), nil
 	}
-	req := ClaimRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: m.cfg.Lease, TTL: m.cfg.TTL, NoTakeover: true}
+	req := ClaimRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: m.cfg.Lease, TTL: m.cfg.TTL, Route: m.cfg.Route, NoTakeover: true}
 	res, wait, err := m.claim(r.Context(), req)
 	if err == nil && m.mustWait(res, fp) {
 		var held *pending

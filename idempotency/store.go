@@ -64,7 +64,12 @@ type Record struct {
 	Abandoned bool
 	// Attempts is 1 + the takeovers of the current claim, for operators, when the
 	// store counts them (PostgreSQL, in Get and List); 0 when it does not.
-	Attempts   int
+	Attempts int
+	// Route is what the record was claimed under (ClaimRequest.Route), for operators'
+	// tools: set by Get and List (a ClaimResult's Existing need not have it, as a claim
+	// does not use it); "" for a record claimed without one, or written before the store
+	// kept routes.
+	Route      string
 	CreatedAt  time.Time
 	LeaseUntil time.Time // meaningful while in progress
 	ExpiresAt  time.Time // the record may be deleted after this instant
@@ -86,6 +91,10 @@ type ClaimRequest struct {
 	Lease time.Duration
 	// TTL is how long the record is kept, from the store's now. Longer than Lease.
 	TTL time.Duration
+	// Route is what the record is filed under, for operators' tools (Config.Route): the
+	// store writes it with a record it creates, and a takeover writes it again (the
+	// route the request now runs under). It decides nothing. Empty for none.
+	Route string
 	// NoTakeover reports an in-progress record whose lease has run out as Existing
 	// instead of taking it over. The middleware sets it for a lease after it saw the
 	// store fail: an owner cut off by the same outage could not renew its lease, and is
@@ -213,6 +222,7 @@ type Janitor interface {
 type ListFilter struct {
 	Scope string // exact scope; empty matches every scope
 	State State  // empty matches every state
+	Route string // exact route (Record.Route); empty matches every route
 	// After is an opaque cursor from a previous page's ListPage.Next.
 	After string
 	// Limit caps the page size; zero means 100.

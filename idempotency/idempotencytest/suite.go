@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -110,6 +111,7 @@ func Run(t *testing.T, h Harness) {
 		{"RaceTakeover", testRaceTakeover},
 		{"Janitor", testJanitor},
 		{"List", testList},
+		{"Route", testRoute},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -964,6 +966,76 @@ func testList(t *testing.T, s idempotency.Store, _ *Clock) {
 	}
 	if got := list(idempotency.ListFilter{Scope: "scope-b", State: idempotency.StateInProgress}); len(got) != 3 {
 		t.Errorf("List(scope-b, in progress) = %d records, want 3", len(got))
+	}
+}
+
+// testRoute: the route a record was claimed under comes back from Get and List, through
+// its completion, and a takeover files it under the route of the claim that took it
+// over; ListFilter.Route selects by it.
+func testRoute(t *testing.T, s idempotency.Store, c *Clock) {
+	routed := func(key, route string) idempotency.ClaimRequest {
+		r := req("u", key, "fp")
+		r.Route = route
+		return r
+	}
+	const payments, refunds = "POST /payments", "POST /refunds/{id}"
+	tok := mustClaim(t, s, routed("pay", payments))
+	mustClaim(t, s, routed("refund", refunds))
+	mustClaim(t, s, routed("none", ""))
+	if got := mustGet(t, s, "u", "pay").Route; got != payments {
+		t.Errorf("Get: Route = %q, want %q", got, payments)
+	}
+	if err := complete(s, "u", "pay", tok, sampleResponse()); err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{"pay": payments, "refund": refunds, "none": ""} {
+		if got := mustGet(t, s, "u", key).Route; got != want {
+			t.Errorf("Get(%s): Route = %q, want %q", key, got, want)
+		}
+	}
+	if l, ok := s.(idempotency.Lister); ok {
+		list := func(f idempotency.ListFilter) map[string]string {
+			t.Helper()
+			got := map[string]string{}
+			for range 20 {
+				page, err := l.List(context.Background(), f)
+				if err != nil {
+					t.Fatalf("List(%+v): %v", f, err)
+				}
+				for _, r := range page.Records {
+					got[r.Key] = r.Route
+				}
+				if page.Next == "" {
+					return got
+				}
+				f.After = page.Next
+			}
+			t.Fatal("List does not terminate")
+			return nil
+		}
+		if got, want := list(idempotency.ListFilter{}), map[string]string{"pay": payments, "refund": refunds, "none": ""}; !maps.Equal(got, want) {
+			t.Errorf("List: key → route %v, want %v", got, want)
+		}
+		if got, want := list(idempotency.ListFilter{Route: payments}), map[string]string{"pay": payments}; !maps.Equal(got, want) {
+			t.Errorf("List(Route %q): %v, want %v", payments, got, want)
+		}
+		if got, want := list(idempotency.ListFilter{Route: refunds, State: idempotency.StateInProgress, Limit: 1}), map[string]string{"refund": refunds}; !maps.Equal(got, want) {
+			t.Errorf("List(Route %q, in progress): %v, want %v", refunds, got, want)
+		}
+		if got := list(idempotency.ListFilter{Route: payments, State: idempotency.StateInProgress}); len(got) != 0 {
+			t.Errorf("List(Route %q, in progress): %v, want none", payments, got)
+		}
+		if got := list(idempotency.ListFilter{Route: "POST /payments/"}); len(got) != 0 {
+			t.Errorf("List(Route %q) matched %v: the route is an exact match", "POST /payments/", got)
+		}
+	}
+	c.Advance(lease)
+	res, err := s.Claim(context.Background(), routed("refund", payments))
+	if err != nil || !res.TookOver {
+		t.Fatalf("takeover = %+v, %v", res, err)
+	}
+	if got := mustGet(t, s, "u", "refund").Route; got != payments {
+		t.Errorf("after a takeover under %q: Route = %q", payments, got)
 	}
 }
 

@@ -30,6 +30,7 @@ type id struct{ scope, key string }
 // key (the map's key) and its response, which is encoded (encodeResponse).
 type record struct {
 	fingerprint string
+	route       string // shares the claim's string: a claim copies no bytes
 	state       idempotency.State
 	token       int64
 	abandoned   bool
@@ -119,7 +120,7 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 		created = old.createdAt
 	}
 	s.records[k] = &record{
-		fingerprint: req.Fingerprint, state: idempotency.StateInProgress, token: s.token,
+		fingerprint: req.Fingerprint, route: req.Route, state: idempotency.StateInProgress, token: s.token,
 		createdAt: created, leaseUntil: now.Add(req.Lease), expiresAt: now.Add(req.TTL),
 	}
 	return idempotency.ClaimResult{Claimed: true, Token: s.token, TookOver: takeover, Now: now}, nil
@@ -127,7 +128,7 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 
 // export returns the Record of r, the record of k, with its response when withResponse.
 func (r *record) export(k id, withResponse bool) *idempotency.Record {
-	rec := &idempotency.Record{Scope: k.scope, Key: k.key, Fingerprint: r.fingerprint, State: r.state,
+	rec := &idempotency.Record{Scope: k.scope, Key: k.key, Fingerprint: r.fingerprint, Route: r.route, State: r.state,
 		Token: r.token, Abandoned: r.abandoned, CreatedAt: r.createdAt, LeaseUntil: r.leaseUntil, ExpiresAt: r.expiresAt}
 	if withResponse && r.response != nil {
 		rec.Response = decodeResponse(r.response)
@@ -244,7 +245,8 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 	}
 	var ids []id
 	for k, r := range s.records {
-		if (f.Scope == "" || k.scope == f.Scope) && (f.State == "" || r.state == f.State) && less(after, k) {
+		if (f.Scope == "" || k.scope == f.Scope) && (f.State == "" || r.state == f.State) &&
+			(f.Route == "" || r.route == f.Route) && less(after, k) {
 			ids = append(ids, k)
 		}
 	}
