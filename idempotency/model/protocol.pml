@@ -1,0 +1,731 @@
+/*
+ * protocol.pml: the claim / lease / heartbeat / completion / release / abandon /
+ * takeover protocol of package idempotency, as a Promela model for spin.
+ *
+ * One key (one scope, one fingerprint) on one store shared by NREP replicas. NATT
+ * client attempts carrying the key arrive at any replica at any time, concurrently or
+ * one after the other (duplicates and retries). Owners crash; each replica's link to
+ * the store goes down and up; a call over a link that is down fails, or is applied with
+ * its reply lost, or is held by the network and delivered later or never, or is applied
+ * and delivered again later (a client library resending it); answers to the client are
+ * lost. The store decides leases with its own clock; the replicas' clocks are offset
+ * from it (only where the code reads an instant of a replica's clock does an offset
+ * matter: LOCAL_CLOCK below is that mistake).
+ *
+ * Time is discrete: one tick is a third of a lease (L ticks), the heartbeat period. No
+ * instant is stored, only what is left of a duration or how long ago something was
+ * (saturated), so the state space is finite with no horizon: the model is checked for
+ * runs of any length.
+ *
+ * Transition (model)   Go (package idempotency; file: function)
+ * --------------------  ------------------------------------------------------------
+ * storeClaim            memstore/memstore.go: Store.Claim
+ *                       pgstore/pgstore.go: Store.Claim, claimable
+ *                       redisstore/redisstore.go: Store.Claim
+ *                       store.go: ClaimRequest.MayTakeOver, ClaimRequest.TakeoverLimit
+ * storeExtend           memstore/memstore.go: Store.Extend
+ * storeComplete         memstore/memstore.go: Store.Complete
+ * storeRelease          memstore/memstore.go: Store.Release
+ * storeAbandon          memstore/memstore.go: Store.Abandon
+ * storeGet              memstore/memstore.go: Store.Get
+ * FAULTY (a call)       middleware.go: Middleware.storeCall
+ *                       health.go: health.observe
+ * Attempt: claim        middleware.go: Middleware.serve, Middleware.claim
+ *   (first claim with NoTakeover; the decision; the takeover claim with TakeoverBy)
+ *                       health.go: health.takeoverWait
+ * Attempt: existing     middleware.go: Middleware.existing
+ * Attempt: held answer  pending.go: Middleware.pendingFor
+ *                       middleware.go: Middleware.answerHeld
+ * Attempt: renew        claim.go: execution.startHeartbeat, execution.renew
+ * Attempt: returns      claim.go: Middleware.execute, execution.stopHeartbeat
+ * Attempt: finish       claim.go: Middleware.execute, Middleware.finish
+ *                       claim.go: Middleware.release, Middleware.abandon
+ *                       pending.go: Middleware.storedByUs, Middleware.holdPending
+ * Attempt: flush        pending.go: Middleware.flush, Middleware.dropPending
+ * Clock: tick           health.go: Middleware.probe
+ *   (the store's clock; a replica whose link is down at a tick has seen the store
+ *   fail: its probe pings every third of a lease)
+ * Links, Net            the network between the replicas and the store
+ * Final                 a retry once every fault is over (the progress check)
+ *
+ * State (store.go)      model
+ * StateInProgress       state in_progress
+ * StateDone             state done
+ * (no record)           state absent: ErrNotFound, not a Go State
+ *
+ * Outcome (middleware.go)  model
+ * OutcomeExecuted       outcome executed
+ * OutcomeStoredLater    outcome stored_later
+ * OutcomeReplayed       outcome replayed
+ * OutcomeConflict       outcome conflict
+ * OutcomeStoreError     outcome store_error
+ * OutcomeReleased       outcome released
+ * OutcomeAbandoned      outcome abandoned
+ * OutcomeLeaseLost      outcome lease_lost
+ * OutcomeDoneAborted    not modelled: a completed record whose answer broke off is a
+ *                       completion (executed) whose answer to the client was lost
+ * OutcomeClientGone     not modelled: a release (released) nobody reads
+ * OutcomePassThrough    not modelled: decided before the store is called (no key)
+ * OutcomeMismatch       not modelled: the model has one fingerprint
+ * OutcomeMissingKey     not modelled: decided before the store is called
+ * OutcomeInvalidKey     not modelled: decided before the store is called
+ * OutcomeInvalidMethod  not modelled: decided before the store is called
+ * OutcomeTooLarge       not modelled: decided before the store is called
+ * OutcomeBadBody        not modelled: decided before the store is called
+ * OutcomeBodyTimeout    not modelled: decided before the store is called
+ * OutcomeOverloaded     not modelled: decided before the store is called
+ * OutcomeDeadline       not modelled: decided before the store is called
+ * OutcomeFailedOpen     not modelled: FailOpen gives up the guarantees by choice
+ *
+ * Invariants (each an assertion, named by an mtype inv_*; -DONLY=inv_x keeps one):
+ * inv_once      every upstream execution but the first follows a documented window:
+ *               an owner that crashed after its upstream call and before its answer
+ *               reached the store (winCrash), an abandoned (unknown) outcome
+ *               (winAband), or a takeover of a live owner cut off from the store while
+ *               the taker's replica reached it for a whole lease (winCut)
+ * inv_takeover  a live owner's key is taken over only in that last window
+ * inv_replay    a replay (from the store, or from a response held by a replica) is the
+ *               response stored for the key; a held one may differ only after winCut or
+ *               a crash that lost a held answer (respWin)
+ * inv_final     every answer the client takes as final is the same, and is the one the
+ *               store keeps (and replays), but after respWin
+ * inv_token     a claim's token is greater than the token of the record it replaces
+ * inv_stale     a completion is stored only for the current owner (a stale owner's is
+ *               rejected)
+ * inv_progress  once every attempt is over, no message is in flight and every link has
+ *               been up for a lease, a retry claims the key or replays it: no record
+ *               stays in progress with no owner
+ *
+ * Broken variants (-D...), each of which spin must refute:
+ * BROKEN_TAKEOVER_SAME_TOKEN  a takeover keeps the old token            (inv_token)
+ * BROKEN_NO_TOKEN_CHECK       Complete does not check the token         (inv_stale)
+ * BROKEN_CLAIM_LIVE_LEASE     the store takes over a running lease      (inv_once)
+ * BROKEN_EXTEND_NOOP          Extend does not move the lease            (inv_takeover)
+ * BROKEN_NO_TAKEOVERBY        no TakeoverBy bound on the second claim   (inv_once)
+ * BROKEN_NO_HEALTH_HOLD       takeovers right after the store failed    (inv_final)
+ * BROKEN_LOCAL_CLOCK          leases on the callers' clocks, skew S     (inv_takeover)
+ * BROKEN_SEND_BEFORE_STORE    the answer is sent before it is stored    (inv_final)
+ * BROKEN_RELEASE_NO_CHECK     Release deletes whatever record is there  (inv_once)
+ * BROKEN_CLAIM_REPLACES_DONE  a claim replaces a done record            (inv_replay)
+ * BROKEN_NO_TAKEOVER          the middleware never sends the takeover   (inv_progress)
+ */
+
+#ifndef NATT
+#define NATT 2          /* client attempts (and a final retry: see Final) */
+#endif
+#define NREP 2          /* replicas */
+#define L 3             /* lease, in ticks; a tick is the heartbeat period, a third of it */
+#define F 1             /* freshness of a takeover decision: TakeoverBy = res.Now + L/3 */
+#ifndef MAXCRASH
+#define MAXCRASH 1      /* owner crashes */
+#endif
+#ifndef MAXOUT
+#define MAXOUT 2        /* link outages (a link going down) */
+#endif
+#ifndef MAXHELD
+#define MAXHELD 1       /* store calls held by the network (delivered late or never) */
+#endif
+#ifndef S
+#define S 2             /* clock skew bound, in ticks (only LOCAL_CLOCK reads it) */
+#endif
+#define FINAL (NATT + 1)
+
+#ifdef BROKEN_LOCAL_CLOCK
+#define LMIN (-S)
+#define CLK(i) off[i]
+#define QUIET (L + S)
+#else
+#define LMIN 0
+#define CLK(i) 0
+#define QUIET L
+#endif
+
+mtype:state = { absent, in_progress, done };
+mtype:outcome = { executed, stored_later, replayed, conflict, store_error, released, abandoned, lease_lost };
+mtype:res = { r_ok, r_lost, r_err, r_claimed, r_existing };
+mtype:opcode = { op_none, op_claim, op_extend, op_complete, op_release, op_abandon };
+mtype:inv = { inv_once, inv_takeover, inv_replay, inv_final, inv_token, inv_stale, inv_progress };
+
+#ifdef ONLY
+#define ON(which) (which == ONLY)
+#else
+#define ON(which) true
+#endif
+/* hidden: not part of the state; they only name what a trail prints */
+hidden mtype:inv violated;
+hidden mtype:outcome reported;
+#define CHECK(c, which) if :: ON(which) && !(c) -> violated = which; printf("MODEL-VIOLATION %e\n", violated); assert(false) :: else -> skip fi
+
+/* The store: one record. */
+mtype:state st = absent;
+byte tok;               /* the record's fencing token */
+byte ctr;               /* the last token issued: tokens are never reused */
+short leaseLeft;        /* LeaseUntil - now, saturated at LMIN; 0 while not in progress */
+bool recAband;          /* Record.Abandoned */
+byte resp;              /* the stored response (the id of the attempt that made it) */
+
+/* The replicas. */
+bool up[NREP] = true;   /* the link to the store */
+byte sinceDown[NREP] = L; /* ticks since the replica saw the store fail, saturated at L */
+byte pend[NREP];        /* the response a replica holds for the key (pending), 0: none */
+#ifdef BROKEN_LOCAL_CLOCK
+short off[NREP];        /* the replica's clock minus the store's */
+#endif
+
+/* The network: one held store call. */
+bool held;
+mtype:opcode hOp = op_none;
+byte hAtt, hRep, hTok, hResp;
+bool hNt;
+bool hHd;               /* ghost: a held takeover claim was decided on a healthy view */
+short hTb;              /* ticks left to its TakeoverBy, saturated at -1 */
+byte heldLeft = MAXHELD;
+byte outages;
+
+/* The attempts, indexed 1..NATT (FINAL is the progress check). */
+#define P_IDLE 0
+#define P_DECIDED 1     /* between the first claim and the takeover claim */
+#define P_RUN 2         /* the handler runs, the heartbeat renews */
+#define P_FIN 3         /* the handler returned: the finishing store call is next */
+#define P_HOLD 4        /* the answer is held (pending) and flushed */
+#define P_LOSTRUN 5     /* the handler runs after its lease was lost */
+byte phase[NATT + 2];
+bool due[NATT + 2];     /* a renewal or a flush is due (the timer fired) */
+short tbyA[NATT + 2];   /* P_DECIDED: ticks left to the decision's TakeoverBy */
+bool hdA[NATT + 2];     /* ghost, P_DECIDED: the decision's view was healthy */
+bool alive[NATT + 2];   /* holds the key's token and may still use it */
+byte rep[NATT + 2];     /* the replica the attempt reached */
+byte ndone;             /* attempts over */
+byte crashes;
+
+/* Ghosts: what the properties speak of. */
+byte owner;             /* the attempt that claimed the record's token */
+byte execs;             /* upstream executions that did (or may have done) the work */
+byte winCrash, winAband, winCut;
+bool respWin;           /* a window after which the client may hold another answer */
+byte seen;              /* the answer the client took as final, 0: none */
+byte firstStored;       /* the first response stored, 0: none */
+byte quiet;             /* ticks with every attempt over, every link up, nothing held */
+
+#define WINDOWS (winCrash + winAband + winCut)
+#define EXPIRED(rp) (leaseLeft <= CLK(rp))
+#define HEALTHY(rp) (sinceDown[rp] >= L)
+
+#define report(a, o) reported = o; printf("OUTCOME attempt=%d %e\n", a, reported)
+
+inline execute(a) {
+	execs++;
+	CHECK(execs <= 1 + WINDOWS, inv_once)
+}
+
+/* The client gets answer x as final, or the answer is lost on its way. (An option of
+ * an if must not begin with an if that has an else: spin then never takes it; each
+ * option here begins with a plain guard.) */
+inline deliverFinal(x) {
+	if
+	:: true /* lost */
+	:: true ->
+	   CHECK(seen == 0 || seen == x || respWin, inv_final);
+	   if
+	   :: seen == 0 -> seen = x
+	   :: else -> skip
+	   fi
+	fi
+}
+
+inline stored(x) {
+	CHECK(seen == 0 || seen == x || respWin, inv_final);
+	if
+	:: firstStored == 0 -> firstStored = x
+	:: else -> skip
+	fi
+}
+
+inline clearRecord() {
+	st = absent; tok = 0; leaseLeft = 0; recAband = false; resp = 0; owner = 0
+}
+
+/* A new in-progress record for attempt a at replica rp; takeover when it replaces one. */
+inline newRecord(a, rp, takeover, t) {
+	ctr++;
+#ifdef BROKEN_TAKEOVER_SAME_TOKEN
+	if
+	:: takeover -> skip
+	:: else -> tok = ctr
+	fi;
+#else
+	tok = ctr;
+#endif
+	CHECK(!takeover || tok > t, inv_token);
+	st = in_progress; leaseLeft = L + CLK(rp); recAband = false; owner = a; t = tok
+}
+
+/* The takeover of a record whose owner is alive: documented only when the owner's
+ * replica saw the store fail within the last lease (it could not renew), and the taker
+ * decided on a view of a whole lease with no failure (hd) at most F ticks ago (tb, the
+ * ticks left to the decision's TakeoverBy, is not negative): the taker reached the
+ * store while the owner was cut off. */
+inline liveTakeover(tb, hd) {
+	if
+	:: alive[owner] ->
+		if
+		:: sinceDown[rep[owner]] < L && hd && tb >= 0 -> winCut++; respWin = true
+		:: else -> CHECK(false, inv_takeover)
+		fi
+	:: else -> skip
+	fi
+}
+
+#ifdef BROKEN_NO_TAKEOVERBY
+#define TBY_OK(tb) true
+#else
+#define TBY_OK(tb) (tb >= 0)
+#endif
+#ifdef BROKEN_CLAIM_LIVE_LEASE
+#define CLAIMABLE(rp) true
+#else
+#define CLAIMABLE(rp) EXPIRED(rp)
+#endif
+
+/* Store.Claim: nt is NoTakeover, tb the ticks left to TakeoverBy. On r_claimed t is the
+ * token; on r_existing sDone, sResp and sExp describe the record as the store saw it. */
+inline storeClaim(a, rp, nt, tb, hd, t, r, sDone, sResp, sExp) {
+	if
+	:: st == absent -> t = 0; newRecord(a, rp, false, t); r = r_claimed
+#ifdef BROKEN_CLAIM_REPLACES_DONE
+	:: st == done -> t = 0; newRecord(a, rp, false, t); r = r_claimed
+#endif
+	:: st == in_progress && CLAIMABLE(rp) && !nt && TBY_OK(tb) ->
+		liveTakeover(tb, hd); t = tok; newRecord(a, rp, true, t); r = r_claimed
+	:: else -> r = r_existing; sDone = (st == done); sResp = resp; sExp = EXPIRED(rp)
+	fi
+}
+
+inline storeExtend(rp, t, r) {
+	if
+	:: st == in_progress && tok == t ->
+#ifndef BROKEN_EXTEND_NOOP
+		leaseLeft = L + CLK(rp);
+#endif
+		r = r_ok
+	:: else -> r = r_lost
+	fi
+}
+
+#ifdef BROKEN_NO_TOKEN_CHECK
+#define TOKOK(t) true
+#else
+#define TOKOK(t) (tok == t)
+#endif
+
+inline storeComplete(a, t, x, r) {
+	if
+	:: st == in_progress && TOKOK(t) ->
+		CHECK(owner == a, inv_stale);
+		st = done; resp = x; recAband = false; leaseLeft = 0; stored(x); r = r_ok
+	:: else -> r = r_lost
+	fi
+}
+
+inline storeRelease(t, r) {
+	if
+	:: st == in_progress && tok == t -> clearRecord(); r = r_ok
+#ifdef BROKEN_RELEASE_NO_CHECK
+	:: st != absent && !(st == in_progress && tok == t) -> clearRecord(); r = r_ok
+#endif
+	:: else -> r = r_lost
+	fi
+}
+
+inline storeAbandon(t, r) {
+	if
+	:: st == in_progress && tok == t -> recAband = true; r = r_ok
+	:: else -> r = r_lost
+	fi
+}
+
+/* Store.Get as storedByUs reads it: done under token t. */
+inline storeGet(t, r) {
+	if
+	:: st == done && tok == t -> r = r_ok
+	:: else -> r = r_lost
+	fi
+}
+
+inline apply(op, a, rp, t, x, nt, tb, hd, r, sDone, sResp, sExp) {
+	if
+	:: op == op_claim -> storeClaim(a, rp, nt, tb, hd, t, r, sDone, sResp, sExp)
+	:: op == op_extend -> storeExtend(rp, t, r)
+	:: op == op_complete -> storeComplete(a, t, x, r)
+	:: op == op_release -> storeRelease(t, r)
+	:: op == op_abandon -> storeAbandon(t, r)
+	fi
+}
+
+inline hold(op, a, rp, t, x, nt, tb, hd) {
+	held = true; heldLeft--; hOp = op; hAtt = a; hRep = rp; hTok = t; hResp = x; hNt = nt;
+	if
+	:: op == op_claim && !nt -> hTb = tb; hHd = hd
+	:: else -> hTb = 0; hHd = false
+	fi
+}
+
+/* One store call from replica rp. Over a link that is down it is applied or not, and
+ * held by the network (to be delivered later, or never) or not: so it fails, or is
+ * applied with its reply lost, or arrives late, or arrives twice; the caller sees an
+ * error, and its replica's health records the failure. */
+#define FAULTY(rp, r, APPLY, HOLD) \
+	if \
+	:: up[rp] -> APPLY \
+	:: !up[rp] -> \
+		if :: true :: true -> APPLY fi; \
+		if :: true :: !held && heldLeft > 0 -> HOLD fi; \
+		r = r_err; sinceDown[rp] = 0 \
+	fi
+
+inline callClaim(a, rp, nt, tb, hd, t, r, sDone, sResp, sExp) {
+	FAULTY(rp, r, storeClaim(a, rp, nt, tb, hd, t, r, sDone, sResp, sExp), hold(op_claim, a, rp, t, 0, nt, tb, hd))
+}
+
+inline callExtend(a, rp, t, r) {
+	FAULTY(rp, r, storeExtend(rp, t, r), hold(op_extend, a, rp, t, 0, false, 0, false))
+}
+
+inline callComplete(a, rp, t, x, r) {
+	FAULTY(rp, r, storeComplete(a, t, x, r), hold(op_complete, a, rp, t, x, false, 0, false))
+}
+
+inline callRelease(a, rp, t, r) {
+	FAULTY(rp, r, storeRelease(t, r), hold(op_release, a, rp, t, 0, false, 0, false))
+}
+
+inline callAbandon(a, rp, t, r) {
+	FAULTY(rp, r, storeAbandon(t, r), hold(op_abandon, a, rp, t, 0, false, 0, false))
+}
+
+inline getCall(rp, t, r) {
+	if
+	:: up[rp] -> storeGet(t, r)
+	:: !up[rp] -> r = r_err; sinceDown[rp] = 0
+	fi
+}
+
+inline replayStored(a, x) {
+	CHECK(x == firstStored, inv_replay);
+	deliverFinal(x);
+	report(a, replayed)
+}
+
+/* The answer after a claim that was not won: a replay or a 409. */
+inline existing(a, r, sDone, sResp) {
+	if
+	:: r == r_existing && sDone -> replayStored(a, sResp)
+	:: r == r_existing && !sDone -> report(a, conflict)
+	:: r == r_err -> report(a, store_error)
+	fi
+}
+
+#define K_OK 1          /* the handler's answer says the work was done */
+#define K_UNKNOWN 2     /* the outcome is unknown: the key is abandoned */
+#define K_NOTDONE 3     /* the work was not done (429, 503, a panic): the key is released */
+
+/* A replica stops holding answer x (Middleware.dropPending). */
+inline drop(rp, x) {
+	if
+	:: pend[rp] == x -> pend[rp] = 0
+	:: else -> skip
+	fi
+}
+
+/* Locals that no longer matter are reset, so that they do not multiply states. */
+inline forget() {
+	sDone = false; sExp = false; sResp = 0; r = 0
+}
+
+/* The attempt is over: whatever it held is gone with it. */
+inline quit(a) {
+	phase[a] = P_IDLE; due[a] = false; alive[a] = false; rep[a] = 0; ndone++
+}
+
+proctype Attempt(byte a) {
+	byte rp, t, x, kind, sResp;
+	bool sDone, sExp, lost;
+	mtype:res r;
+
+	atomic {
+		if
+		:: rp = 0
+		:: rp = 1
+		fi;
+		rep[a] = rp;
+		if
+		:: pend[rp] != 0 ->
+			x = pend[rp];
+			CHECK(firstStored == 0 || x == firstStored || respWin, inv_replay);
+			deliverFinal(x);
+			report(a, replayed);
+			quit(a); goto over
+		:: else -> skip
+		fi;
+		callClaim(a, rp, true, 0, false, t, r, sDone, sResp, sExp);
+		if
+		:: r == r_claimed -> phase[a] = P_RUN; alive[a] = true; forget(); goto running
+		:: r == r_existing && !sDone && sExp && HEALTHY(rp) ->
+#ifdef BROKEN_NO_TAKEOVER
+			report(a, conflict); quit(a); goto over
+#else
+			phase[a] = P_DECIDED; tbyA[a] = F; hdA[a] = true
+#endif
+#ifdef BROKEN_NO_HEALTH_HOLD
+		:: r == r_existing && !sDone && sExp && !HEALTHY(rp) -> phase[a] = P_DECIDED; tbyA[a] = F; hdA[a] = false
+#endif
+		:: else -> existing(a, r, sDone, sResp); quit(a); goto over
+		fi
+	}
+	atomic {
+		callClaim(a, rp, false, tbyA[a], hdA[a], t, r, sDone, sResp, sExp);
+		phase[a] = P_IDLE; tbyA[a] = 0; hdA[a] = false;
+		if
+		:: r == r_claimed -> phase[a] = P_RUN; alive[a] = true; forget(); goto running
+		:: else -> existing(a, r, sDone, sResp); quit(a); goto over
+		fi
+	}
+running:
+	do
+	:: atomic {
+		(phase[a] == P_RUN && due[a]) ->
+		due[a] = false;
+		callExtend(a, rp, t, r);
+		if
+		:: r == r_lost -> lost = true; alive[a] = false; phase[a] = P_LOSTRUN
+		:: else -> skip
+		fi;
+		r = 0
+	   }
+	:: atomic {
+		/* the handler returns; its upstream call did the work, or may have, or not */
+		if
+		:: kind = K_OK; x = a; execute(a)
+		:: kind = K_UNKNOWN; winAband++; execute(a)
+		:: kind = K_NOTDONE
+		fi;
+#ifdef BROKEN_SEND_BEFORE_STORE
+		if
+		:: kind == K_OK -> deliverFinal(x)
+		:: else -> skip
+		fi;
+#endif
+		phase[a] = P_FIN; due[a] = false;
+		break
+	   }
+	:: atomic {
+		crashes < MAXCRASH -> crashes++; quit(a); goto over
+	   }
+	od;
+	/* P_FIN: the finishing call comes before the next tick */
+	if
+	:: atomic {
+		lost -> report(a, lease_lost);
+		if
+		:: kind == K_OK -> deliverFinal(x)
+		:: else -> skip
+		fi;
+		quit(a); goto over
+	   }
+	:: atomic {
+		!lost && kind == K_UNKNOWN ->
+		callAbandon(a, rp, t, r);
+		report(a, abandoned); quit(a); goto over
+	   }
+	:: atomic {
+		!lost && kind == K_NOTDONE ->
+		callRelease(a, rp, t, r);
+		report(a, released); quit(a); goto over
+	   }
+	:: atomic {
+		!lost && kind == K_OK ->
+		callComplete(a, rp, t, x, r);
+		if
+		:: r == r_ok -> report(a, executed); deliverFinal(x); quit(a); goto over
+		:: r == r_lost ->
+			getCall(rp, t, r);
+			if
+			:: r == r_ok -> report(a, executed)
+			:: else -> report(a, lease_lost)
+			fi;
+			deliverFinal(x); quit(a); goto over
+		:: r == r_err ->
+			pend[rp] = x; phase[a] = P_HOLD; due[a] = false;
+			report(a, stored_later); deliverFinal(x)
+		fi
+	   }
+	:: atomic {
+		crashes < MAXCRASH -> crashes++;
+		if
+		:: kind == K_OK -> winCrash++
+		:: else -> skip
+		fi;
+		quit(a); goto over
+	   }
+	fi;
+	/* P_HOLD: flush the held answer until the store takes it or says it is not ours */
+	do
+	:: atomic {
+		callComplete(a, rp, t, x, r);
+		if
+		:: r == r_ok -> drop(rp, x); quit(a); goto over
+		:: r == r_lost -> getCall(rp, t, r); drop(rp, x); quit(a); goto over
+		:: else -> due[a] = false; r = 0
+		fi
+	   }
+	:: atomic {
+		crashes < MAXCRASH -> crashes++; winCrash++; respWin = true;
+		drop(rp, x); quit(a); goto over
+	   }
+	od;
+over:
+	skip
+}
+
+#define URG(i) (phase[i] == P_FIN || (due[i] && (phase[i] == P_RUN || phase[i] == P_HOLD)))
+#if NATT == 1
+#define URGENT URG(1)
+#elif NATT == 2
+#define URGENT (URG(1) || URG(2))
+#elif NATT == 3
+#define URGENT (URG(1) || URG(2) || URG(3))
+#elif NATT == 4
+#define URGENT (URG(1) || URG(2) || URG(3) || URG(4))
+#endif
+
+/* The clock: a tick waits for every renewal or flush that is due and every finishing
+ * call (a process's timers run at the right rate; its calls take less than a tick). */
+proctype Clock() {
+	byte i;
+end:	do
+	:: d_step {
+		!URGENT ->
+		if
+		:: st == in_progress && leaseLeft > LMIN -> leaseLeft--
+		:: else -> skip
+		fi;
+		i = 0;
+		do
+		:: i < NREP ->
+			if
+			:: !up[i] -> sinceDown[i] = 0
+			:: up[i] && sinceDown[i] < L -> sinceDown[i]++
+			:: else -> skip
+			fi;
+			i++
+		:: else -> break
+		od;
+		if
+		:: held && hOp == op_claim && !hNt && hTb > -1 -> hTb--
+		:: else -> skip
+		fi;
+		i = 1;
+		do
+		:: i <= NATT ->
+			if
+			:: phase[i] == P_RUN || phase[i] == P_HOLD -> due[i] = true
+			:: phase[i] == P_DECIDED && tbyA[i] > -1 -> tbyA[i]--
+			:: else -> skip
+			fi;
+			i++
+		:: else -> break
+		od;
+		if
+		:: up[0] && up[1] && !held && ndone == NATT ->
+			if
+			:: quiet < QUIET -> quiet++
+			:: else -> skip
+			fi
+		:: else -> quiet = 0
+		fi;
+		i = 0
+	   }
+	od
+}
+
+proctype Links() {
+end:	do
+	:: atomic { up[0] && outages < MAXOUT -> up[0] = false; outages++ }
+	:: atomic { up[1] && outages < MAXOUT -> up[1] = false; outages++ }
+	:: atomic { !up[0] -> up[0] = true }
+	:: atomic { !up[1] -> up[1] = true }
+	od
+}
+
+proctype Net() {
+	mtype:res r;
+	bool sDone, sExp;
+	byte sResp, t;
+end:	do
+	:: atomic {
+		held -> t = hTok;
+		apply(hOp, hAtt, hRep, t, hResp, hNt, hTb, hHd, r, sDone, sResp, sExp);
+		held = false; hOp = op_none; hAtt = 0; hRep = 0; hTok = 0; hResp = 0; hNt = false; hTb = 0; hHd = false;
+		r = r_ok; sDone = false; sExp = false; sResp = 0; t = 0
+	   }
+	:: atomic {
+		held -> held = false; hOp = op_none; hAtt = 0; hRep = 0; hTok = 0; hResp = 0; hNt = false; hTb = 0; hHd = false
+	   }
+	od
+}
+
+/* Once every attempt is over, nothing is in flight and every link has been up for
+ * QUIET ticks, a retry at either replica claims the key or replays it. */
+proctype Final() {
+	byte rp, t, sResp;
+	bool sDone, sExp;
+	mtype:res r;
+end:	atomic {
+		quiet >= QUIET && up[0] && up[1] && !held ->
+		if
+		:: rp = 0
+		:: rp = 1
+		fi;
+		rep[FINAL] = rp;
+		callClaim(FINAL, rp, true, 0, false, t, r, sDone, sResp, sExp);
+		if
+		:: r == r_existing && !sDone && sExp && HEALTHY(rp) ->
+#ifndef BROKEN_NO_TAKEOVER
+			callClaim(FINAL, rp, false, F, true, t, r, sDone, sResp, sExp)
+#else
+			skip
+#endif
+		:: else -> skip
+		fi;
+		if
+		:: r == r_claimed ->
+			/* the retry runs the request: a execution like any other */
+			CHECK(seen == 0 || respWin, inv_final);
+			execute(FINAL)
+		:: r == r_existing && sDone -> replayStored(FINAL, sResp)
+		:: else -> CHECK(false, inv_progress)
+		fi
+	}
+}
+
+init {
+	byte i;
+	atomic {
+#ifdef BROKEN_LOCAL_CLOCK
+		if
+		:: off[1] = S
+		:: off[1] = -S
+		fi;
+#endif
+		run Clock();
+		run Links();
+		run Net();
+		i = 1;
+		do
+		:: i <= NATT -> run Attempt(i); i++
+		:: else -> break
+		od;
+		run Final();
+		i = 0
+	}
+}
