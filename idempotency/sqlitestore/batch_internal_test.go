@@ -48,7 +48,7 @@ func TestBatchSharesTransactions(t *testing.T) {
 			key = "dup" // 8 claims of one key
 		}
 		res[i], errs[i] = s.Claim(ctx, idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "f",
-			Lease: time.Minute, TTL: time.Hour})
+			Lease: time.Minute, TTL: time.Hour, Route: "POST /" + key})
 	})
 	tokens := map[int64]bool{}
 	won := 0
@@ -84,7 +84,7 @@ func TestBatchSharesTransactions(t *testing.T) {
 			t.Fatalf("completion %d: %v", i, errs[i])
 		}
 		rec, err := s.Get(ctx, "s", fmt.Sprint("k", i))
-		if err != nil || rec.State != idempotency.StateDone || rec.Response.Status != 200+i {
+		if err != nil || rec.State != idempotency.StateDone || rec.Response.Status != 200+i || rec.Route != fmt.Sprint("POST /k", i) {
 			t.Fatalf("record %d: %+v, %v", i, rec, err)
 		}
 	}

@@ -113,7 +113,7 @@ func TestMigrateFromPreviousSchema(t *testing.T) {
 	s := openConfig(t, sqlitestore.Config{Path: path, Clock: at(now.Add(time.Second))})
 	after := columns(t, db, "retrysafe_idempotency")
 	if want := append(slices.Clone(before), "headers BLOB notnull=0 default=NULL pk=0",
-		"abandoned INTEGER notnull=1 default=0 pk=0"); !slices.Equal(after, want) {
+		"abandoned INTEGER notnull=1 default=0 pk=0", "route TEXT notnull=0 default=NULL pk=0"); !slices.Equal(after, want) {
 		t.Errorf("columns after Migrate:\n%q\nwant\n%q", after, want)
 	}
 	fresh := openDB(t, filepath.Join(t.TempDir(), "fresh.db"))
@@ -132,7 +132,7 @@ func TestMigrateFromPreviousSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	sameStored(t, "Get of the old record", rec.Response, wantOld)
-	if rec.Token != 7 || rec.Abandoned || !rec.ExpiresAt.Equal(now.Add(time.Hour)) {
+	if rec.Token != 7 || rec.Abandoned || !rec.ExpiresAt.Equal(now.Add(time.Hour)) || rec.Route != "" {
 		t.Errorf("old record = %+v", rec)
 	}
 	res := claim(t, s, "done")

@@ -1,8 +1,8 @@
 -- Schema of the SQLite idempotency store. Migrate applies it with every occurrence of
 -- retrysafe_idempotency replaced by Config.Table; every statement is idempotent. On a
 -- table made by an earlier schema, Migrate first adds the columns it lacks (headers,
--- abandoned) with ALTER TABLE ADD COLUMN, so that both end up with the same columns in
--- the same order.
+-- abandoned, route) with ALTER TABLE ADD COLUMN, so that both end up with the same
+-- columns in the same order.
 
 -- One row per (scope, key). Times are unix milliseconds of the store's clock. Once the
 -- record is done: status, headers (the response's header and trailer, encoded by
@@ -11,8 +11,10 @@
 -- schemas had: it is still written, so that a rollback to an earlier binary replays
 -- records written since, and read when headers is NULL (a record written before the
 -- migration). abandoned is 1 while the owner has given the request up (Store.Abandon).
--- headers and abandoned come last, where ALTER TABLE puts them: a lost claim that is
--- no replay reads neither, so it never reads past body's first bytes.
+-- route is what the record was claimed under, for operators (NULL: none, or claimed
+-- before the column existed). headers, abandoned and route come last, where ALTER TABLE
+-- puts them: a lost claim that is no replay reads none of them, so it never reads past
+-- body's first bytes.
 CREATE TABLE IF NOT EXISTS "retrysafe_idempotency" (
     scope        TEXT    NOT NULL,
     key          TEXT    NOT NULL,
@@ -28,6 +30,7 @@ CREATE TABLE IF NOT EXISTS "retrysafe_idempotency" (
     body_omitted INTEGER NOT NULL DEFAULT 0,
     headers      BLOB,
     abandoned    INTEGER NOT NULL DEFAULT 0,
+    route        TEXT,
     PRIMARY KEY (scope, key)
 );
 

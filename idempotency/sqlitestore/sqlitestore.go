@@ -13,7 +13,8 @@
 //	                                    expires_at (unix milliseconds), and once done the
 //	                                    response: status, headers (BLOB: header and
 //	                                    trailer, byte for byte), body (BLOB),
-//	                                    body_omitted, and header (the header as JSON text)
+//	                                    body_omitted, and header (the header as JSON text);
+//	                                    route, what it was claimed under (NULL: none)
 //	retrysafe_idempotency_expires_at    index for DeleteExpired
 //	retrysafe_idempotency_token         one row: the last fencing token issued
 //	retrysafe_idempotency_earlier_write trigger: see Migration
@@ -27,9 +28,13 @@
 // Migrate (which Open and New run) upgrades in place, live records included, a table of
 // version 1 of the schema, whose only header column is header (JSON text, which cannot
 // hold a header value that is not UTF-8, and no trailers). In one transaction it adds
-// the columns the table lacks, found with pragma table_info: headers BLOB (NULL) and
-// abandoned INTEGER NOT NULL DEFAULT 0; then it creates what is missing of the schema.
-// Nothing is rewritten: a record whose headers is NULL is read from header; every
+// the columns the table lacks, found with pragma table_info: headers BLOB (NULL),
+// abandoned INTEGER NOT NULL DEFAULT 0 and route TEXT (NULL), the last the only one a
+// table of version 2 lacks; then it creates what is missing of the schema. Records
+// written before read with no route. A binary that predates route leaves the column as
+// it was when it claims over a record that had one (a takeover, or an expired record
+// replaced), so during a rolling upgrade such a record may show the route of the one
+// it replaced (for a takeover, its own). Nothing is rewritten: a record whose headers is NULL is read from header; every
 // completion writes headers, and header too, so that a binary that knows only version 1
 // (one rolled back to, or one still running beside this one) replays status, body and
 // header (as JSON). Such a binary writes header and leaves the other columns alone; the
@@ -337,17 +342,21 @@ func (s *Store) init(ctx context.Context, table string, batched bool) error {
 		{&s.st.lean, s.read, lean},
 		{&s.st.list, s.read, `SELECT ` + recordColumns + ` FROM ` + t + `
 			WHERE (?1 = '' OR scope = ?1) AND (?2 = '' OR state = ?2) AND (NOT ?3 OR (scope, key) > (?4, ?5))
+				AND (?7 = '' OR route = ?7)
 			ORDER BY scope, key LIMIT ?6`},
 		{&s.st.ping, s.read, `SELECT last FROM ` + tokens + ` WHERE id = 1`},
 		{&s.st.lockedLean, s.write, lean},
 		{&s.st.nextToken, s.write, `UPDATE ` + tokens + ` SET last = last + 1 WHERE id = 1 RETURNING last`},
+		// A takeover writes the route again: the record is filed under the route the
+		// request now runs under.
 		{&s.st.claim, s.write, `INSERT INTO ` + t + ` (scope, key, fingerprint, state, token, created_at,
-				lease_until, expires_at, status, header, headers, body, body_omitted, abandoned)
-			VALUES (?, ?, ?, 'in_progress', ?, ?, ?, ?, NULL, NULL, NULL, NULL, 0, 0)
+				lease_until, expires_at, status, header, headers, body, body_omitted, abandoned, route)
+			VALUES (?, ?, ?, 'in_progress', ?, ?, ?, ?, NULL, NULL, NULL, NULL, 0, 0, nullif(?, ''))
 			ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint,
 				state = excluded.state, token = excluded.token, created_at = excluded.created_at,
 				lease_until = excluded.lease_until, expires_at = excluded.expires_at,
-				status = NULL, header = NULL, headers = NULL, body = NULL, body_omitted = 0, abandoned = 0`},
+				status = NULL, header = NULL, headers = NULL, body = NULL, body_omitted = 0, abandoned = 0,
+				route = excluded.route`},
 		// The lease moves to now+lease, and the expiry with it when that is later, so
 		// that a record never expires while its owner renews it.
 		{&s.st.extend, s.write, `UPDATE ` + t + ` SET lease_until = ?, expires_at = max(expires_at, ?)` + owned},
@@ -396,11 +405,13 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// addedColumns are the columns schema.sql has that version 1 of the schema lacks, in the order
-// schema.sql declares them (last), with their definitions there.
+// addedColumns are the columns schema.sql has that earlier versions of the schema lack
+// (version 1 all of them, version 2 route), in the order schema.sql declares them
+// (last), with their definitions there.
 var addedColumns = [...]struct{ name, definition string }{
 	{"headers", "BLOB"},
 	{"abandoned", "INTEGER NOT NULL DEFAULT 0"},
+	{"route", "TEXT"},
 }
 
 // addColumns adds addedColumns to table, when it exists, as ALTER TABLE ADD COLUMN,
@@ -527,7 +538,7 @@ func (s *Store) claimTx(ctx context.Context, tx *sql.Tx, req idempotency.ClaimRe
 		return idempotency.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
 	}
 	if _, err := tx.StmtContext(ctx, s.st.claim).ExecContext(ctx, req.Scope, req.Key, req.Fingerprint, token,
-		created.UnixMilli(), now.Add(req.Lease).UnixMilli(), now.Add(req.TTL).UnixMilli()); err != nil {
+		created.UnixMilli(), now.Add(req.Lease).UnixMilli(), now.Add(req.TTL).UnixMilli(), req.Route); err != nil {
 		return idempotency.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
 	}
 	return idempotency.ClaimResult{Claimed: true, Token: token, TookOver: takeover, Now: now}, nil
@@ -699,7 +710,7 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 		}
 	}
 	rows, err := s.st.list.QueryContext(ctx, f.Scope, string(f.State),
-		f.After != "", afterScope, afterKey, limit+1)
+		f.After != "", afterScope, afterKey, limit+1, f.Route)
 	if err != nil {
 		return idempotency.ListPage{}, fmt.Errorf("sqlitestore: list: %w", err)
 	}
@@ -785,18 +796,18 @@ func (s *Store) withTx(ctx context.Context, claim *idempotency.Claim, fn func(ct
 // stores them, so that SQLite reads a large body's overflow pages once (a column stored
 // after the body, read before it, would make it walk their chain twice).
 const recordColumns = `scope, key, fingerprint, state, token, created_at, lease_until, expires_at,
-	status, header, body, body_omitted, headers, abandoned`
+	status, header, body, body_omitted, headers, abandoned, coalesce(route, '')`
 
 // leanColumns are recordColumns as a lost claim reads them, with its fingerprint as
 // parameter ?3: the response only for a replay (a done record with that fingerprint),
 // NULL otherwise, so that a 409 or a 422 does not read a stored body. SQLite evaluates
 // a CASE branch only when its condition holds, and reads a column only when it is
 // evaluated; abandoned, stored after the body, is read only while the record is in
-// progress, when the body is NULL.
+// progress, when the body is NULL. The route is not read (a claim does not use it).
 const leanColumns = `scope, key, fingerprint, state, token, created_at, lease_until, expires_at,
 	CASE WHEN ` + replay + ` THEN status END, CASE WHEN ` + replay + ` THEN header END,
 	CASE WHEN ` + replay + ` THEN body END, CASE WHEN ` + replay + ` THEN body_omitted ELSE 0 END,
-	CASE WHEN ` + replay + ` THEN headers END, CASE WHEN state = 'in_progress' THEN abandoned ELSE 0 END`
+	CASE WHEN ` + replay + ` THEN headers END, CASE WHEN state = 'in_progress' THEN abandoned ELSE 0 END, ''`
 
 const replay = `state = 'done' AND fingerprint = ?3`
 
@@ -812,7 +823,7 @@ func scanRecord(row interface{ Scan(...any) error }) (*idempotency.Record, error
 		omitted                   bool
 	)
 	if err := row.Scan(&r.Scope, &r.Key, &r.Fingerprint, &state, &r.Token, &created, &lease, &expires,
-		&status, &jsonHeader, &body, &omitted, &headers, &r.Abandoned); err != nil {
+		&status, &jsonHeader, &body, &omitted, &headers, &r.Abandoned, &r.Route); err != nil {
 		return nil, err
 	}
 	r.State = idempotency.State(state)
