@@ -210,7 +210,9 @@ func (rep *replica) isDeadLocked() bool { return rep.isDead() }
 
 // explain says why cur could execute after prev, the execution before it of the same
 // key, under which kind of cause, and whether that is one of the documented windows.
-// w.mu is held.
+// What is judged is the claim that first displaced prev's (the first claim of the key
+// the store granted after it, or the janitor's deletion of its record): claims between
+// it and cur's executed nothing. w.mu is held.
 func (w *world) explain(prev, cur *execution) (why, kind string, ok bool) {
 	f := &w.facts
 	cp, cc := f.claims[prev.Token], f.claims[cur.Token]
@@ -219,40 +221,50 @@ func (w *world) explain(prev, cur *execution) (why, kind string, ok bool) {
 		return fmt.Sprintf("both under one claim (token %d): forwarded twice", cur.Token), "forwarded-twice", false
 	case cp == nil || cc == nil:
 		return fmt.Sprintf("an execution under no claim the store granted (tokens %d, %d)", prev.Token, cur.Token), "no-claim", false
-	case cp.Completed && cp.CompletedAt <= cc.At:
-		if cc.At >= cp.CompletedAt+w.plan.TTL {
-			return fmt.Sprintf("#%d's record expired (stored at %s, TTL %s) before %s's claim at %s", prev.N, fmtD(cp.CompletedAt), w.plan.TTL, tokenName(cur), fmtD(cc.At)), "expired", true
+	}
+	d := w.displacing(cp)
+	if d == nil {
+		d = cc
+	}
+	taker := fmt.Sprintf("%s's claim (token %d, %s at %s)", tokenName(cur), d.Token, d.Proc.name, fmtD(d.At))
+	if d != cc {
+		taker = fmt.Sprintf("the claim of token %d (%s at %s, before %s's)", d.Token, d.Proc.name, fmtD(d.At), tokenName(cur))
+	}
+	switch {
+	case cp.Completed && cp.CompletedAt <= d.At:
+		if d.At >= cp.CompletedAt+w.plan.TTL {
+			return fmt.Sprintf("#%d's record expired (stored at %s, TTL %s) before %s", prev.N, fmtD(cp.CompletedAt), w.plan.TTL, taker), "expired", true
 		}
-		return fmt.Sprintf("#%d's answer was stored at %s (under token %d) and %s was claimed at %s, before it expired", prev.N, fmtD(cp.CompletedAt), prev.Token, tokenName(cur), fmtD(cc.At)), "ran-after-stored", false
+		return fmt.Sprintf("#%d's answer was stored at %s (under token %d), before it expired came %s", prev.N, fmtD(cp.CompletedAt), prev.Token, taker), "ran-after-stored", false
 	case cp.Released:
 		return fmt.Sprintf("#%d's key was released after the upstream executed it", prev.N), "released-after-execution", false
-	case prev.AnswerLost != "" && prev.AnswerLostAt <= cc.At: // a loss the takeover caused explains nothing
+	case prev.AnswerLost != "" && prev.AnswerLostAt <= d.At: // a loss the takeover caused explains nothing
 		return fmt.Sprintf("the upstream's answer to #%d never reached its owner %s (%s): the key was left to its lease", prev.N, prev.Proc.name, prev.AnswerLost), "answer-lost", true
 	}
 	if prev.Proc.isDead() {
 		prev.Proc.mu.Lock()
 		died := prev.Proc.diedAt
 		prev.Proc.mu.Unlock()
-		if died <= cc.At {
+		if died <= d.At {
 			return fmt.Sprintf("#%d's owner %s was killed at %s, before its answer was stored", prev.N, prev.Proc.name, fmtD(died)), "owner-killed", true
 		}
 	}
 	for _, rn := range cp.Renewals {
-		if rn.At >= cc.At-w.plan.Lease && rn.At < cc.At && rn.Own >= w.plan.StoreTimeout {
-			return fmt.Sprintf("#%d's owner %s renewed its lease at %s over its own link, which delivered the renewal %s late, while %s reached the store", prev.N, prev.Proc.name, fmtD(rn.At), fmtD(rn.Own), cur.Proc.name), "owner-link-late-alone", true
+		if rn.At >= d.At-w.plan.Lease && rn.At < d.At && rn.Own >= w.plan.StoreTimeout {
+			return fmt.Sprintf("#%d's owner %s renewed its lease at %s over its own link, which delivered the renewal %s late, while %s reached the store", prev.N, prev.Proc.name, fmtD(rn.At), fmtD(rn.Own), d.Proc.name), "owner-link-late-alone", true
 		}
 	}
 	// A live owner renews at least every second while it can: a lease that ran out by
-	// cc.At had its renewals fail in the lease before (give or take a slow spell).
-	from := max(cp.At, cc.At-w.plan.Lease-w.plan.Lease/2)
+	// d.At had its renewals fail in the lease before (give or take a slow spell).
+	from := max(cp.At, d.At-w.plan.Lease-w.plan.Lease/2)
 	for _, o := range w.plan.Outages {
-		if o.Replica == prev.Proc.slot && o.Start < cc.At && o.End > from {
-			return fmt.Sprintf("#%d's owner %s was cut off from the store alone (%s–%s) while %s reached it", prev.N, prev.Proc.name, fmtD(o.Start), fmtD(o.End), cur.Proc.name), "owner-cut-off-alone", true
+		if o.Replica == prev.Proc.slot && o.Start < d.At && o.End > from {
+			return fmt.Sprintf("#%d's owner %s was cut off from the store alone (%s–%s) while %s reached it", prev.N, prev.Proc.name, fmtD(o.Start), fmtD(o.End), d.Proc.name), "owner-cut-off-alone", true
 		}
 	}
 	for _, s := range w.plan.Slow {
-		if s.Replica == prev.Proc.slot && s.Start < cc.At && s.End > from {
-			return fmt.Sprintf("#%d's owner %s alone had a slow link to the store (%s–%s) while %s reached it", prev.N, prev.Proc.name, fmtD(s.Start), fmtD(s.End), cur.Proc.name), "owner-slow-alone", true
+		if s.Replica == prev.Proc.slot && s.Start < d.At && s.End > from {
+			return fmt.Sprintf("#%d's owner %s alone had a slow link to the store (%s–%s) while %s reached it", prev.N, prev.Proc.name, fmtD(s.Start), fmtD(s.End), d.Proc.name), "owner-slow-alone", true
 		}
 	}
 	// A process presumes the store healthy when it starts: one that started less than
@@ -260,17 +272,30 @@ func (w *world) explain(prev, cur *execution) (why, kind string, ok bool) {
 	// nothing of an outage that kept the owner from renewing (health's documented
 	// window).
 	for _, o := range w.plan.Outages {
-		if o.Replica < 0 && o.Start < cc.At && o.End > from && cur.Proc.started >= cc.At-2*w.plan.Lease/3 && !cur.Proc.h.failedBy(cc.At) {
-			return fmt.Sprintf("%s's process %s started at %s, after an outage (%s–%s) it never saw, and took the key over before the owner %s could renew", tokenName(cur), cur.Proc.name, fmtD(cur.Proc.started), fmtD(o.Start), fmtD(o.End), prev.Proc.name), "started-after-outage", true
+		if o.Replica < 0 && o.Start < d.At && o.End > from && d.Proc.started >= d.At-2*w.plan.Lease/3 && !d.Proc.h.failedBy(d.At) {
+			return fmt.Sprintf("%s came from process %s, started at %s, after an outage (%s–%s) it never saw, before the owner %s could renew", taker, d.Proc.name, fmtD(d.Proc.started), fmtD(o.Start), fmtD(o.End), prev.Proc.name), "started-after-outage", true
 		}
 	}
-	if cc.Deletes != 0 {
-		return fmt.Sprintf("the janitor deleted #%d's record (token %d) at %s, expired, while its owner %s ran, alive and never cut off alone", prev.N, prev.Token, fmtD(cc.At), prev.Proc.name), "deleted-running-record", false
+	switch {
+	case d.Deletes != 0:
+		return fmt.Sprintf("the janitor deleted #%d's record (token %d) at %s, expired, while its owner %s ran, alive and never cut off alone", prev.N, prev.Token, fmtD(d.At), prev.Proc.name), "deleted-running-record", false
+	case d.TookOver:
+		return fmt.Sprintf("%s took over the lease of #%d's owner %s, alive and never cut off alone", taker, prev.N, prev.Proc.name), "took-over-live-owner", false
 	}
-	if cc.TookOver {
-		return fmt.Sprintf("%s's claim (token %d, %s at %s) took over the lease of #%d's owner %s, alive and never cut off alone", tokenName(cur), cur.Token, cur.Proc.name, fmtD(cc.At), prev.N, prev.Proc.name), "took-over-live-owner", false
+	return fmt.Sprintf("%s replaced #%d's record (token %d) while its owner %s ran", taker, prev.N, prev.Token, prev.Proc.name), "replaced-running-record", false
+}
+
+// displacing returns the first claim of c's key the store granted after c, or the
+// janitor's first deletion of its record after c, whichever came first; nil if none.
+// w.mu is held.
+func (w *world) displacing(c *claimFact) *claimFact {
+	var first *claimFact
+	for _, o := range w.facts.claims {
+		if o != c && o.Scope == c.Scope && o.Key == c.Key && o.At > c.At && (first == nil || o.At < first.At) {
+			first = o
+		}
 	}
-	return fmt.Sprintf("%s's claim (token %d, %s at %s) replaced #%d's record (token %d) while its owner %s ran", tokenName(cur), cur.Token, cur.Proc.name, fmtD(cc.At), prev.N, prev.Token, prev.Proc.name), "replaced-running-record", false
+	return first
 }
 
 // tokenName names an execution in explain's sentences, or the claim standing for one
