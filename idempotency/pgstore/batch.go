@@ -60,11 +60,12 @@ type claimCall struct {
 
 func (c *claimCall) ID() string { return batch.RowID(c.req.Scope, c.req.Key) }
 
-// args are the parameters of the single-key claim statement (and the first seven of
-// the takeover).
+// args are the parameters of the single-key claim statement (and the first eight of
+// the takeover). The route goes as a pointer into c, which costs no allocation, where
+// a string would be boxed.
 func (c *claimCall) args() []any {
 	r := c.req
-	return []any{[]byte(r.Scope), []byte(r.Key), []byte(r.Fingerprint), c.now, r.Lease, r.TTL, r.TakeoverLimit()}
+	return []any{[]byte(r.Scope), []byte(r.Key), []byte(r.Fingerprint), c.now, r.Lease, r.TTL, r.TakeoverLimit(), &c.req.Route}
 }
 
 // runClaims runs the batched claim statement for calls, sorted by row.
@@ -78,13 +79,14 @@ func (s *Store) runClaims(calls []*claimCall) {
 	n := len(calls)
 	scopes, keys, fps := make([][]byte, n), make([][]byte, n), make([][]byte, n)
 	nows, leases, ttls, limits := make([]*time.Time, n), make([]time.Duration, n), make([]time.Duration, n), make([]time.Time, n)
+	routes := make([]string, n)
 	for i, c := range calls {
 		c.found, c.claimed, c.claimable, c.rec, c.err = false, false, false, nil, nil
 		scopes[i], keys[i], fps[i] = []byte(c.req.Scope), []byte(c.req.Key), []byte(c.req.Fingerprint)
-		nows[i], leases[i], ttls[i], limits[i] = c.now, c.req.Lease, c.req.TTL, c.req.TakeoverLimit()
+		nows[i], leases[i], ttls[i], limits[i], routes[i] = c.now, c.req.Lease, c.req.TTL, c.req.TakeoverLimit(), c.req.Route
 	}
 	err := func() error {
-		rows, err := s.pool.Query(ctx, s.sql.claimBatch, scopes, keys, fps, nows, leases, ttls, limits)
+		rows, err := s.pool.Query(ctx, s.sql.claimBatch, scopes, keys, fps, nows, leases, ttls, limits, routes)
 		if err != nil {
 			return err
 		}

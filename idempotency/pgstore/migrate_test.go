@@ -73,7 +73,7 @@ func TestMigrateFromJSONBHeader(t *testing.T) {
 	}
 	var columns []string
 	rows, err := pool.Query(ctx, `SELECT column_name || ' ' || data_type || ' ' || is_nullable || ' ' || coalesce(column_default, '-')
-		FROM information_schema.columns WHERE table_schema = $1 AND column_name IN ('header', 'headers', 'abandoned')
+		FROM information_schema.columns WHERE table_schema = $1 AND column_name IN ('header', 'headers', 'abandoned', 'route')
 		ORDER BY column_name`, schema)
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +81,7 @@ func TestMigrateFromJSONBHeader(t *testing.T) {
 	if columns, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"abandoned boolean NO false", "header jsonb YES -", "headers bytea YES -"}; !reflect.DeepEqual(columns, want) {
+	if want := []string{"abandoned boolean NO false", "header jsonb YES -", "headers bytea YES -", "route text YES -"}; !reflect.DeepEqual(columns, want) {
 		t.Errorf("columns after Migrate = %q, want %q", columns, want)
 	}
 
@@ -91,7 +91,7 @@ func TestMigrateFromJSONBHeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &idempotency.Response{Status: 201, Header: oldHeader, Body: []byte("old body")}
-	if rec.State != idempotency.StateDone || rec.Abandoned || !reflect.DeepEqual(rec.Response, want) {
+	if rec.State != idempotency.StateDone || rec.Abandoned || rec.Route != "" || !reflect.DeepEqual(rec.Response, want) {
 		t.Errorf("old done record = %+v, response %+v; want %+v", rec, rec.Response, want)
 	}
 	replay, err := st.Claim(ctx, idempotency.ClaimRequest{Scope: "s", Key: "old-done", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})

@@ -9,6 +9,7 @@
 //	state                     'in_progress' or 'done'
 //	token                     the owner's fencing token (bigint)
 //	attempts                  1 + the takeovers of the current claim
+//	route                     what the claim was filed under (ClaimRequest.Route); NULL: none
 //	abandoned                 the owner gave up without knowing the outcome (Store.Abandon)
 //	created_at, lease_until, expires_at, completed_at   timestamptz (microseconds)
 //	status, headers, body, body_omitted                 the stored response, once done
@@ -38,6 +39,12 @@
 // rollback), still reads these records' status and body (with no header: JSON null
 // decodes to none), and a record it completes is read from its header column, never
 // from stale bytes in headers.
+//
+// The route column (text, NULL) is added in place the same way, to tables of either
+// version; records written before it read with no route. A store that predates it
+// leaves it as it was when it takes a record over or replaces an expired one, so during
+// a rolling upgrade such a record may show the route of the claim before (for a
+// takeover, the same request's).
 //
 // # Time
 //
@@ -210,6 +217,9 @@ var (
 const recordColumns = `scope, key, fingerprint, state, token, abandoned, created_at, lease_until, expires_at,
 	status, header, headers, body, body_omitted`
 
+// countedColumns are the columns scanCounted reads: Get's and List's.
+const countedColumns = `attempts, route, ` + recordColumns
+
 // headerMarker is what a completion writes into the jsonb header column: JSON null,
 // which says that the header is in headers, and which stores of the schema without
 // headers decode as no header.
@@ -274,9 +284,10 @@ func New(cfg Config) (*Store, error) {
 	now4 := clockParam(4)
 	s.sql = statements{
 		schema: r.Replace(schemaSQL),
-		// $1 scope, $2 key, $3 fingerprint, $4 clock, $5 lease, $6 TTL, $7 takeover limit.
-		// A replay, a 409 or a 422 is answered by this one statement without locking or
-		// writing anything: the INSERT runs only when the snapshot has no row.
+		// $1 scope, $2 key, $3 fingerprint, $4 clock, $5 lease, $6 TTL, $7 takeover limit,
+		// $8 route. A replay, a 409 or a 422 is answered by this one statement without
+		// locking or writing anything: the INSERT runs only when the snapshot has no row.
+		// The route is written, never read back: only Get and List read it.
 		claim: r.Replace(`WITH clock AS (
 	SELECT ` + now4 + ` AS now
 ), existing AS (
@@ -284,8 +295,9 @@ func New(cfg Config) (*Store, error) {
 	` + leanColumns("c.now", "$3") + `
 	FROM {table} AS r, clock AS c WHERE r.scope = $1 AND r.key = $2
 ), claimed AS (
-	INSERT INTO {table} (scope, key, fingerprint, state, token, created_at, lease_until, expires_at)
-	SELECT $1, $2, $3, 'in_progress', nextval('{sequence}'), c.now, c.now + $5::interval, c.now + $6::interval
+	INSERT INTO {table} (scope, key, fingerprint, state, token, created_at, lease_until, expires_at, route)
+	SELECT $1, $2, $3, 'in_progress', nextval('{sequence}'), c.now, c.now + $5::interval, c.now + $6::interval,
+		nullif($8::text, '')
 	FROM clock AS c
 	WHERE NOT EXISTS (SELECT FROM existing)
 	ON CONFLICT (scope, key) DO NOTHING
@@ -294,18 +306,19 @@ func New(cfg Config) (*Store, error) {
 SELECT true, false, c.now, ` + qualify("k", recordColumns) + ` FROM claimed AS k, clock AS c
 UNION ALL
 SELECT false, e.claimable, c.now, ` + qualify("e", recordColumns) + ` FROM existing AS e, clock AS c`),
-		// The claim's parameters and $8, the token of the claimable record it read.
+		// The claim's parameters and $9, the token of the claimable record it read.
 		// Under READ COMMITTED the WHERE is re-checked on the latest row after its lock,
 		// so of concurrent takeovers one wins, a renewal that committed first keeps the
 		// record, and the winner's token, drawn after the lock, exceeds the one it
-		// replaces.
+		// replaces. The route is written again: the record is filed under the route the
+		// request now runs under.
 		takeover: r.Replace(`UPDATE {table} AS r SET
-	fingerprint = $3, state = 'in_progress', token = nextval('{sequence}'), abandoned = false,
+	fingerprint = $3, state = 'in_progress', token = nextval('{sequence}'), abandoned = false, route = nullif($8::text, ''),
 	attempts = CASE WHEN r.expires_at <= ` + now4 + ` THEN 1 ELSE r.attempts + 1 END,
 	created_at = CASE WHEN r.expires_at <= ` + now4 + ` THEN ` + now4 + ` ELSE r.created_at END,
 	lease_until = ` + now4 + ` + $5::interval, expires_at = ` + now4 + ` + $6::interval, completed_at = NULL,
 	status = NULL, header = NULL, headers = NULL, body = NULL, body_omitted = false
-WHERE r.scope = $1 AND r.key = $2 AND r.token = $8 AND ` + claimable(now4, "$3", "$7::timestamptz") + `
+WHERE r.scope = $1 AND r.key = $2 AND r.token = $9 AND ` + claimable(now4, "$3", "$7::timestamptz") + `
 RETURNING r.token, r.attempts > 1, ` + now4),
 		// $4 status, $5 headers, $6 body, $7 body omitted, $8 clock, $9 TTL.
 		complete: r.Replace(`UPDATE {table} SET state = 'done', abandoned = false, status = $4,
@@ -321,7 +334,7 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'`),
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'`),
 		release: r.Replace(`DELETE FROM {table}
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'`),
-		get:    r.Replace(`SELECT attempts, ` + recordColumns + ` FROM {table} WHERE scope = $1 AND key = $2`),
+		get:    r.Replace(`SELECT ` + countedColumns + ` FROM {table} WHERE scope = $1 AND key = $2`),
 		delete: r.Replace(`DELETE FROM {table} WHERE scope = $1 AND key = $2`),
 		// $1 clock, $2 limit. SKIP LOCKED: janitors never wait for each other nor for a
 		// claim, renewal or transaction holding a row. Under READ COMMITTED, FOR UPDATE
@@ -335,16 +348,16 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'`),
 		// Each call has its own clock reading (NULL: the server's clock).
 		claimBatch: r.Replace(`WITH input AS (
 	SELECT i.ord, i.scope, i.key, i.fingerprint, coalesce(i.now, statement_timestamp()) AS now,
-		i.lease, i.ttl, i.takeover_limit
-	FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::timestamptz[], $5::interval[], $6::interval[], $7::timestamptz[])
-		WITH ORDINALITY AS i(scope, key, fingerprint, now, lease, ttl, takeover_limit, ord)
+		i.lease, i.ttl, i.takeover_limit, nullif(i.route, '') AS route
+	FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::timestamptz[], $5::interval[], $6::interval[], $7::timestamptz[], $8::text[])
+		WITH ORDINALITY AS i(scope, key, fingerprint, now, lease, ttl, takeover_limit, route, ord)
 ), existing AS (
 	SELECT i.ord, i.now, ` + claimable("i.now", "i.fingerprint", "i.takeover_limit") + ` AS claimable,
 	` + leanColumns("i.now", "i.fingerprint") + `
 	FROM input AS i JOIN {table} AS r ON r.scope = i.scope AND r.key = i.key
 ), claimed AS (
-	INSERT INTO {table} (scope, key, fingerprint, state, token, created_at, lease_until, expires_at)
-	SELECT i.scope, i.key, i.fingerprint, 'in_progress', nextval('{sequence}'), i.now, i.now + i.lease, i.now + i.ttl
+	INSERT INTO {table} (scope, key, fingerprint, state, token, created_at, lease_until, expires_at, route)
+	SELECT i.scope, i.key, i.fingerprint, 'in_progress', nextval('{sequence}'), i.now, i.now + i.lease, i.now + i.ttl, i.route
 	FROM input AS i WHERE NOT EXISTS (SELECT FROM existing AS e WHERE e.ord = i.ord)
 	ORDER BY i.ord
 	ON CONFLICT (scope, key) DO NOTHING
@@ -552,6 +565,9 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 	if f.State != "" {
 		where = append(where, "state = "+arg(string(f.State)))
 	}
+	if f.Route != "" {
+		where = append(where, "route = "+arg(f.Route))
+	}
 	if f.After != "" {
 		scope, key, err := listcursor.Decode(f.After)
 		if err != nil {
@@ -559,7 +575,7 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 		}
 		where = append(where, "(scope, key) > ("+arg([]byte(scope))+", "+arg([]byte(key))+")")
 	}
-	q := "SELECT attempts, " + recordColumns + " FROM " + s.table
+	q := "SELECT " + countedColumns + " FROM " + s.table
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
@@ -585,15 +601,19 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// scanCounted scans attempts, then recordColumns: the operators' reads, which the
-// claims' statements leave out.
+// scanCounted scans countedColumns: the operators' reads, with the attempts and the
+// route, which the claims' statements leave out.
 func scanCounted(row pgx.Row) (*idempotency.Record, error) {
 	var attempts int32
-	r, err := scanRecord(row, &attempts)
+	var route *string
+	r, err := scanRecord(row, &attempts, &route)
 	if err != nil {
 		return nil, err
 	}
 	r.Attempts = int(attempts)
+	if route != nil {
+		r.Route = *route
+	}
 	return r, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -561,8 +562,19 @@ func TestBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
+	// Keys of an even number are claimed without a route.
+	route := func(i int) string {
+		if i%2 == 0 {
+			return ""
+		}
+		return fmt.Sprint("POST /k", i)
+	}
 	req := func(key string) idempotency.ClaimRequest {
-		return idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "f", Lease: time.Minute, TTL: time.Hour}
+		r := idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "f", Lease: time.Minute, TTL: time.Hour}
+		if i, err := strconv.Atoi(strings.TrimPrefix(key, "k")); err == nil {
+			r.Route = route(i)
+		}
+		return r
 	}
 	// together runs f(0) … f(n-1) at once and waits for them.
 	together := func(calls int, f func(i int)) {
@@ -674,7 +686,8 @@ func TestBatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := response(i); rec.State != idempotency.StateDone || rec.Token != results[i].Token || !reflect.DeepEqual(rec.Response, want) {
+		if want := response(i); rec.State != idempotency.StateDone || rec.Token != results[i].Token || rec.Route != route(i) ||
+			!reflect.DeepEqual(rec.Response, want) {
 			t.Errorf("record %d: %+v, response %+v; want done with token %d and %+v", i, rec, rec.Response, results[i].Token, want)
 		}
 	}

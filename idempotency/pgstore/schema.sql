@@ -37,11 +37,12 @@ CREATE TABLE IF NOT EXISTS {table} (
     body         bytea,
     body_omitted boolean     NOT NULL DEFAULT false,
     abandoned    boolean     NOT NULL DEFAULT false, -- the owner gave up (Store.Abandon)
+    route        text,                           -- claimed under, for operators; NULL: none
     PRIMARY KEY (scope, key)
 );
 
--- Tables created without the headers and abandoned columns get them in place: adding a
--- column that is NULL or has a constant default rewrites nothing. Each step runs only
+-- Tables created without the headers, abandoned and route columns get them in place:
+-- adding a column that is NULL or has a constant default rewrites nothing. Each step runs only
 -- when needed, because ALTER TABLE and CREATE INDEX lock the table even when they turn
 -- out to have nothing to do, and would wait for (and hold up) every open transaction
 -- that writes records.
@@ -54,6 +55,10 @@ BEGIN
     IF NOT EXISTS (SELECT FROM pg_attribute
                    WHERE attrelid = '{table}'::regclass AND attname = 'abandoned' AND NOT attisdropped) THEN
         ALTER TABLE {table} ADD COLUMN IF NOT EXISTS abandoned boolean NOT NULL DEFAULT false;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_attribute
+                   WHERE attrelid = '{table}'::regclass AND attname = 'route' AND NOT attisdropped) THEN
+        ALTER TABLE {table} ADD COLUMN IF NOT EXISTS route text;
     END IF;
     -- The janitor's scan.
     IF to_regclass('{schema}.{index}') IS NULL THEN
