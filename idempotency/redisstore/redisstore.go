@@ -28,6 +28,8 @@
 //	header            the same headers as JSON (no trailers; bytes that are not UTF-8
 //	                  become U+FFFD), written beside hdr for binaries that know only this
 //	                  field, and read only when hdr is absent
+//	route             what the claim was filed under (ClaimRequest.Route), for
+//	                  operators; written by every claim and takeover, read by Get and List
 //
 // # Time
 //
@@ -77,7 +79,9 @@
 //
 // There is no migration step: Redis has no schema. Records written without the hdr and
 // abandoned fields (headers as JSON in header only) are read as they are: their headers
-// come from header, and they count as not abandoned. A record claimed in that layout and
+// come from header, and they count as not abandoned; records without route have none
+// (a binary that predates the field writes none on a fresh claim, and leaves it as it
+// was on a takeover). A record claimed in that layout and
 // completed by this store gets hdr. Because every record written here still carries
 // header, binaries that read only that field decode and replay it too (without
 // trailers, and with non-UTF-8 header bytes replaced), during a rolling upgrade or after
@@ -208,7 +212,7 @@ local function ms(us) return int(math.max(1, math.ceil(us / 1000))) end
 
 // claimScript: KEYS[1] record; ARGV scope, key, fingerprint, now (µs, or empty for
 // TIME), lease (µs), ttl (µs), the takeover limit (µs: a record is taken over only at a
-// now not after it). Returns {1, now, token, tookOver} or,
+// now not after it), route. Returns {1, now, token, tookOver} or,
 // when the claim is lost, {0, now, {state, fp, token, lease, expires}, {scope, key,
 // created, abandoned}, response}, where response is {status, hdr, body, omitted,
 // header-when-hdr-is-absent} for a replay (done, same fingerprint) and nil otherwise:
@@ -249,7 +253,7 @@ if took == 0 then
   redis.call('HSET', k, 'scope', ARGV[1], 'key', ARGV[2], 'fp', ARGV[3], 'created', int(now))
 end
 redis.call('HSET', k, 'state', 'in_progress', 'token', int(tok), 'lease', int(lease),
-  'expires', int(expires))
+  'expires', int(expires), 'route', ARGV[8])
 redis.call('PEXPIRE', k, ms(math.max(lease, expires) - now))
 return {1, now, tok, took}
 `
@@ -319,7 +323,7 @@ func (s *Store) now() string {
 func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
 	res, err := s.claim.Run(ctx, s.client, []string{s.recordKey(req.Scope, req.Key)},
 		req.Scope, req.Key, req.Fingerprint, s.now(), req.Lease.Microseconds(),
-		req.TTL.Microseconds(), micros(req.TakeoverLimit())).Slice()
+		req.TTL.Microseconds(), micros(req.TakeoverLimit()), req.Route).Slice()
 	if err != nil {
 		return idempotency.ClaimResult{}, wrap("claim", err)
 	}
@@ -513,7 +517,7 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 				return idempotency.ListPage{}, err
 			}
 			for i, rec := range recs {
-				if rec == nil || (f.State != "" && rec.State != f.State) {
+				if rec == nil || (f.State != "" && rec.State != f.State) || (f.Route != "" && rec.Route != f.Route) {
 					continue
 				}
 				if len(page.Records) == limit {
@@ -612,6 +616,7 @@ func decode(m map[string]string, withResponse bool) (*idempotency.Record, error)
 		Scope:       m["scope"],
 		Key:         m["key"],
 		Fingerprint: m["fp"],
+		Route:       m["route"],
 		State:       idempotency.State(m["state"]),
 		Token:       num("token"),
 		Abandoned:   m["state"] == inProgress && m["abandoned"] != "" && m["abandoned"] == m["token"],
