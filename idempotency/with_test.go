@@ -431,3 +431,41 @@ func TestWithShorterLeaseSpeedsTheProbe(t *testing.T) {
 		}
 	})
 }
+
+// TestRouteFilesRecords: the records a middleware claims are filed under its
+// Config.Route, and one made with With files them under its own, not its root's.
+func TestRouteFilesRecords(t *testing.T) {
+	store := memstore.New()
+	a, err := idempotency.New(idempotency.Config{Store: store, Route: "POST /payments", Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shutdown(t, a)
+	b, err := a.With(idempotency.Config{Route: "POST /refunds", Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	none, err := a.With(idempotency.Config{Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	for key, m := range map[string]*idempotency.Middleware{"pay": a, "refund": b, "none": none} {
+		r := httptest.NewRequest(http.MethodPost, "/x", strings.NewReader("{}"))
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		m.Handler(created(&runs, "ok")).ServeHTTP(w, r)
+		if w.Code != http.StatusCreated {
+			t.Fatalf("%s: %d", key, w.Code)
+		}
+	}
+	for key, want := range map[string]string{"pay": "POST /payments", "refund": "POST /refunds", "none": ""} {
+		rec, err := store.Get(context.Background(), "", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Route != want {
+			t.Errorf("%s: Route = %q, want %q", key, rec.Route, want)
+		}
+	}
+}
