@@ -33,30 +33,38 @@ type variant struct {
 	name    string
 	defines []string
 	want    string
+	big     bool // a search of tens of millions of states: optimise pan, a larger hash table
 }
 
 // The correct model at the bound CI verifies: 2 replicas, 2 client attempts and the
 // final retry, 1 owner crash, 2 link outages, 1 store call held by the network.
 var correct = variant{name: "correct", defines: []string{"-DNATT=2"}}
 
-// The long bound (RETRYSAFE_LONG=1): 2 owner crashes, 3 outages, 2 held calls.
-var correctLong = variant{name: "correct-long", defines: []string{"-DNATT=2", "-DMAXCRASH=2", "-DMAXOUT=3", "-DMAXHELD=2"}}
+// The long bounds (RETRYSAFE_LONG=1): more faults, and a third attempt.
+var long = []variant{
+	{name: "long-faults", defines: []string{"-DNATT=2", "-DMAXCRASH=2", "-DMAXOUT=3", "-DMAXHELD=2"}, big: true},
+	{name: "long-attempts", defines: []string{"-DNATT=3"}, big: true},
+}
+
+// noFaults takes every fault away but the ones a variant's counterexample needs, so
+// that the counterexample shows the variant's mistake alone.
+var noFaults = []string{"-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0"}
 
 // Each broken variant keeps only the invariant it breaks (-DONLY), so that the
 // counterexample spin finds is one of that invariant. Two need a third attempt: a
 // takeover that races another takeover, and a replay after two completions.
 var broken = []variant{
-	{name: "TAKEOVER_SAME_TOKEN", want: "inv_token"},
+	{name: "TAKEOVER_SAME_TOKEN", want: "inv_token", defines: []string{"-DMAXOUT=0", "-DMAXHELD=0"}},
 	{name: "NO_TOKEN_CHECK", want: "inv_stale"},
 	{name: "CLAIM_LIVE_LEASE", want: "inv_once", defines: []string{"-DNATT=3"}},
-	{name: "EXTEND_NOOP", want: "inv_takeover"},
+	{name: "EXTEND_NOOP", want: "inv_takeover", defines: noFaults},
 	{name: "NO_TAKEOVERBY", want: "inv_once"},
 	{name: "NO_HEALTH_HOLD", want: "inv_final"},
-	{name: "LOCAL_CLOCK", want: "inv_takeover"},
-	{name: "SEND_BEFORE_STORE", want: "inv_final"},
+	{name: "LOCAL_CLOCK", want: "inv_takeover", defines: noFaults},
+	{name: "SEND_BEFORE_STORE", want: "inv_final", defines: []string{"-DMAXOUT=0", "-DMAXHELD=0"}},
 	{name: "RELEASE_NO_CHECK", want: "inv_once"},
 	{name: "CLAIM_REPLACES_DONE", want: "inv_replay", defines: []string{"-DNATT=3"}},
-	{name: "NO_TAKEOVER", want: "inv_progress"},
+	{name: "NO_TAKEOVER", want: "inv_progress", defines: []string{"-DMAXOUT=0", "-DMAXHELD=0"}},
 }
 
 func (v variant) flags() []string {
@@ -74,12 +82,15 @@ func (v variant) flags() []string {
 // each broken variant is refuted with a counterexample of the invariant it breaks.
 func TestModel(t *testing.T) {
 	spin, gcc := tools(t)
+	runs := append([]variant{correct}, broken...)
 	if os.Getenv("RETRYSAFE_LONG") == "1" {
-		t.Run(correctLong.name, func(t *testing.T) { verify(t, spin, gcc, correctLong) })
+		runs = append(long, runs...)
 	}
-	t.Run(correct.name, func(t *testing.T) { verify(t, spin, gcc, correct) })
-	for _, v := range broken {
-		t.Run(v.name, func(t *testing.T) { verify(t, spin, gcc, v) })
+	for _, v := range runs {
+		t.Run(v.name, func(t *testing.T) {
+			t.Parallel() // each run is one process: spin, gcc, then pan
+			verify(t, spin, gcc, v)
+		})
 	}
 }
 
@@ -185,7 +196,7 @@ func verify(t *testing.T, spin, gcc string, v variant) {
 	if err := os.WriteFile(filepath.Join(dir, modelFile), src, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Minute)
 	defer cancel()
 	run := func(name string, args ...string) string {
 		t.Helper()
@@ -200,12 +211,17 @@ func verify(t *testing.T, spin, gcc string, v variant) {
 	}
 	start := time.Now()
 	run(spin, append(append([]string{"-a"}, v.flags()...), modelFile)...)
-	// -O0: the searches are small, and gcc takes far longer to optimise pan.c than
-	// the optimised search would save. COLLAPSE compresses the stored states, losing
-	// none.
-	run(gcc, "-O0", "-DSAFETY", "-DCOLLAPSE", "-o", "pan", "pan.c")
+	// -O0 but for the big searches: gcc takes longer to optimise pan.c than the
+	// optimised search of a few million states would save. COLLAPSE compresses the
+	// stored states, losing none. -m bounds the depth of the search (it must not be
+	// reached), -w sizes the hash table (2^w slots; a smaller one only costs time).
+	opt, hash := "-O0", "-w24"
+	if v.big {
+		opt, hash = "-O2", "-w28"
+	}
+	run(gcc, opt, "-DSAFETY", "-DCOLLAPSE", "-o", "pan", "pan.c")
 	// pan exits 0 whether or not it found an error: the verdict is in its report.
-	out := run(filepath.Join(dir, "pan"), "-m1000000", "-w24")
+	out := run(filepath.Join(dir, "pan"), "-m1000000", hash)
 	res, err := parsePan(out)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)

@@ -449,13 +449,15 @@ inline quit(a) {
 
 proctype Attempt(byte a) {
 	byte rp, t, x, kind, sResp;
-	bool sDone, sExp, lost;
+	bool sDone, sExp, lost, rfail;
 	mtype:res r;
 
 	atomic {
+		/* The replicas are symmetric (every choice open to one is open to the other):
+		 * attempt 1 reaches replica 0, with no loss of generality. */
 		if
 		:: rp = 0
-		:: rp = 1
+		:: a != 1 -> rp = 1
 		fi;
 		rep[a] = rp;
 		if
@@ -493,12 +495,15 @@ proctype Attempt(byte a) {
 running:
 	do
 	:: atomic {
-		(phase[a] == P_RUN && due[a]) ->
+		/* every third of a lease, and again at once after a renewal failed (the real
+		 * retry comes within a second, well within a tick) */
+		(phase[a] == P_RUN && (due[a] || rfail)) ->
 		due[a] = false;
 		callExtend(a, rp, t, r);
 		if
-		:: r == r_lost -> lost = true; alive[a] = false; phase[a] = P_LOSTRUN
-		:: else -> skip
+		:: r == r_lost -> lost = true; alive[a] = false; phase[a] = P_LOSTRUN; rfail = false
+		:: r == r_err -> rfail = true
+		:: else -> rfail = false
 		fi;
 		r = 0
 	   }
@@ -515,7 +520,7 @@ running:
 		:: else -> skip
 		fi;
 #endif
-		phase[a] = P_FIN; due[a] = false;
+		phase[a] = P_FIN; due[a] = false; rfail = false;
 		break
 	   }
 	:: atomic {
