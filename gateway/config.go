@@ -35,7 +35,8 @@ type Config struct {
 	// HTTP client resends those by itself on a broken connection; the TTL must be longer
 	// than UpstreamTimeout, so no record expires while its request may still run; and
 	// Idempotency.Logger defaults to Logger. OnOutcome and OnStoreCall, when set, are
-	// called as well as the gateway's own accounting.
+	// called as well as the gateway's own accounting. Route is the gateway's: each
+	// route's records are filed under its pattern ("/" for the catch-all).
 	Idempotency idempotency.Config
 
 	// ScopeHeader names a header carrying the principal (user, tenant) that the

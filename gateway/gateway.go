@@ -208,6 +208,9 @@ func (g *Gateway) newRoute(p policy) (*route, error) {
 	if !p.off {
 		mcfg := p.mw
 		mcfg.Store = g.store
+		// The records are filed under the route's pattern, the label of its metrics, so
+		// that an operator finds a route's keys by the name its charts show.
+		mcfg.Route = rt.label
 		// The headers the key and the scope come from, and the fingerprinted content type.
 		rt.protected = []string{http.CanonicalHeaderKey(mcfg.KeyHeader), "Content-Type"}
 		switch {

@@ -42,7 +42,8 @@ type Route struct {
 	// names one (POST /payments keys POST requests), and three fields that are the
 	// gateway's and must be zero here: Store, MaxBodyMemory and MaxWaiters (the bounds
 	// of the whole gateway, set in Config.Idempotency). A route whose pattern names a
-	// safe method (GET /report) must be Off.
+	// safe method (GET /report) must be Off. Its Route is set by the gateway to Pattern
+	// (the route label of the metrics), whatever it holds.
 	Idempotency idempotency.Config
 
 	// ScopeHeader, ScopeCookie and ScopeNone choose the route's scope, as the Config

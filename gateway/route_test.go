@@ -32,7 +32,8 @@ func mustURL(t *testing.T, s string) *url.URL {
 func TestRoutesPolicies(t *testing.T) {
 	t.Parallel()
 	hooks := newUpstream(t)
-	f := newFixture(t, memstore.New(), nil, func(c *gateway.Config) {
+	store := memstore.New()
+	f := newFixture(t, store, nil, func(c *gateway.Config) {
 		c.Routes = []gateway.Route{
 			{Pattern: "POST /payments"},
 			{Pattern: "POST /search", Off: true},
@@ -74,6 +75,17 @@ func TestRoutesPolicies(t *testing.T) {
 	}
 	if got, other := hooks.callsFor("h1"), f.up.callsFor("h1"); got != 1 || other != 0 {
 		t.Errorf("calls for h1: %d on the hooks upstream (want 1), %d on the other (want 0)", got, other)
+	}
+	// Each record is filed under its route's pattern, the catch-all's under "/".
+	expect(f.do("POST", "/other", "o1", `{}`), 201, "another path")
+	for key, want := range map[string]string{"p1": "POST /payments", "n1": "POST /notes", "h1": "/hooks/", "o1": "/"} {
+		rec, err := store.Get(t.Context(), "", key)
+		if err != nil {
+			t.Fatalf("record %s: %v", key, err)
+		}
+		if rec.Route != want {
+			t.Errorf("record %s: Route = %q, want %q", key, rec.Route, want)
+		}
 	}
 }
 
