@@ -237,7 +237,7 @@ func verify(t *testing.T, spin, gcc string, v variant) {
 			if res.errors != 0 {
 				trail = run(spin, append(append([]string{"-t"}, v.flags()...), modelFile)...)
 			}
-			t.Fatalf("the model does not verify (errors: %d, complete search: %v)\n%s\n%s", res.errors, res.complete, out, tail(trail, 60))
+			t.Fatalf("the model does not verify (errors: %d, complete search: %v)\n%s\n%s\n%s", res.errors, res.complete, out, events(trail), tail(trail, 60))
 		}
 		return
 	}
@@ -249,12 +249,24 @@ func verify(t *testing.T, spin, gcc string, v variant) {
 		t.Fatalf("the counterexample of %s does not report %s:\n%s", v.name, v.want, tail(trail, 60))
 	}
 	var outcomes []string
-	for line := range strings.Lines(trail) {
+	for line := range strings.Lines(events(trail)) {
 		if f := strings.Fields(line); len(f) == 3 && f[0] == "OUTCOME" {
 			outcomes = append(outcomes, strings.TrimPrefix(f[1], "attempt=")+":"+f[2])
 		}
 	}
 	t.Logf("counterexample: %s, after the outcomes %s", v.want, strings.Join(outcomes, " "))
+}
+
+// events returns the lines of a trail that say what happened: the model's events, the
+// outcomes of the attempts and the invariant violated.
+func events(trail string) string {
+	var b strings.Builder
+	for line := range strings.Lines(trail) {
+		if f := strings.TrimSpace(line); strings.HasPrefix(f, "OUTCOME ") || strings.HasPrefix(f, "EVENT ") || strings.HasPrefix(f, "MODEL-VIOLATION ") {
+			b.WriteString(f + "\n")
+		}
+	}
+	return b.String()
 }
 
 func tail(s string, n int) string {

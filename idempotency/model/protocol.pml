@@ -215,6 +215,7 @@ byte quiet;             /* ticks with every attempt over, every link up, nothing
 
 inline execute(a) {
 	execs++;
+	printf("EVENT executed attempt=%d (executions %d, windows %d)\n", a, execs, WINDOWS);
 	CHECK(execs <= 1 + WINDOWS, inv_once)
 }
 
@@ -257,7 +258,8 @@ inline newRecord(a, rp, takeover, t) {
 	tok = ctr;
 #endif
 	CHECK(!takeover || tok > t, inv_token);
-	st = in_progress; leaseLeft = L + CLK(rp); recAband = false; owner = a; t = tok
+	st = in_progress; leaseLeft = L + CLK(rp); recAband = false; owner = a; t = tok;
+	printf("EVENT claimed attempt=%d replica=%d token=%d takeover=%d\n", a, rp, tok, takeover)
 }
 
 /* The takeover of a record whose owner is alive: documented only when the owner's
@@ -322,7 +324,8 @@ inline storeComplete(a, t, x, r) {
 	if
 	:: st == in_progress && TOKOK(t) ->
 		CHECK(owner == a, inv_stale);
-		st = done; resp = x; recAband = false; leaseLeft = 0; stored(x); r = r_ok
+		st = done; resp = x; recAband = false; leaseLeft = 0; stored(x); r = r_ok;
+		printf("EVENT stored response=%d token=%d\n", x, t)
 	:: else -> r = r_lost
 	fi
 }
@@ -363,6 +366,7 @@ inline apply(op, a, rp, t, x, nt, tb, hd, r, sDone, sResp, sExp) {
 }
 
 inline hold(op, a, rp, t, x, nt, tb, hd) {
+	printf("EVENT the network holds a call of attempt %d\n", a);
 	held = true; heldLeft--; hOp = op; hAtt = a; hRep = rp; hTok = t; hResp = x; hNt = nt;
 	if
 	:: op == op_claim && !nt -> hTb = tb; hHd = hd
@@ -476,10 +480,12 @@ proctype Attempt(byte a) {
 #ifdef BROKEN_NO_TAKEOVER
 			report(a, conflict); quit(a); goto over
 #else
-			phase[a] = P_DECIDED; tbyA[a] = F; hdA[a] = true
+			phase[a] = P_DECIDED; tbyA[a] = F; hdA[a] = true;
+			printf("EVENT attempt %d found the lease run out: it will take the key over\n", a)
 #endif
 #ifdef BROKEN_NO_HEALTH_HOLD
-		:: r == r_existing && !sDone && sExp && !HEALTHY(rp) -> phase[a] = P_DECIDED; tbyA[a] = F; hdA[a] = false
+		:: r == r_existing && !sDone && sExp && !HEALTHY(rp) -> phase[a] = P_DECIDED; tbyA[a] = F; hdA[a] = false;
+			printf("EVENT attempt %d found the lease run out: it will take the key over, though its replica saw the store fail\n", a)
 #endif
 		:: else -> existing(a, r, sDone, sResp); quit(a); goto over
 		fi
@@ -524,7 +530,7 @@ running:
 		break
 	   }
 	:: atomic {
-		crashes < MAXCRASH -> crashes++; quit(a); goto over
+		crashes < MAXCRASH -> crashes++; printf("EVENT attempt %d crashed\n", a); quit(a); goto over
 	   }
 	od;
 	/* P_FIN: the finishing call comes before the next tick */
@@ -565,7 +571,7 @@ running:
 		fi
 	   }
 	:: atomic {
-		crashes < MAXCRASH -> crashes++;
+		crashes < MAXCRASH -> crashes++; printf("EVENT attempt %d crashed\n", a);
 		if
 		:: kind == K_OK -> winCrash++
 		:: else -> skip
@@ -584,7 +590,7 @@ running:
 		fi
 	   }
 	:: atomic {
-		crashes < MAXCRASH -> crashes++; winCrash++; respWin = true;
+		crashes < MAXCRASH -> crashes++; printf("EVENT attempt %d crashed\n", a); winCrash++; respWin = true;
 		drop(rp, x); quit(a); goto over
 	   }
 	od;
@@ -648,17 +654,18 @@ end:	do
 			fi
 		:: else -> quiet = 0
 		fi;
-		i = 0
+		i = 0;
+		printf("EVENT tick (lease left %d)\n", leaseLeft)
 	   }
 	od
 }
 
 proctype Links() {
 end:	do
-	:: atomic { up[0] && outages < MAXOUT -> up[0] = false; outages++ }
-	:: atomic { up[1] && outages < MAXOUT -> up[1] = false; outages++ }
-	:: atomic { !up[0] -> up[0] = true }
-	:: atomic { !up[1] -> up[1] = true }
+	:: atomic { up[0] && outages < MAXOUT -> up[0] = false; outages++; printf("EVENT link 0 down\n") }
+	:: atomic { up[1] && outages < MAXOUT -> up[1] = false; outages++; printf("EVENT link 1 down\n") }
+	:: atomic { !up[0] -> up[0] = true; printf("EVENT link 0 up\n") }
+	:: atomic { !up[1] -> up[1] = true; printf("EVENT link 1 up\n") }
 	od
 }
 
@@ -668,7 +675,7 @@ proctype Net() {
 	byte sResp, t;
 end:	do
 	:: atomic {
-		held -> t = hTok;
+		held -> t = hTok; printf("EVENT the held call of attempt %d arrives\n", hAtt);
 		apply(hOp, hAtt, hRep, t, hResp, hNt, hTb, hHd, r, sDone, sResp, sExp);
 		held = false; hOp = op_none; hAtt = 0; hRep = 0; hTok = 0; hResp = 0; hNt = false; hTb = 0; hHd = false;
 		r = r_ok; sDone = false; sExp = false; sResp = 0; t = 0
