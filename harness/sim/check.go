@@ -164,7 +164,7 @@ func (w *world) check(res *Result) {
 			// stored, then expired
 		case allowed[x.N] != "":
 			res.Windows = append(res.Windows, fmt.Sprintf("%s kept the answer of exec #%d, which a later execution replaced: %s", s.Attempt, x.N, allowed[x.N]))
-		case x.Proc.isDeadLocked() && (c == nil || !c.Completed):
+		case x.Proc.isDead() && (c == nil || !c.Completed):
 			res.Windows = append(res.Windows, fmt.Sprintf("%s kept the answer of exec #%d, never stored: its owner %s was killed first", s.Attempt, x.N, x.Proc.name))
 		case c != nil && w.takenOver(x, c) != "":
 			res.Windows = append(res.Windows, fmt.Sprintf("%s kept the answer of exec #%d, whose record was taken over or deleted since: %s", s.Attempt, x.N, w.takenOver(x, c)))
@@ -204,9 +204,6 @@ func (w *world) takenOver(x *execution, c *claimFact) string {
 	}
 	return ""
 }
-
-// isDeadLocked is isDead for a caller holding w.mu (replica.mu is another lock).
-func (rep *replica) isDeadLocked() bool { return rep.isDead() }
 
 // explain says why cur could execute after prev, the execution before it of the same
 // key, under which kind of cause, and whether that is one of the documented windows.
