@@ -112,8 +112,12 @@ func TestBrokenVariantsDefined(t *testing.T) {
 		if !inModel[v.name] {
 			t.Errorf("variant %s is not read by %s", v.name, modelFile)
 		}
-		if !strings.Contains(string(src), " * BROKEN_"+v.name+" ") {
+		row := regexp.MustCompile(`(?m)^ \* BROKEN_` + v.name + ` .*\((inv_[a-z]+)\)$`).FindStringSubmatch(string(src))
+		switch {
+		case row == nil:
 			t.Errorf("variant %s is not described in the header of %s", v.name, modelFile)
+		case row[1] != v.want:
+			t.Errorf("the header of %s says variant %s breaks %s; TestModel expects %s", modelFile, v.name, row[1], v.want)
 		}
 	}
 	for name := range inModel {
