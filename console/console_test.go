@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"html"
 	"io"
 	"log/slog"
 	"net/http"
@@ -15,7 +16,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/retrysafe/retrysafe/console"
+	"github.com/retrysafe/retrysafe/console/history"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/memstore"
 )
@@ -372,5 +376,121 @@ func TestPaging(t *testing.T) {
 		if v != 1 || !strings.HasSuffix(k, "-m") {
 			t.Errorf("%s shown %d times", k, v)
 		}
+	}
+}
+
+// putOn claims key in scope under route, as a gateway route's middleware does.
+func putOn(t *testing.T, s idempotency.Store, scope, key, route string) {
+	t.Helper()
+	res, err := s.Claim(context.Background(), idempotency.ClaimRequest{Scope: scope, Key: key, Fingerprint: "fp-" + key,
+		Lease: time.Minute, TTL: time.Hour, Route: route})
+	if err != nil || !res.Claimed {
+		t.Fatalf("claim %q: %v %+v", key, err, res)
+	}
+}
+
+// TestRouteFilter: the keys page filters by the route a record was claimed under,
+// offers the routes of the records shown and those the history counted, keeps the
+// filter across pages, and shows each record's route, in the list and on its page.
+func TestRouteFilter(t *testing.T) {
+	t.Parallel()
+	s := memstore.New()
+	putOn(t, s, "a", "pay-1", "POST /payments")
+	putOn(t, s, "a", "pay-2", "POST /payments")
+	putOn(t, s, "a", "ref-1", "POST /refunds")
+	putOn(t, s, "a", "old-1", "")
+	for i := range 120 {
+		putOn(t, s, "b", fmt.Sprintf("bulk-%03d", i), "POST /bulk")
+	}
+	reg := prometheus.NewRegistry()
+	requests := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "retrysafe_gateway_requests_total"}, []string{"route", "outcome"})
+	reg.MustRegister(requests)
+	requests.WithLabelValues("POST /orders", "executed").Inc()
+	requests.WithLabelValues("", "no-route").Inc()
+	h := history.New(reg, history.Options{})
+	if err := h.Sample(); err != nil {
+		t.Fatal(err)
+	}
+	srv := serve(t, console.Options{Store: s, History: h})
+	c := client(t)
+	keys := regexp.MustCompile(`>((?:pay|ref|old|bulk)-\d+)</a>`)
+	shown := func(body string) []string {
+		var out []string
+		for _, m := range keys.FindAllStringSubmatch(body, -1) {
+			out = append(out, m[1])
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		query string
+		want  []string
+	}{
+		{"route=" + url.QueryEscape("POST /payments"), []string{"pay-1", "pay-2"}},
+		{"route=" + url.QueryEscape("POST /refunds") + "&state=in_progress", []string{"ref-1"}},
+		{"route=" + url.QueryEscape("POST /payments") + "&scope=a&key=ref-1", nil},
+		{"route=" + url.QueryEscape("POST /payments") + "&scope=a&key=pay-2", []string{"pay-2"}},
+		{"route=" + url.QueryEscape("POST /nowhere"), nil},
+		{"scope=a", []string{"old-1", "pay-1", "pay-2", "ref-1"}},
+	} {
+		status, body, _ := get(t, c, srv.URL+"/keys?"+tc.query)
+		if got := shown(body); status != http.StatusOK || strings.Join(got, " ") != strings.Join(tc.want, " ") {
+			t.Errorf("GET /keys?%s: %d, shows %q, want %q", tc.query, status, got, tc.want)
+		}
+	}
+	// The store filters: the page scans only the route's records.
+	_, body, _ := get(t, c, srv.URL+"/keys?route="+url.QueryEscape("POST /payments"))
+	if !strings.Contains(body, "2 records scanned") {
+		t.Errorf("filtering by route scanned more than the route's 2 records:\n%s", body)
+	}
+	_, body, _ = get(t, c, srv.URL+"/keys?scope=a")
+	options := regexp.MustCompile(`<option value="([^"]*)"`)
+	var routes []string
+	for _, m := range options.FindAllStringSubmatch(body[strings.Index(body, `name="route"`):strings.Index(body, `name="state"`)], -1) {
+		routes = append(routes, m[1])
+	}
+	if want := []string{"", "POST /orders", "POST /payments", "POST /refunds"}; strings.Join(routes, "|") != strings.Join(want, "|") {
+		t.Errorf("the route filter offers %q, want %q (the records' routes and the history's)", routes, want)
+	}
+	if !strings.Contains(body, `<td class="route">POST /refunds</td>`) {
+		t.Errorf("the list has no Route column with the record's route:\n%s", body)
+	}
+	_, body, _ = get(t, c, srv.URL+"/keys?route="+url.QueryEscape("POST /refunds"))
+	if !strings.Contains(body, `<option value="POST /refunds" selected>`) {
+		t.Errorf("the route searched for is not the selected choice:\n%s", body)
+	}
+
+	// The filter stays on the next pages: they show the route's keys, each once, and
+	// not those of another route that follow them in the store's order.
+	putOn(t, s, "c", "pay-3", "POST /payments")
+	next := regexp.MustCompile(`href="/keys\?([^"]*after=[^"]*)">Next page`)
+	seen := map[string]bool{}
+	page := "route=" + url.QueryEscape("POST /bulk")
+	for pages := 0; page != ""; pages++ {
+		if pages > 5 {
+			t.Fatal("the pages never end")
+		}
+		_, body, _ = get(t, c, srv.URL+"/keys?"+page)
+		for _, k := range shown(body) {
+			if !strings.HasPrefix(k, "bulk-") || seen[k] {
+				t.Errorf("page %d of POST /bulk shows %s", pages, k)
+			}
+			seen[k] = true
+		}
+		page = ""
+		if m := next.FindStringSubmatch(body); m != nil {
+			page = html.UnescapeString(m[1])
+		}
+	}
+	if len(seen) != 120 {
+		t.Errorf("the pages of POST /bulk showed %d keys, want 120", len(seen))
+	}
+
+	_, body, _ = get(t, c, srv.URL+"/keys/record?scope=a&key=ref-1")
+	if !strings.Contains(body, "<dt>Route</dt>") || !strings.Contains(body, "POST /refunds") {
+		t.Errorf("the record page does not show its route:\n%s", body)
+	}
+	_, body, _ = get(t, c, srv.URL+"/keys/record?scope=a&key=old-1")
+	if !strings.Contains(body, "none recorded") {
+		t.Errorf("the page of a record without a route:\n%s", body)
 	}
 }

@@ -5,12 +5,13 @@
 // Pages:
 //
 //   - Keys: the idempotency records of the store, searched by key (a substring) and
-//     scope, filtered by state and age; "stuck" records (in progress past their lease:
-//     the owner died or gave up) are a filter and a badge. A record's page shows its
-//     state, stored status, headers and a body preview (escaped, truncated, binary
-//     bodies as a hex dump), fencing token, abandoned flag and its times. Evict
-//     (Store.Delete) asks for a confirmation: the next request with the key executes
-//     again. Records carry no route, so the list cannot be filtered by route.
+//     scope, filtered by route (the gateway route a record was claimed under,
+//     Record.Route: the routes of the records shown and those the history counted),
+//     state and age; "stuck" records (in progress past their lease: the owner died or
+//     gave up) are a filter and a badge. A record's page shows its state, route,
+//     stored status, headers and a body preview (escaped, truncated, binary bodies as a
+//     hex dump), fencing token, abandoned flag and its times. Evict (Store.Delete) asks
+//     for a confirmation: the next request with the key executes again.
 //   - Outcomes: per route over the last hour, from the gateway's own counters
 //     (package console/history), as inline SVG drawn by the server, and the store's
 //     latency percentiles.

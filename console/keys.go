@@ -39,6 +39,7 @@ type keysQuery struct {
 	Scope    string // exact scope, when ScopeSet
 	ScopeSet bool
 	Key      string // a substring of the key
+	Route    string // the exact route the records were claimed under; "": any
 	State    string
 	Age      string
 	Stuck    bool
@@ -46,8 +47,8 @@ type keysQuery struct {
 }
 
 func readKeysQuery(q url.Values) keysQuery {
-	k := keysQuery{Key: q.Get("key"), State: q.Get("state"), Age: q.Get("age"), Stuck: q.Get("stuck") == "1",
-		After: q.Get("after")}
+	k := keysQuery{Key: q.Get("key"), Route: q.Get("route"), State: q.Get("state"), Age: q.Get("age"),
+		Stuck: q.Get("stuck") == "1", After: q.Get("after")}
 	if q.Has("scope") && q.Get("scope") != "" {
 		k.Scope, k.ScopeSet = q.Get("scope"), true
 		if k.Scope == `""` {
@@ -78,6 +79,8 @@ func (k keysQuery) match(r idempotency.Record, now time.Time) bool {
 		return false
 	case k.Key != "" && !strings.Contains(r.Key, k.Key):
 		return false
+	case k.Route != "" && r.Route != k.Route:
+		return false
 	case k.State != "" && string(r.State) != k.State:
 		return false
 	case k.Stuck && !stuck(r, now):
@@ -94,7 +97,7 @@ func (k keysQuery) values(after string) url.Values {
 	if k.ScopeSet {
 		v.Set("scope", showScope(k.Scope))
 	}
-	for name, s := range map[string]string{"key": k.Key, "state": k.State, "age": k.Age, "after": after} {
+	for name, s := range map[string]string{"key": k.Key, "route": k.Route, "state": k.State, "age": k.Age, "after": after} {
 		if s != "" {
 			v.Set(name, s)
 		}
@@ -116,6 +119,7 @@ type keysData struct {
 	ScopeArg string
 	Ages     any
 	Records  []idempotency.Record
+	Routes   []string // the route filter's choices
 	Scanned  int
 	Next     template.URL // the query of the next page, or ""
 	First    template.URL // the query of the first page, when this one is not
@@ -155,7 +159,7 @@ func (c *Console) keysPage(w http.ResponseWriter, r *http.Request) {
 		for _, rec := range d.Records {
 			seen[rec.Key] = true
 		}
-		filter := idempotency.ListFilter{State: idempotency.State(q.State), After: q.After, Limit: storePage}
+		filter := idempotency.ListFilter{State: idempotency.State(q.State), Route: q.Route, After: q.After, Limit: storePage}
 		if q.ScopeSet {
 			filter.Scope = q.Scope
 		}
@@ -185,7 +189,31 @@ func (c *Console) keysPage(w http.ResponseWriter, r *http.Request) {
 	if q.After != "" {
 		d.First = template.URL(q.values("").Encode())
 	}
+	d.Routes = c.knownRoutes(q.Route, d.Records)
 	c.render(w, r, http.StatusOK, "keys", c.newPage(r, "keys", "Keys", d))
+}
+
+// knownRoutes are the choices of the route filter, sorted: the routes of the records
+// shown, those the history has counted requests of (the gateway's routes that served
+// any), and the one searched for.
+func (c *Console) knownRoutes(searched string, recs []idempotency.Record) []string {
+	seen := map[string]bool{}
+	if searched != "" {
+		seen[searched] = true
+	}
+	for _, r := range recs {
+		if r.Route != "" {
+			seen[r.Route] = true
+		}
+	}
+	if h := c.opt.History; h != nil {
+		for _, ro := range h.Outcomes() {
+			if ro.Route != "" { // "": requests no route matched, which store nothing
+				seen[ro.Route] = true
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
 }
 
 // lean keeps what a list row shows of a response: its status.
