@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"time"
@@ -184,7 +185,8 @@ func (w *world) check(res *Result) {
 
 	// No record stuck in progress once every owner is gone and its lease has passed.
 	now := time.Now()
-	for k, os := range ops {
+	for _, k := range slices.Sorted(maps.Keys(ops)) {
+		os := ops[k]
 		rec, err := w.store.Get(context.Background(), os[0].Scope, os[0].Key)
 		if err == nil && rec.State == idempotency.StateInProgress && rec.LeaseUntil.After(now) {
 			res.Violations = append(res.Violations, fmt.Sprintf("no stuck record: %s in progress under token %d, its lease still %s ahead with every owner gone", k, rec.Token, fmtD(rec.LeaseUntil.Sub(now))))
@@ -224,7 +226,10 @@ func (w *world) explain(prev, cur *execution) (why, kind string, ok bool) {
 		d = cc
 	}
 	taker := fmt.Sprintf("%s's claim (token %d, %s at %s)", tokenName(cur), d.Token, d.Proc.name, fmtD(d.At))
-	if d != cc {
+	switch {
+	case d.Deletes != 0:
+		taker = fmt.Sprintf("the janitor's deletion of the record at %s (before %s's claim)", fmtD(d.At), tokenName(cur))
+	case d != cc:
 		taker = fmt.Sprintf("the claim of token %d (%s at %s, before %s's)", d.Token, d.Proc.name, fmtD(d.At), tokenName(cur))
 	}
 	switch {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -390,9 +391,9 @@ func (h *handle) DeleteExpired(ctx context.Context, limit int) (int, error) {
 		before := h.w.records()
 		n, err := h.w.store.DeleteExpired(h.callerContext(), limit)
 		after := h.w.records()
-		for k, rec := range before {
+		for _, k := range slices.Sorted(maps.Keys(before)) { // in a stable order: each gets a pseudo-token
 			if _, ok := after[k]; !ok {
-				h.w.noteDeleted(rec)
+				h.w.noteDeleted(before[k])
 			}
 		}
 		if n == 0 && err == nil {
