@@ -250,7 +250,7 @@ func newStack(t *testing.T, opt console.Options) *stack {
 	s.store = pg
 	up, _ := url.Parse(s.upstream.srv.URL)
 	cfg := gateway.Config{Upstream: up, Logger: logger, Registerer: prometheus.NewRegistry(),
-		Routes:      []gateway.Route{{Pattern: "POST /payments"}},
+		Routes:      []gateway.Route{{Pattern: "POST /payments"}, {Pattern: "POST /refunds"}},
 		Idempotency: idempotency.Config{Store: pg}}
 	gw, err := gateway.New(cfg)
 	if err != nil {
@@ -586,6 +586,70 @@ func TestBrowser(t *testing.T) {
 			t.Errorf("GET %s: %d", p, res.StatusCode)
 		}
 	}
+}
+
+// TestBrowserRouteFilter: keys made through two routes of the gateway (and its
+// catch-all) are filed under their routes' patterns; choosing one route in the keys
+// page's filter shows that route's keys only, and a record's page names its route.
+func TestBrowserRouteFilter(t *testing.T) {
+	t.Parallel()
+	b := newBrowser(t)
+	s := newStack(t, console.Options{})
+	base := testenv.Name("rt")
+	pays := []string{base + "-pay-1", base + "-pay-2"}
+	refunds := []string{base + "-refund-1", base + "-refund-2"}
+	other := base + "-other"
+	for _, k := range pays {
+		if st, _ := send(t, s.proxy, "/payments", k, `10`); st != http.StatusCreated {
+			t.Fatalf("payment %s: %d", k, st)
+		}
+	}
+	for _, k := range refunds {
+		if st, _ := send(t, s.proxy, "/refunds", k, `3`); st != http.StatusCreated {
+			t.Fatalf("refund %s: %d", k, st)
+		}
+	}
+	if st, _ := send(t, s.proxy, "/other", other, `1`); st != http.StatusCreated {
+		t.Fatalf("the catch-all: %d", st)
+	}
+	if err := s.hist.Sample(); err != nil {
+		t.Fatal(err)
+	}
+	b.do(t, "the keys page", chromedp.Navigate(s.admin+"/keys"), chromedp.WaitVisible(chromedp.CSS(`select[name="route"]`)))
+	routes := value(t, b, "reading the route choices", chromedp.Evaluate[[]string](
+		`Array.from(document.querySelectorAll('select[name="route"] option')).map(o => o.value)`))
+	if want := []string{"", "/", "POST /payments", "POST /refunds"}; strings.Join(routes, "|") != strings.Join(want, "|") {
+		t.Errorf("the route filter offers %q, want %q", routes, want)
+	}
+	b.do(t, "filtering by route", chromedp.SetValue(chromedp.CSS(`select[name="route"]`), "POST /refunds"),
+		chromedp.Click(chromedp.CSS(`form.search button[type="submit"]`)),
+		chromedp.WaitReady(chromedp.CSS(`select[name="route"] option[value="POST /refunds"][selected]`)),
+		chromedp.WaitVisible(chromedp.CSS("table.records td.key a")))
+	loc := value(t, b, "reading the address", chromedp.Location())
+	if u, err := url.Parse(loc); err != nil || u.Query().Get("route") != "POST /refunds" {
+		t.Errorf("the filtered page is %s, want route=POST /refunds in its query", loc)
+	}
+	shown := value(t, b, "reading the keys", chromedp.Evaluate[[]string](
+		`Array.from(document.querySelectorAll("table.records td.key a")).map(a => a.textContent)`))
+	if strings.Join(shown, " ") != strings.Join(refunds, " ") {
+		t.Errorf("filtered by POST /refunds the page shows %q, want %q", shown, refunds)
+	}
+	cells := value(t, b, "reading the routes", chromedp.Evaluate[[]string](
+		`Array.from(document.querySelectorAll("table.records td.route")).map(td => td.textContent)`))
+	if strings.Join(cells, "|") != "POST /refunds|POST /refunds" {
+		t.Errorf("the Route column says %q", cells)
+	}
+	b.screenshot(t, "console-keys-route.png")
+	b.do(t, "the catch-all's keys", chromedp.Navigate(s.admin+"/keys?route=%2F"), chromedp.WaitVisible(chromedp.CSS("table.records td.key a")))
+	if txt := b.text(t); !strings.Contains(txt, other) || strings.Contains(txt, pays[0]) || strings.Contains(txt, refunds[0]) {
+		t.Errorf("filtered by / the page shows:\n%s", txt)
+	}
+	b.do(t, "a payment's record", chromedp.Navigate(s.admin+"/keys/record?"+url.Values{"scope": {`""`}, "key": {pays[1]}}.Encode()),
+		chromedp.WaitVisible(chromedp.CSS("dd.route")))
+	if got := value(t, b, "reading the route", chromedp.Text(chromedp.CSS("dd.route"))); got != "POST /payments" {
+		t.Errorf("the record page's route is %q, want POST /payments", got)
+	}
+	b.clean(t)
 }
 
 // TestBrowserReadOnlyAndToken: a read-only console shows no action and refuses the
