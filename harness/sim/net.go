@@ -23,6 +23,10 @@ import (
 	"github.com/retrysafe/retrysafe/idempotency"
 )
 
+// attemptKey is the context key of a request's attempt id, which names the random
+// streams of the store calls made for it.
+type attemptKey struct{}
+
 // scopeHeader carries a request's scope (the user), as an authentication layer in front
 // would set it: the replicas scope keys by it and the upstream reads it.
 const scopeHeader = "X-Sim-Scope"
@@ -436,7 +440,7 @@ func (w *world) attempt(op *Op, name, id string, slots []*slot) result {
 		w.event(name, "%s to r%d: connection refused (no process)", id, pick)
 		return result{}
 	}
-	ctx, cancel := context.WithCancel(rep.ctx)
+	ctx, cancel := context.WithCancel(context.WithValue(rep.ctx, attemptKey{}, id))
 	defer cancel()
 	body := fmt.Sprintf(`{"op":%d,"key":%q,"amount":%d}`, op.ID, op.Key, op.Amount)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://gateway.sim/payments", strings.NewReader(body))

@@ -205,7 +205,13 @@ func callNoting[T any](ctx context.Context, h *handle, op, key string, sent func
 	w := h.w
 	var there, back, heal time.Duration
 	var lost, held bool
-	w.draw(h.name+"/"+op+"/"+key, func(r *rand.Rand) {
+	stream := h.name + "/" + op + "/" + key
+	if id, ok := ctx.Value(attemptKey{}).(string); ok {
+		// The calls of one request have a stream of their own: the waiters of a key,
+		// woken at one instant, claim it at that instant in any order.
+		stream += "/" + id
+	}
+	w.draw(stream, func(r *rand.Rand) {
 		there, back = dur(r, 50*time.Microsecond, 3*time.Millisecond), dur(r, 50*time.Microsecond, 3*time.Millisecond)
 		heal = dur(r, 50*time.Microsecond, 3*time.Millisecond)
 		late := w.plan.Late
