@@ -111,8 +111,9 @@ const consoleHelp = `usage: retrysafe console [--store DSN] [--amqp URL] [--nats
                         [--listen ADDR] [--admin-token T] [--read-only]
 
 Serves the operator console without a gateway: the idempotency keys of a store (search
-by key and scope, filter by state and age, "stuck" keys in progress past their lease;
-a record's stored status, headers and body; evict after a confirmation) and the
+by key and scope, filter by the gateway route a key was claimed under, by state and by
+age, "stuck" keys in progress past their lease; a record's route, stored status,
+headers and body; evict after a confirmation) and the
 dead letters of redeliver work queues on RabbitMQ or NATS JetStream (list, show,
 replay one or a selection with a fresh attempt count, purge after a confirmation).
 The outcomes per route come from a gateway's counters: the console of retrysafe

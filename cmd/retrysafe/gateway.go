@@ -123,7 +123,7 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 		{name: "listen", arg: "ADDR", help: "proxy address; port 0 picks one, and the address is logged"},
 		{name: "admin", arg: "ADDR", help: `/healthz, /readyz, /metrics and the operator console at /; "off" disables`},
 		{name: "admin-token", arg: "TOKEN", help: "the token the console and /metrics ask for (Authorization: Bearer, or the console's login form); required when --admin is not a loopback address and the console is on", def: "-"},
-		{name: "console", arg: "on|off|read-only", help: "the operator console on the admin listener: keys (search, evict), outcomes per route, routes; read-only hides and refuses the actions"},
+		{name: "console", arg: "on|off|read-only", help: "the operator console on the admin listener: keys (search, filter by route, evict), outcomes per route, routes; read-only hides and refuses the actions"},
 		{name: "amqp", arg: "URL", help: "RabbitMQ (amqp://, amqps://) whose dead letters the console shows: the DLQ NAME.dlq of each --queue", def: "-"},
 		{name: "nats", arg: "URL", help: "NATS JetStream (nats://, tls://) whose dead letters the console shows: the DLQ stream of each --queue", def: "-"},
 		{name: "queue", arg: "NAME", help: "a redeliver work queue (RabbitMQ) or subject (JetStream) whose dead letters the console lists, replays and purges (repeatable; needs --amqp or --nats)", def: "-"},

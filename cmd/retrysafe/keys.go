@@ -50,22 +50,27 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	return exitOK
 }
 
-const keysHelp = `usage: retrysafe keys list   [--store DSN] [--scope S] [--state in_progress|done] [--key K] [--limit N]
+const keysHelp = `usage: retrysafe keys list   [--store DSN] [--scope S] [--route R] [--state in_progress|done] [--key K]
+                             [--limit N]
        retrysafe keys show   [--store DSN] [--scope S] --key K [--body]
        retrysafe keys delete [--store DSN] [--scope S] --key K
 
 Find and evict idempotency records. A key lives in a scope: the value of the gateway's
 --scope-header, or the SHA-256 (hex) of the request's Authorization header, or "" (no
-Authorization) — list shows them. Deleting a record in progress makes its owner's late
-answer be dropped and the next retry execute again; deleting a done record makes the next
-retry execute again. Use it for keys stuck after an incident, or to let a client reuse a
-key on purpose.
+Authorization) — list shows them, and the gateway route each record was claimed under
+(its pattern; "-" for none, or a record written before the store kept routes).
+Deleting a record in progress makes its owner's late answer be dropped and the next
+retry execute again; deleting a done record makes the next retry execute again. Use it
+for keys stuck after an incident, or to let a client reuse a key on purpose.
 
 flags:
   --store DSN     sqlite:PATH (default sqlite:retrysafe.db), postgres://…[?schema=NAME],
                   redis://…[?prefix=P] (also RETRYSAFE_STORE)
   --scope S       the scope (default "": requests without Authorization); list: all
                   scopes unless given
+  --route R       list: only the records of this gateway route, its pattern exactly as
+                  retrysafe config check prints it ("POST /payments", "/" for the
+                  catch-all; default all routes)
   --state STATE   list: in_progress or done (default both)
   --key K         list: only this key; show, delete: the key (required)
   --limit N       list: at most N records (default 1000; 0 for all)
@@ -73,15 +78,16 @@ flags:
 
 examples:
   retrysafe keys list --state in_progress
+  retrysafe keys list --route 'POST /payments' --state in_progress
   retrysafe keys list --store 'postgres://ops@db/app?schema=retrysafe' --scope alice
   retrysafe keys show --key 3f1c9a7e-payment --scope alice --body
   retrysafe keys delete --key 3f1c9a7e-payment --scope alice
 `
 
 type keysFlags struct {
-	store, scope, state, key string
-	limit                    int
-	body                     bool
+	store, scope, state, key, route string
+	limit                           int
+	body                            bool
 }
 
 func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -97,6 +103,7 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.key, "key", "", "")
 	if action == "list" {
 		fs.StringVar(&f.state, "state", "", "")
+		fs.StringVar(&f.route, "route", "", "")
 		fs.IntVar(&f.limit, "limit", 1000, "")
 	}
 	if action == "show" {
@@ -143,14 +150,14 @@ func listKeys(ctx context.Context, s idempotency.Store, f keysFlags, scopeSet bo
 	if !ok {
 		return errors.New("this store cannot list its records")
 	}
-	filter := idempotency.ListFilter{State: idempotency.State(f.state), Limit: 500}
+	filter := idempotency.ListFilter{State: idempotency.State(f.state), Route: f.route, Limit: 500}
 	if scopeSet {
 		// An empty filter scope means every scope: the anonymous scope "" is picked out
 		// below.
 		filter.Scope = f.scope
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SCOPE\tKEY\tSTATE\tSTATUS\tCREATED\tEXPIRES\tLEASE")
+	fmt.Fprintln(tw, "SCOPE\tKEY\tROUTE\tSTATE\tSTATUS\tCREATED\tEXPIRES\tLEASE")
 	now := time.Now()
 	n := 0
 	for {
@@ -159,7 +166,7 @@ func listKeys(ctx context.Context, s idempotency.Store, f keysFlags, scopeSet bo
 			return err
 		}
 		for _, r := range page.Records {
-			if scopeSet && r.Scope != f.scope || f.key != "" && r.Key != f.key {
+			if scopeSet && r.Scope != f.scope || f.key != "" && r.Key != f.key || f.route != "" && r.Route != f.route {
 				continue
 			}
 			if f.limit > 0 && n == f.limit {
@@ -182,7 +189,7 @@ func listKeys(ctx context.Context, s idempotency.Store, f keysFlags, scopeSet bo
 					lease += ", abandoned"
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", showScope(r.Scope), r.Key, r.State, status,
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", showScope(r.Scope), r.Key, showRoute(r.Route), r.State, status,
 				stamp(r.CreatedAt), stamp(r.ExpiresAt), lease)
 		}
 		if page.Next == "" {
@@ -215,6 +222,7 @@ func showKey(ctx context.Context, s idempotency.Store, f keysFlags, out io.Write
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "scope:\t%s\n", showScope(r.Scope))
 	fmt.Fprintf(tw, "key:\t%s\n", r.Key)
+	fmt.Fprintf(tw, "route:\t%s\n", showRoute(r.Route))
 	fmt.Fprintf(tw, "state:\t%s\n", r.State)
 	fmt.Fprintf(tw, "fingerprint:\t%s\n", r.Fingerprint)
 	fmt.Fprintf(tw, "token:\t%d\n", r.Token)
@@ -270,6 +278,15 @@ func deleteKey(ctx context.Context, s idempotency.Store, f keysFlags, out io.Wri
 	}
 	fmt.Fprintf(out, "deleted key %q in scope %s (it was %s)\n", f.key, showScope(f.scope), r.State)
 	return nil
+}
+
+// showRoute shows a record's route: "-" for none (claimed without one, or before the
+// store kept routes).
+func showRoute(r string) string {
+	if r == "" {
+		return "-"
+	}
+	return r
 }
 
 func showScope(s string) string {
