@@ -410,6 +410,9 @@ func (w *world) client(ctx context.Context, op *Op, nth int, slots []*slot, wg *
 		var pause time.Duration
 		w.draw("client/"+name, func(r *rand.Rand) { pause = dur(r, backoff/2, backoff) })
 		backoff = min(2*backoff, w.plan.Lease)
+		if w.plan.Storm {
+			backoff = min(backoff, time.Second) // a storm's clients keep at it
+		}
 		if res.retryAfter > 0 {
 			pause = max(pause, min(res.retryAfter, 2*w.plan.Lease))
 		}

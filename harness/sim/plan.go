@@ -166,8 +166,8 @@ func newPlan(r *rand.Rand) Plan {
 		// Outages aimed at requests in flight: each begins shortly after an operation's
 		// first attempt, while its owner may still be running or storing its answer.
 		for range 1 + r.IntN(3) {
-			start := p.Ops[r.IntN(len(p.Ops))].Start + dur(r, 0, p.Lease/2)
-			p.Outages = append(p.Outages, Outage{Start: start, End: start + dur(r, p.Lease, 5*p.Lease/2), Replica: -1, Stall: chance(r, 0.7)})
+			start := p.Ops[r.IntN(len(p.Ops))].Start + dur(r, 0, 300*time.Millisecond)
+			p.Outages = append(p.Outages, Outage{Start: start, End: start + dur(r, p.Lease, 5*p.Lease/2), Replica: -1, Stall: chance(r, 0.4)})
 		}
 	}
 	return p
