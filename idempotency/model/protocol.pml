@@ -163,6 +163,8 @@ mtype:inv = { inv_once, inv_takeover, inv_replay, inv_final, inv_token, inv_stal
 /* hidden: not part of the state; they only name what a trail prints */
 hidden mtype:inv violated;
 hidden mtype:outcome reported;
+/* CHECK is an if with an else: it must not begin an option of another if, whose other
+ * options would then stand in for its guards (the else would never be taken). */
 #define CHECK(c, which) if :: ON(which) && !(c) -> violated = which; printf("MODEL-VIOLATION %e\n", violated); assert(false) :: else -> skip fi
 
 /* The store: one record. */
