@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/batch"
@@ -50,6 +51,10 @@ type claimCall struct {
 	batch.Call
 	req idempotency.ClaimRequest
 	now *time.Time // the Config.Clock reading; nil for the server's clock
+	// route is req.Route as the statement's parameter: NULL when empty. It goes by
+	// pointer, which pgx encodes without boxing or reflection, so that the route costs
+	// the claim no allocation.
+	route pgtype.Text
 	// The result: found is false when the statement returned no row for the call (a
 	// concurrent insert after its snapshot); at is the instant of the decision.
 	found, claimed, claimable bool
@@ -60,12 +65,16 @@ type claimCall struct {
 
 func (c *claimCall) ID() string { return batch.RowID(c.req.Scope, c.req.Key) }
 
+// newClaimCall returns the claim statement's call for req at now.
+func newClaimCall(req idempotency.ClaimRequest, now *time.Time) *claimCall {
+	return &claimCall{req: req, now: now, route: pgtype.Text{String: req.Route, Valid: req.Route != ""}}
+}
+
 // args are the parameters of the single-key claim statement (and the first eight of
-// the takeover). The route goes as a pointer into c, which costs no allocation, where
-// a string would be boxed.
+// the takeover).
 func (c *claimCall) args() []any {
 	r := c.req
-	return []any{[]byte(r.Scope), []byte(r.Key), []byte(r.Fingerprint), c.now, r.Lease, r.TTL, r.TakeoverLimit(), &c.req.Route}
+	return []any{[]byte(r.Scope), []byte(r.Key), []byte(r.Fingerprint), c.now, r.Lease, r.TTL, r.TakeoverLimit(), &c.route}
 }
 
 // runClaims runs the batched claim statement for calls, sorted by row.

@@ -296,8 +296,7 @@ func New(cfg Config) (*Store, error) {
 	FROM {table} AS r, clock AS c WHERE r.scope = $1 AND r.key = $2
 ), claimed AS (
 	INSERT INTO {table} (scope, key, fingerprint, state, token, created_at, lease_until, expires_at, route)
-	SELECT $1, $2, $3, 'in_progress', nextval('{sequence}'), c.now, c.now + $5::interval, c.now + $6::interval,
-		nullif($8::text, '')
+	SELECT $1, $2, $3, 'in_progress', nextval('{sequence}'), c.now, c.now + $5::interval, c.now + $6::interval, $8::text
 	FROM clock AS c
 	WHERE NOT EXISTS (SELECT FROM existing)
 	ON CONFLICT (scope, key) DO NOTHING
@@ -313,7 +312,7 @@ SELECT false, e.claimable, c.now, ` + qualify("e", recordColumns) + ` FROM exist
 		// replaces. The route is written again: the record is filed under the route the
 		// request now runs under.
 		takeover: r.Replace(`UPDATE {table} AS r SET
-	fingerprint = $3, state = 'in_progress', token = nextval('{sequence}'), abandoned = false, route = nullif($8::text, ''),
+	fingerprint = $3, state = 'in_progress', token = nextval('{sequence}'), abandoned = false, route = $8::text,
 	attempts = CASE WHEN r.expires_at <= ` + now4 + ` THEN 1 ELSE r.attempts + 1 END,
 	created_at = CASE WHEN r.expires_at <= ` + now4 + ` THEN ` + now4 + ` ELSE r.created_at END,
 	lease_until = ` + now4 + ` + $5::interval, expires_at = ` + now4 + ` + $6::interval, completed_at = NULL,
@@ -415,7 +414,7 @@ func (s *Store) now() *time.Time {
 func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
 	now := s.now()
 	for range claimTries {
-		c := &claimCall{req: req, now: now}
+		c := newClaimCall(req, now)
 		if err := s.claimRow(ctx, c); err != nil {
 			return idempotency.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
 		}
