@@ -167,14 +167,20 @@ func (w *world) check(res *Result) {
 			res.Windows = append(res.Windows, fmt.Sprintf("%s kept the answer of exec #%d, which a later execution replaced: %s", s.Attempt, x.N, allowed[x.N]))
 		case x.Proc.isDead() && (c == nil || !c.Completed):
 			res.Windows = append(res.Windows, fmt.Sprintf("%s kept the answer of exec #%d, never stored: its owner %s was killed first", s.Attempt, x.N, x.Proc.name))
-		case c != nil && w.takenOver(x, c) != "":
-			res.Windows = append(res.Windows, fmt.Sprintf("%s kept the answer of exec #%d, whose record was taken over or deleted since: %s", s.Attempt, x.N, w.takenOver(x, c)))
 		default:
+			why, ok := w.takenOver(x, c)
+			if ok {
+				res.Windows = append(res.Windows, fmt.Sprintf("%s kept the answer of exec #%d, whose record was taken over or deleted since: %s", s.Attempt, x.N, why))
+				break
+			}
 			state := "no record"
 			if err == nil {
 				state = fmt.Sprintf("%s under token %d", rec.State, rec.Token)
 			}
-			res.Violations = append(res.Violations, fmt.Sprintf("final answers: %s got the answer of exec #%d (token %d) as final, and the store holds %s for %s", s.Attempt, x.N, x.Token, state, k))
+			if why != "" {
+				why = ": " + why
+			}
+			res.Violations = append(res.Violations, fmt.Sprintf("final answers: %s got the answer of exec #%d (token %d) as final, and the store holds %s for %s%s", s.Attempt, x.N, x.Token, state, k, why))
 		}
 	}
 
@@ -194,17 +200,18 @@ func (w *world) check(res *Result) {
 	}
 }
 
-// takenOver says why the key of x (claimed as c) could pass to a later claim, when that
-// is a documented window; "" otherwise. w.mu is held.
-func (w *world) takenOver(x *execution, c *claimFact) string {
+// takenOver says why the key of x (claimed as c) passed to a later claim or was deleted,
+// and whether that is a documented window; "" when it did not pass on. w.mu is held.
+func (w *world) takenOver(x *execution, c *claimFact) (string, bool) {
+	if c == nil {
+		return "", false
+	}
 	next := w.lastClaim(x.Scope, x.Key, c.At)
 	if next == nil {
-		return ""
+		return "", false
 	}
-	if why, _, ok := w.explain(x, next); ok {
-		return why
-	}
-	return ""
+	why, _, ok := w.explain(x, next)
+	return why, ok
 }
 
 // explain says why cur could execute after prev, the execution before it of the same
@@ -280,7 +287,7 @@ func (w *world) explain(prev, cur *execution) (why, kind string, ok bool) {
 	}
 	switch {
 	case d.Deletes != 0:
-		return fmt.Sprintf("the janitor deleted #%d's record (token %d) at %s, expired, while its owner %s ran, alive and never cut off alone", prev.N, prev.Token, fmtD(d.At), prev.Proc.name), "deleted-running-record", false
+		return fmt.Sprintf("the janitor deleted #%d's record (token %d) at %s, expired, while its owner %s, alive and never cut off alone, ran or held its answer", prev.N, prev.Token, fmtD(d.At), prev.Proc.name), "deleted-running-record", false
 	case d.TookOver:
 		return fmt.Sprintf("%s took over the lease of #%d's owner %s, alive and never cut off alone", taker, prev.N, prev.Proc.name), "took-over-live-owner", false
 	}

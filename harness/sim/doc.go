@@ -102,18 +102,19 @@
 // fail, and the invariant the first one broke.
 //
 //	defect (re-broken)                                      first seed  failing   invariant the first failing seed broke
-//	1 an answer the store cannot take is dropped, not held       33      111/2000  one execution per key: the lease taken over from
-//	  (1-no-held-answer.diff)                                                        its live owner, which had dropped the answer
-//	2 a renewal does not move expiry; an expired record is       10       53/2000  one execution per key: the record replaced while
+//	1 an answer the store cannot take is dropped, not held       20      143/2000  one execution per key: the lease taken over from
+//	  (1-no-held-answer.diff)                                                        its live owner, which had dropped the answer;
+//	                                                                                 final answer not what the store replays
+//	2 a renewal does not move expiry; an expired record is       10       55/2000  one execution per key: the record replaced while
 //	  replaced or swept whatever its lease (2-renewal-expiry.diff)                   its owner ran
 //	3 a takeover claim without its TakeoverBy bound               —        0/2000  not found (below)
 //	  (3-no-takeover-by.diff)
-//	4 the answer is sent before it is stored: a slow reader     384       10/2000  one execution per key: the lease taken over from
+//	4 the answer is sent before it is stored: a slow reader     119       12/2000  one execution per key: the lease taken over from
 //	  holds the completion, unrenewed (4-send-before-store.diff)                     a live owner
-//	5 takeovers not held back after an outage (health           109        4/2000  one execution per key: the lease taken over from
-//	  ignored, 5-no-health.diff)                                                     a live owner 3 ms after the outage ended
-//	6 leases and expiry decided by the caller's skewed clock,    16      169/2000  one execution per key: run again after its answer
-//	  not the store's (6-caller-clock.diff)                                          was stored, before it expired
+//	5 takeovers not held back after an outage (health           260        4/2000  one execution per key: the lease taken over from
+//	  ignored, 5-no-health.diff)                                                     a live owner just after the outage ended
+//	6 leases and expiry decided by the caller's skewed clock,    24      147/2000  one execution per key: the lease taken over from
+//	  not the store's (6-caller-clock.diff)                                          a live owner; final answer not what the store replays
 //
 // To re-run one: git worktree add /tmp/simrev HEAD; cd /tmp/simrev; git apply
 // harness/sim/testdata/defects/N-….diff; go test ./harness/sim (the diffs are against the
@@ -134,15 +135,17 @@
 //
 // # What it finds in the current code
 //
-// Long mode fails on seeds 9077 and 11790, a window the README does not list: a request
-// whose record's TTL ends during an outage of every replica longer than the lease (a
-// middleware handler still running past the TTL, or an answer held through the outage)
-// has its record deleted by the janitor's first sweep after the outage. DeleteExpired
-// deletes an expired in-progress record once its lease has run out, and health's hold-back
-// of takeovers after an outage does not apply to the janitor, so the owner, alive, has
-// no second to renew or store: its answer is rejected (lease lost) and the next retry
-// runs the request again. With the default TTL of a day it takes a request as old; with
-// a TTL of minutes, an outage of minutes.
+// Long mode fails on seed 9077 (and, beyond it, on seeds 24879, 30714, 37518 and 41509
+// of the next 40000), a window the README does not list: a request whose record's TTL
+// ends during an outage of every replica longer than the lease — a middleware handler
+// still running past the TTL, or an answer held through the outage (37518: a gateway-less
+// replica's 201, held for ten seconds with a TTL of eight) — has its record deleted by
+// the janitor's first sweep after the outage. DeleteExpired deletes an expired
+// in-progress record once its lease has run out, and health's hold-back of takeovers
+// after an outage does not apply to the janitor, so the owner, alive, gets no time to
+// renew or store: its answer is rejected (lease lost), a client may already hold it, and
+// the next retry runs the request again. With the default TTL of a day it takes a
+// request or an outage as long; with a TTL of minutes, an outage of minutes.
 //
 // # What is not simulated
 //
