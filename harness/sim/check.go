@@ -285,6 +285,14 @@ func (w *world) explain(prev, cur *execution) (why, kind string, ok bool) {
 			return fmt.Sprintf("%s came from process %s, started at %s, after an outage (%s–%s) it never saw, before the owner %s could renew", taker, d.Proc.name, fmtD(d.Proc.started), fmtD(o.Start), fmtD(o.End), prev.Proc.name), "started-after-outage", true
 		}
 	}
+	// An outage of every replica that outlasts a record's TTL while its request runs: the
+	// janitor, not held back after an outage as takeovers are, may delete the expired
+	// record before its owner renews or stores (a documented window).
+	for _, o := range w.plan.Outages {
+		if d.Deletes != 0 && o.Replica < 0 && o.Start < d.At && o.End > from {
+			return fmt.Sprintf("#%d's record expired during an outage of every replica (%s–%s) that its owner %s could not renew through, and the janitor deleted it at %s, before the owner stored", prev.N, fmtD(o.Start), fmtD(o.End), prev.Proc.name, fmtD(d.At)), "outage-outlasted-ttl", true
+		}
+	}
 	switch {
 	case d.Deletes != 0:
 		return fmt.Sprintf("the janitor deleted #%d's record (token %d) at %s, expired, while its owner %s, alive and never cut off alone, ran or held its answer", prev.N, prev.Token, fmtD(d.At), prev.Proc.name), "deleted-running-record", false

@@ -65,8 +65,9 @@
 //     answer was stored; its owner alone was cut off from the store, had a slow link, or
 //     had its renewals delivered late, while the replica that took over reached it; the
 //     replica that took over started less than two thirds of a lease before, after an
-//     outage it never saw (the health window); the record expired (its TTL) after its
-//     answer was stored. Anything else is a violation, named by its cause: the key was
+//     outage it never saw (the health window); an outage of every replica outlasted the
+//     record's TTL and the janitor deleted it before its owner stored; the record expired
+//     (its TTL) after its answer was stored. Anything else is a violation, named by its cause: the key was
 //     taken over from a live owner, its record replaced or deleted while its owner ran,
 //     run again after its answer was stored, released after the upstream executed, or
 //     forwarded twice under one claim.
@@ -133,19 +134,18 @@
 // renew, before that owner's own held renewals. The conformance suite's TakeoverBy case
 // and the middleware's own test cover it.
 //
-// # What it finds in the current code
+// # A window it found
 //
-// Long mode fails on seed 9077 (and, beyond it, on seeds 24879, 30714, 37518 and 41509
-// of the next 40000), a window the README does not list: a request whose record's TTL
-// ends during an outage of every replica longer than the lease — a middleware handler
-// still running past the TTL, or an answer held through the outage (37518: a gateway-less
-// replica's 201, held for ten seconds with a TTL of eight) — has its record deleted by
-// the janitor's first sweep after the outage. DeleteExpired deletes an expired
-// in-progress record once its lease has run out, and health's hold-back of takeovers
-// after an outage does not apply to the janitor, so the owner, alive, gets no time to
+// The long mode found a window the README did not list then, and lists now: a request
+// whose record's TTL ends during an outage of every replica longer than the lease (a
+// middleware handler still running past the TTL, or an answer held through the outage)
+// has its record deleted by the janitor's first sweep after the outage. DeleteExpired
+// deletes an expired in-progress record once its lease has run out, and the janitor is
+// not held back after an outage as takeovers are, so the owner, alive, gets no time to
 // renew or store: its answer is rejected (lease lost), a client may already hold it, and
-// the next retry runs the request again. With the default TTL of a day it takes a
-// request or an outage as long; with a TTL of minutes, an outage of minutes.
+// the next retry runs the request again. Seed 9077, and 24879, 30714, 37518 (an answer
+// held ten seconds with a TTL of eight) and 41509 further on, show it; it is now
+// attributed to that window (outage-outlasted-ttl).
 //
 // # What is not simulated
 //
