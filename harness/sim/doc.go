@@ -103,7 +103,7 @@
 // fail, and the invariant the first one broke.
 //
 //	defect (re-broken)                                      first seed  failing   invariant the first failing seed broke
-//	1 an answer the store cannot take is dropped, not held       20      143/2000  one execution per key: the lease taken over from
+//	1 an answer the store cannot take is dropped, not held       20      138/2000  one execution per key: the lease taken over from
 //	  (1-no-held-answer.diff)                                                        its live owner, which had dropped the answer;
 //	                                                                                 final answer not what the store replays
 //	2 a renewal does not move expiry; an expired record is       10       55/2000  one execution per key: the record replaced while
