@@ -8,8 +8,10 @@
 // the model, or when a function the table names no longer exists. TestModel runs spin
 // on the model, which must verify with no error and a complete search, and on each
 // deliberately broken variant, for which spin must find a counterexample of the
-// invariant the variant breaks. The package has no code: it is documentation that is
-// checked.
+// invariant the variant breaks; it also shows each documented window real (allowed
+// none, spin finds a second execution in it). RETRYSAFE_LONG=1 adds larger bounds and
+// the model with expiry and the janitor. The package has no code: it is documentation
+// that is checked.
 //
 // To run spin by hand (Debian's package spin; it needs gcc):
 //
