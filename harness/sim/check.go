@@ -7,8 +7,10 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 	"time"
 
+	"github.com/retrysafe/retrysafe/gateway"
 	"github.com/retrysafe/retrysafe/idempotency"
 )
 
@@ -43,6 +45,9 @@ type facts struct {
 	// unstored are the live processes whose Shutdown, with the store reachable again,
 	// could not store the answers they held.
 	unstored []string
+	// stripped are the requests that reached the upstream without a header every client
+	// request has (the key, the scope's header, the content type).
+	stripped []string
 	// lateTakeovers counts the takeover claims that reached the store after their
 	// TakeoverBy bound (refused by it).
 	lateTakeovers int
@@ -100,6 +105,7 @@ func (w *world) check(res *Result) {
 	defer w.mu.Unlock()
 	end := time.Since(w.start)
 	f := &w.facts
+	res.Inputs = map[string]int{}
 	res.Executions, res.Finals, res.Unfinished, res.LateTakeovers = len(f.execs), len(f.seen), f.unfinished, f.lateTakeovers
 
 	// At most one execution per (scope, key), but in the documented windows: each
@@ -130,6 +136,27 @@ func (w *world) check(res *Result) {
 		}
 	}
 
+	// Refused inputs reach no upstream: a keyed method in another case, and (through a
+	// gateway) a Connection header naming a protected header, are answered 400 by the
+	// replica; one forwarded would run unkeyed, or lose its key on the way.
+	byID := map[int]*Op{}
+	for i := range w.plan.Ops {
+		byID[w.plan.Ops[i].ID] = &w.plan.Ops[i]
+	}
+	for _, x := range f.execs {
+		switch op := byID[x.Op]; {
+		case x.Method != http.MethodPost:
+			res.Violations = append(res.Violations, fmt.Sprintf("refused inputs: exec #%d (o%d, %s %s, key %s) reached the upstream from %s, which runs it as POST: a keyed method in another case must be refused, not forwarded",
+				x.N, x.Op, x.Method, x.Path, sk(x.Scope, x.Key), x.Proc.name))
+		case op != nil && op.Connection != "":
+			res.Violations = append(res.Violations, fmt.Sprintf("refused inputs: exec #%d (o%d, key %s) reached the upstream from %s with Connection: %s, which names a header the upstream must receive",
+				x.N, x.Op, sk(x.Scope, x.Key), x.Proc.name, op.Connection))
+		}
+	}
+	for _, s := range f.stripped {
+		res.Violations = append(res.Violations, "protected headers reach the upstream: "+s)
+	}
+
 	// Every final answer is the request's own, and what the store replays for its key.
 	ops := map[string][]*Op{}
 	for i := range w.plan.Ops {
@@ -139,18 +166,40 @@ func (w *world) check(res *Result) {
 	for _, s := range f.seen {
 		op := s.Op
 		k := sk(op.Scope, op.Key)
+		switch {
+		case op.Method != "":
+			res.Inputs["lower-case method: "+strconv.Itoa(s.Status)]++
+		case op.Connection != "":
+			res.Inputs["Connection names a protected header: "+strconv.Itoa(s.Status)]++
+		case op.Twin != 0 && s.Receipt != nil:
+			res.Inputs["path twin: the upstream's answer"]++
+		case op.Twin != 0:
+			res.Inputs["path twin: "+strconv.Itoa(s.Status)]++
+		}
+		if op.refused() {
+			want := idempotency.ProblemInvalidMethod
+			if op.Method == "" {
+				want = gateway.ProblemHopByHop
+			}
+			if s.Status != http.StatusBadRequest || s.Problem != want {
+				res.Violations = append(res.Violations, fmt.Sprintf("refused inputs: %s o%d (%s %s, Connection %q) got %d (%s), not the 400 %s",
+					s.Attempt, op.ID, op.method(), op.path(), op.Connection, s.Status, trunc(s.Body), want))
+			}
+			continue
+		}
 		if s.Receipt == nil {
-			// Another op with the key sends another body: whichever claims first runs.
-			reused := slices.ContainsFunc(ops[k], func(o *Op) bool { return o.ID != op.ID })
+			// Another op with the key sends another body (or the same one to another
+			// path): whichever claims first runs. A refused op claims nothing.
+			reused := slices.ContainsFunc(ops[k], func(o *Op) bool { return o.ID != op.ID && !o.refused() })
 			if s.Status != http.StatusUnprocessableEntity || !reused {
 				res.Violations = append(res.Violations, fmt.Sprintf("final answers: %s o%d got %d (%s), not an answer of the upstream", s.Attempt, op.ID, s.Status, trunc(s.Body)))
 			}
 			continue
 		}
 		rc := s.Receipt
-		if rc.Scope != op.Scope || rc.Key != op.Key || rc.Op != op.ID || rc.Amount != op.Amount {
-			res.Violations = append(res.Violations, fmt.Sprintf("no foreign replay: %s (scope %s key %s amount %d) got the answer of exec #%d (scope %s key %s amount %d)",
-				s.Attempt, op.Scope, op.Key, op.Amount, rc.Exec, rc.Scope, rc.Key, rc.Amount))
+		if rc.Scope != op.Scope || rc.Key != op.Key || rc.Op != op.bodyOp() || rc.Amount != op.Amount || rc.Path != op.path() {
+			res.Violations = append(res.Violations, fmt.Sprintf("no foreign replay: %s (scope %s key %s amount %d path %s) got the answer of exec #%d (scope %s key %s amount %d path %s)",
+				s.Attempt, op.Scope, op.Key, op.Amount, op.path(), rc.Exec, rc.Scope, rc.Key, rc.Amount, rc.Path))
 			continue
 		}
 		x := f.execs[rc.Exec-1]

@@ -37,10 +37,12 @@ type execution struct {
 	N          int
 	Scope, Key string
 	Op, Amount int
-	Token      int64
-	Proc       *replica
-	At         time.Duration
-	Status     int
+	// Method and Path are the request's as the upstream received it (the path escaped).
+	Method, Path string
+	Token        int64
+	Proc         *replica
+	At           time.Duration
+	Status       int
 	// AnswerLost says why the owner never got the upstream's answer ("" when it did),
 	// and AnswerLostAt when it learnt that it would not.
 	AnswerLost   string
@@ -174,6 +176,16 @@ type receipt struct {
 	Key    string `json:"key"`
 	Amount int    `json:"amount"`
 	Scope  string `json:"scope"`
+	Path   string `json:"path"` // the path the upstream received, escaped
+}
+
+// upstreamRequest is what of a request the upstream reads besides its body: its method
+// (run as POST whatever its case, as many frameworks do), its path as received
+// (escaped: the upstream routes /payments/x%2Fy and /payments/x/y apart) and the headers
+// a proxy must pass on.
+type upstreamRequest struct {
+	Method, Path string
+	Header       http.Header
 }
 
 // Errors of the link between a replica and the upstream.
@@ -185,12 +197,13 @@ var (
 // callUpstream sends a payment to the upstream, which executes it when it arrives,
 // unless it answers 503 (the work not done); the answer travels back, or is lost.
 // sent is called once the request has left (from then on the upstream may act).
-func (rep *replica) callUpstream(ctx context.Context, token int64, scope string, body []byte, sent func()) (int, []byte, error) {
+func (rep *replica) callUpstream(ctx context.Context, token int64, in upstreamRequest, body []byte, sent func()) (int, []byte, error) {
 	w := rep.w
 	var p payment
 	if err := json.Unmarshal(body, &p); err != nil {
 		return 0, nil, fmt.Errorf("sim: bad payment: %w", err)
 	}
+	scope := headerValue(in.Header, scopeHeader)
 	var there, took time.Duration
 	var refused, lost bool
 	w.draw("link/"+rep.name+"/"+sk(scope, p.Key), func(r *rand.Rand) {
@@ -213,7 +226,8 @@ func (rep *replica) callUpstream(ctx context.Context, token int64, scope string,
 	if err := sleep(ctx, there); err != nil {
 		return 0, nil, err
 	}
-	ex := w.execute(rep, token, scope, p)
+	w.received(rep, p, in)
+	ex := w.execute(rep, token, scope, p, in)
 	if err := sleep(ctx, took); err != nil {
 		w.answerLost(ex, "the owner stopped waiting for the upstream")
 		return 0, nil, err
@@ -230,13 +244,13 @@ func (rep *replica) callUpstream(ctx context.Context, token int64, scope string,
 		w.event(rep.name, "upstream answer of exec #%d lost", ex.N)
 		return 0, nil, errBroken
 	}
-	b, _ := json.Marshal(receipt{Exec: ex.N, Op: p.Op, Key: p.Key, Amount: p.Amount, Scope: scope})
+	b, _ := json.Marshal(receipt{Exec: ex.N, Op: p.Op, Key: p.Key, Amount: p.Amount, Scope: scope, Path: in.Path})
 	return ex.Status, b, nil
 }
 
 // execute is the upstream acting on a payment: it executes it (nil: it answers 503,
 // the work not done).
-func (w *world) execute(rep *replica, token int64, scope string, p payment) *execution {
+func (w *world) execute(rep *replica, token int64, scope string, p payment, in upstreamRequest) *execution {
 	var status int
 	w.draw("upstream/"+sk(scope, p.Key), func(r *rand.Rand) {
 		switch x := r.Float64(); {
@@ -255,12 +269,43 @@ func (w *world) execute(rep *replica, token int64, scope string, p payment) *exe
 		return nil
 	}
 	w.mu.Lock()
-	ex := &execution{N: len(w.facts.execs) + 1, Scope: scope, Key: p.Key, Op: p.Op, Amount: p.Amount, Token: token,
-		Proc: rep, At: w.now(), Status: status}
+	ex := &execution{N: len(w.facts.execs) + 1, Scope: scope, Key: p.Key, Op: p.Op, Amount: p.Amount, Method: in.Method, Path: in.Path,
+		Token: token, Proc: rep, At: w.now(), Status: status}
 	w.facts.execs = append(w.facts.execs, ex)
 	w.mu.Unlock()
-	w.event("upstream", "%s token %d from %s: EXECUTED #%d (o%d amount %d), answers %d", sk(scope, p.Key), token, rep.name, ex.N, p.Op, p.Amount, status)
+	w.event("upstream", "%s token %d from %s: EXECUTED #%d (o%d amount %d, %s %s), answers %d", sk(scope, p.Key), token, rep.name, ex.N, p.Op, p.Amount, in.Method, in.Path, status)
 	return ex
+}
+
+// headerValue is h's value of name whatever the case of its map key, as the wire has no
+// case: the gateway's transport may carry the key under a lower-case map key (so that
+// http.Transport's own resend check does not see it), and sends it all the same.
+func headerValue(h http.Header, name string) string {
+	for k, vs := range h {
+		if strings.EqualFold(k, name) && len(vs) > 0 && vs[0] != "" {
+			return vs[0]
+		}
+	}
+	return ""
+}
+
+// received checks the headers of a request that reached the upstream: every request the
+// clients send is keyed and scoped and has a content type, so one without them lost them
+// on the way (a proxy strips the headers a Connection header lists).
+func (w *world) received(rep *replica, p payment, in upstreamRequest) {
+	var lost []string
+	for _, h := range []string{"Idempotency-Key", scopeHeader, "Content-Type"} {
+		if headerValue(in.Header, h) == "" {
+			lost = append(lost, h)
+		}
+	}
+	if len(lost) == 0 {
+		return
+	}
+	w.event("upstream", "o%d's request %s %s from %s arrived without %s", p.Op, in.Method, in.Path, rep.name, strings.Join(lost, ", "))
+	w.mu.Lock()
+	w.facts.stripped = append(w.facts.stripped, fmt.Sprintf("o%d's request (%s %s, key %s) reached the upstream from %s without %s", p.Op, in.Method, in.Path, p.Key, rep.name, strings.Join(lost, ", ")))
+	w.mu.Unlock()
 }
 
 func (w *world) answerLost(ex *execution, why string) {
@@ -285,8 +330,12 @@ func (rep *replica) app(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	ctx, cancel := idempotency.Detach(r.Context())
 	defer cancel()
-	status, answer, err := rep.callUpstream(ctx, token, r.Header.Get(scopeHeader), body, func() {})
+	in := upstreamRequest{Method: r.Method, Path: r.URL.EscapedPath(), Header: r.Header}
+	status, answer, err := rep.callUpstream(ctx, token, in, body, func() {})
 	switch {
+	case c == nil && err != nil: // passed through unclaimed: nothing to release or abandon
+		idempotency.WriteProblem(w, idempotency.Problem{Type: "urn:sim:unknown", Title: "Upstream failed", Status: http.StatusBadGateway}, 1)
+		return
 	case errors.Is(err, errNotSent):
 		c.Release()
 		idempotency.WriteProblem(w, idempotency.Problem{Type: "urn:sim:unreachable", Title: "Upstream unreachable", Status: http.StatusBadGateway}, 1)
@@ -320,7 +369,8 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			tr.WroteHeaders()
 		}
 	}
-	status, answer, err := t.rep.callUpstream(req.Context(), token, req.Header.Get(scopeHeader), body, sent)
+	in := upstreamRequest{Method: req.Method, Path: req.URL.EscapedPath(), Header: req.Header}
+	status, answer, err := t.rep.callUpstream(req.Context(), token, in, body, sent)
 	if err != nil {
 		return nil, err
 	}
@@ -367,6 +417,7 @@ type seen struct {
 	Status   int
 	Body     []byte
 	Receipt  *receipt // nil: not the upstream's answer (a problem of the middleware)
+	Problem  string   // the problem type of an answer that is not the upstream's
 	Replayed bool
 	At       time.Duration
 }
@@ -434,6 +485,15 @@ func (w *world) attempt(op *Op, name, id string, slots []*slot) result {
 	var slow time.Duration
 	w.draw("client/"+id, func(r *rand.Rand) {
 		pick = r.IntN(len(slots))
+		if op.Connection != "" { // to gateways only: a middleware replica has no hop
+			var gw []int
+			for i, rp := range w.plan.Replicas {
+				if rp.Gateway {
+					gw = append(gw, i)
+				}
+			}
+			pick = gw[pick%len(gw)]
+		}
 		slow = dur(r, w.plan.Lease/4, 2*w.plan.Lease)
 		there, back = dur(r, 100*time.Microsecond, 10*time.Millisecond), dur(r, 100*time.Microsecond, 10*time.Millisecond)
 		lost, waitOut = chance(r, 0.08), chance(r, 0.5)
@@ -445,17 +505,27 @@ func (w *world) attempt(op *Op, name, id string, slots []*slot) result {
 	}
 	ctx, cancel := context.WithCancel(context.WithValue(rep.ctx, attemptKey{}, id))
 	defer cancel()
-	body := fmt.Sprintf(`{"op":%d,"key":%q,"amount":%d}`, op.ID, op.Key, op.Amount)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://gateway.sim/payments", strings.NewReader(body))
+	body := fmt.Sprintf(`{"op":%d,"key":%q,"amount":%d}`, op.bodyOp(), op.Key, op.Amount)
+	req, _ := http.NewRequestWithContext(ctx, op.method(), "http://gateway.sim"+op.path(), strings.NewReader(body))
 	req.Header.Set("Idempotency-Key", op.Key)
 	req.Header.Set(scopeHeader, op.Scope)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Sim-Attempt", id)
+	if op.Connection != "" {
+		req.Header.Set("Connection", op.Connection)
+	}
 	wr := &writer{ctx: ctx, h: http.Header{}}
 	if op.SlowReader {
 		wr.slow = slow
 	}
-	w.event(name, "%s sent to %s (%s %s, amount %d)", id, rep.name, op.Scope, op.Key, op.Amount)
+	how := ""
+	if op.Method != "" || op.Path != "" {
+		how = fmt.Sprintf(", %s %s", op.method(), op.path())
+	}
+	if op.Connection != "" {
+		how += ", Connection: " + op.Connection
+	}
+	w.event(name, "%s sent to %s (%s %s, amount %d%s)", id, rep.name, op.Scope, op.Key, op.Amount, how)
 	done := make(chan bool, 1)
 	go func() {
 		defer rep.running.Done()
@@ -494,6 +564,12 @@ func (w *world) attempt(op *Op, name, id string, slots []*slot) result {
 	var rc receipt
 	if json.Unmarshal(s.Body, &rc) == nil && rc.Exec > 0 {
 		s.Receipt = &rc
+	}
+	var prob struct {
+		Type string `json:"type"`
+	}
+	if s.Receipt == nil && json.Unmarshal(s.Body, &prob) == nil {
+		s.Problem = prob.Type
 	}
 	what := fmt.Sprintf("%s: got %d", id, s.Status)
 	if s.Replayed {

@@ -1,8 +1,11 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
+	"slices"
 	"strings"
 	"time"
 )
@@ -74,7 +77,47 @@ type Op struct {
 	Clients        int  // how many clients send it at once, each retrying on its own
 	Hedge          bool // sends a concurrent duplicate with its first attempt
 	SlowReader     bool // reads every answer slowly
+
+	// The inputs that slip around the key rules (a minority of operations, drawn by
+	// addInputs; the zero values are an ordinary POST /payments):
+	//
+	// Method is the request's method, "" for POST: "post" is a keyed method in another
+	// case, which many upstream frameworks run as POST, so replicas must refuse it (400,
+	// invalid-method) rather than pass it through unkeyed.
+	Method string
+	// Path is the request's path as sent, "" for /payments: twins send one body under
+	// one key, one to /payments/x%2Fy and one to /payments/x/y, which the upstream
+	// routes apart, so the second must get a 422, never the first's answer.
+	Path string
+	// Twin is the ID of the operation sending the same body under the same key to the
+	// other spelling of Path (the body names the lower of the two IDs); 0: none.
+	Twin int
+	// Connection is the request's Connection header, naming a header the upstream must
+	// receive (the key, the scope's header, the content type): a gateway must refuse it
+	// (400, hop-by-hop), since a proxy strips the headers Connection lists. Sent to
+	// gateway replicas only: a middleware replica is the upstream's own process, with no
+	// hop to strip anything.
+	Connection string
 }
+
+// method is the op's request method.
+func (op *Op) method() string { return cmp.Or(op.Method, http.MethodPost) }
+
+// path is the op's request path as sent.
+func (op *Op) path() string { return cmp.Or(op.Path, "/payments") }
+
+// bodyOp is the operation the op's body names: its twin's when the twin's ID is lower.
+func (op *Op) bodyOp() int {
+	if op.Twin != 0 && op.Twin < op.ID {
+		return op.Twin
+	}
+	return op.ID
+}
+
+// refused reports whether every replica the op may reach must refuse it without a
+// claim: a keyed method in another case, or a Connection header naming a protected
+// header (sent to gateways only).
+func (op *Op) refused() bool { return op.method() != http.MethodPost || op.Connection != "" }
 
 func dur(r *rand.Rand, lo, hi time.Duration) time.Duration {
 	if hi <= lo {
@@ -173,6 +216,51 @@ func newPlan(r *rand.Rand) Plan {
 	return p
 }
 
+// addInputs adds to p, in two plans of five, one or two operations sending an input
+// that slipped around the key rules: a lower-case keyed method, twins whose paths differ
+// only in a percent-encoded slash, a Connection header naming a protected header (when
+// the plan has a gateway replica). It draws from a stream of its own, so that the rest of
+// the plan is what newPlan drew without them.
+func addInputs(r *rand.Rand, p *Plan) {
+	if !chance(r, 0.4) {
+		return
+	}
+	gateways := slices.ContainsFunc(p.Replicas, func(rp ReplicaPlan) bool { return rp.Gateway })
+	scopes := []string{"alice", "bob"}
+	for range 1 + r.IntN(2) {
+		op := Op{
+			ID:             len(p.Ops) + 1,
+			Scope:          scopes[r.IntN(len(scopes))],
+			Key:            fmt.Sprintf("k%d", 1+r.IntN(3)), // the keys of the other operations
+			Amount:         100 * (1 + r.IntN(3)),
+			Start:          dur(r, 0, 2*p.Lease),
+			AttemptTimeout: dur(r, p.Lease/4, 3*p.Lease),
+			Clients:        1,
+			Hedge:          chance(r, 0.4), // a duplicate sent at once, as an impatient client's retry
+		}
+		switch x := r.IntN(3); {
+		case x == 0:
+			op.Method = []string{"post", "Post", "pOST"}[r.IntN(3)]
+		case x == 1 && gateways:
+			op.Connection = []string{"Idempotency-Key", "idempotency-key", "keep-alive, Idempotency-Key", scopeHeader, "Content-Type"}[r.IntN(5)]
+		default:
+			paths := []string{"/payments/x%2Fy", "/payments/x/y"}
+			if chance(r, 0.5) {
+				paths[0], paths[1] = paths[1], paths[0]
+			}
+			twin := op
+			op.Path, op.Twin = paths[0], op.ID+1
+			twin.ID, twin.Path, twin.Twin = op.ID+1, paths[1], op.ID
+			twin.Start += dur(r, 0, p.Lease)
+			twin.AttemptTimeout = dur(r, p.Lease/4, 3*p.Lease)
+			twin.Hedge = chance(r, 0.25)
+			p.Ops = append(p.Ops, op, twin)
+			continue
+		}
+		p.Ops = append(p.Ops, op)
+	}
+}
+
 // String is the plan, readable, as the trace's header.
 func (p Plan) String() string {
 	var b strings.Builder
@@ -223,6 +311,15 @@ func (p Plan) String() string {
 		}
 		if op.SlowReader {
 			b.WriteString(", slow reader")
+		}
+		if op.Method != "" || op.Path != "" {
+			fmt.Fprintf(&b, ", sent as %s %s", op.method(), op.path())
+		}
+		if op.Twin != 0 {
+			fmt.Fprintf(&b, " (o%d's body and key)", op.bodyOp())
+		}
+		if op.Connection != "" {
+			fmt.Fprintf(&b, ", Connection: %s (to gateways)", op.Connection)
 		}
 		b.WriteString("\n")
 	}

@@ -32,6 +32,9 @@ type Result struct {
 	// LateTakeovers counts the takeover claims that reached the store after their
 	// TakeoverBy bound: the schedule exercised the bound.
 	LateTakeovers int
+	// Inputs counts the final answers of the operations sending inputs that slip around
+	// the key rules, by what they got: the schedule exercised them.
+	Inputs map[string]int
 }
 
 // Failed reports whether an invariant broke.
@@ -64,6 +67,7 @@ func Run(seed uint64) *Result {
 	w := &world{seed: seed, start: time.Now(), streams: map[string]*rand.Rand{}}
 	w.facts = facts{claims: map[int64]*claimFact{}, procs: map[string]*replica{}}
 	w.draw("plan", func(r *rand.Rand) { w.plan = newPlan(r) })
+	w.draw("plan/inputs", func(r *rand.Rand) { addInputs(r, &w.plan) })
 	// The store decides by its own clock, the simulation's.
 	w.store = memstore.NewWithClock(time.Now)
 

@@ -56,7 +56,7 @@ func TestSim(t *testing.T) {
 	var mu sync.Mutex
 	var failed []uint64
 	execs, windows, finals, unfinished, late := 0, 0, 0, 0, 0
-	kinds := map[string]int{}
+	kinds, inputs := map[string]int{}, map[string]int{}
 	t.Run("seeds", func(t *testing.T) {
 		for i := range uint64(n) {
 			seed := *firstFlag + i
@@ -68,6 +68,9 @@ func TestSim(t *testing.T) {
 				late += res.LateTakeovers
 				for _, k := range res.Kinds {
 					kinds[k]++
+				}
+				for k, n := range res.Inputs {
+					inputs[k] += n
 				}
 				mu.Unlock()
 				if res.Failed() {
@@ -81,8 +84,8 @@ func TestSim(t *testing.T) {
 		}
 	})
 	slices.Sort(failed)
-	t.Logf("%d seeds in %s: %d executions, %d extra in documented windows, %d final answers, %d operations unfinished, %d takeover claims refused as late; causes of extra executions: %v; failing seeds: %v",
-		n, time.Since(start).Round(time.Millisecond), execs, windows, finals, unfinished, late, kinds, failed)
+	t.Logf("%d seeds in %s: %d executions, %d extra in documented windows, %d final answers, %d operations unfinished, %d takeover claims refused as late; causes of extra executions: %v; final answers to inputs that slip around the key rules: %v; failing seeds: %v",
+		n, time.Since(start).Round(time.Millisecond), execs, windows, finals, unfinished, late, kinds, inputs, failed)
 }
 
 // TestDeterministic runs seeds twice: the same seed must give the same trace.
