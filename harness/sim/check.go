@@ -191,7 +191,12 @@ func (w *world) check(res *Result) {
 			// Another op with the key sends another body (or the same one to another
 			// path): whichever claims first runs. A refused op claims nothing.
 			reused := slices.ContainsFunc(ops[k], func(o *Op) bool { return o.ID != op.ID && !o.refused() })
-			if s.Status != http.StatusUnprocessableEntity || !reused {
+			byRefused := slices.IndexFunc(ops[k], func(o *Op) bool { return o.ID != op.ID && o.refused() })
+			switch {
+			case s.Status == http.StatusUnprocessableEntity && !reused && byRefused >= 0:
+				res.Violations = append(res.Violations, fmt.Sprintf("refused inputs: %s o%d got 422 for its key, which only o%d used with another body: a request a replica must refuse claimed it",
+					s.Attempt, op.ID, ops[k][byRefused].ID))
+			case s.Status != http.StatusUnprocessableEntity || !reused:
 				res.Violations = append(res.Violations, fmt.Sprintf("final answers: %s o%d got %d (%s), not an answer of the upstream", s.Attempt, op.ID, s.Status, trunc(s.Body)))
 			}
 			continue
@@ -272,6 +277,8 @@ func (w *world) explain(prev, cur *execution) (why, kind string, ok bool) {
 	f := &w.facts
 	cp, cc := f.claims[prev.Token], f.claims[cur.Token]
 	switch {
+	case prev.Token == 0 || cur.Token == 0:
+		return fmt.Sprintf("an execution under no claim at all (tokens %d, %d): the request was passed through unkeyed", prev.Token, cur.Token), "unclaimed", false
 	case prev.Token == cur.Token:
 		return fmt.Sprintf("both under one claim (token %d): forwarded twice", cur.Token), "forwarded-twice", false
 	case cp == nil || cc == nil:

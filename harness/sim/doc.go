@@ -30,6 +30,16 @@
 // plans are storms: few keys, several clients each, outages aimed at requests in flight,
 // many late messages.
 //
+// From a stream of its own (the rest of the plan is drawn as without it), two plans in
+// five also get one or two operations that send an input which slipped around the key
+// rules through the gateway before: a keyed method in another case (post, Post, pOST),
+// which many upstream frameworks run as POST, hedged or retried; twins, one body under
+// one key sent to /payments/x%2Fy and to /payments/x/y, which the upstream routes
+// apart; a Connection header naming the key, the scope's header or the content type,
+// sent to gateway replicas (a middleware replica is the upstream's own process: no hop
+// strips anything there). The upstream reads each request's method (any case, as POST),
+// its path as received and its headers, and its answer names the path.
+//
 // Then, as the run goes, every message: its delay each way on the client↔replica,
 // replica↔store and replica↔upstream links, a rare delivery up to two leases late, a
 // lost reply (a store call applied and its answer lost; an upstream that executed and
@@ -72,8 +82,16 @@
 //     run again after its answer was stored, released after the upstream executed, or
 //     forwarded twice under one claim.
 //   - No foreign replay: every answer a client sees comes from the upstream's execution
-//     of its own request (scope, key, body), or is a 422 for a key another operation used
-//     with another body.
+//     of its own request (scope, key, body, path as sent), or is a 422 for a key another
+//     operation used with another body or path.
+//   - Refused inputs reach no upstream: no execution of a method in another case (the
+//     upstream would run it as POST, unclaimed: every retry again; executions are counted
+//     per (scope, key) whatever the method's case) and, through a gateway, none of a
+//     request whose Connection header names a protected header; their clients get the
+//     400 (invalid-method, hop-by-hop) and nothing else.
+//   - Protected headers reach the upstream: every request the upstream receives has its
+//     Idempotency-Key, its scope's header and its Content-Type (a proxy strips the
+//     headers a Connection header lists).
 //   - Every final answer (2xx, 4xx but 409, replayed or not; a replayed 5xx of the
 //     upstream, which no retry changes) is what the store replays
 //     for its key, unless the record expired since, or its owner was killed before
@@ -100,10 +118,11 @@
 //
 // Each defect below was re-broken in a scratch worktree (the diffs in testdata/defects),
 // and the CI's 2000 seeds run against it: the first failing seed, how many of the 2000
-// fail, and the invariant the first one broke.
+// fail, and the invariant the first one broke (counts with the inputs above in the
+// plans; 1 to 6 first fail at the seeds they failed at without them).
 //
 //	defect (re-broken)                                      first seed  failing   invariant the first failing seed broke
-//	1 an answer the store cannot take is dropped, not held       20      138/2000  one execution per key: the lease taken over from
+//	1 an answer the store cannot take is dropped, not held       20      135/2000  one execution per key: the lease taken over from
 //	  (1-no-held-answer.diff)                                                        its live owner, which had dropped the answer;
 //	                                                                                 final answer not what the store replays
 //	2 a renewal does not move expiry; an expired record is       10       55/2000  one execution per key: the record replaced while
@@ -114,8 +133,16 @@
 //	  holds the completion, unrenewed (4-send-before-store.diff)                     a live owner
 //	5 takeovers not held back after an outage (health           260        4/2000  one execution per key: the lease taken over from
 //	  ignored, 5-no-health.diff)                                                     a live owner just after the outage ended
-//	6 leases and expiry decided by the caller's skewed clock,    24      147/2000  one execution per key: the lease taken over from
+//	6 leases and expiry decided by the caller's skewed clock,    24      152/2000  one execution per key: the lease taken over from
 //	  not the store's (6-caller-clock.diff)                                          a live owner; final answer not what the store replays
+//	7 a keyed method in another case passed through unkeyed       1      361/2000  refused inputs: a gateway forwarded post, the upstream
+//	  (7-lowercase-method-passed.diff)                                               ran it; one execution per key: run again under no
+//	                                                                                 claim; its client got the 201, not the 400
+//	8 the fingerprint over the decoded path, not the escaped     52      276/2000  no foreign replay: /payments/x%2Fy got the answer
+//	  one (8-fingerprint-decoded-path.diff)                                          of /payments/x/y, its twin's, under one key
+//	9 a Connection header naming a protected header not          6      274/2000  refused inputs: forwarded with Connection: X-Sim-Scope;
+//	  refused (9-connection-strips-key.diff)                                         protected headers: it reached the upstream without
+//	                                                                                 its scope (with the key named: without the key)
 //
 // To re-run one: git worktree add /tmp/simrev HEAD; cd /tmp/simrev; git apply
 // harness/sim/testdata/defects/N-….diff; go test ./harness/sim (the diffs are against the

@@ -316,7 +316,7 @@ func (p Plan) String() string {
 			fmt.Fprintf(&b, ", sent as %s %s", op.method(), op.path())
 		}
 		if op.Twin != 0 {
-			fmt.Fprintf(&b, " (o%d's body and key)", op.bodyOp())
+			fmt.Fprintf(&b, ", twin of o%d (one body, one key)", op.Twin)
 		}
 		if op.Connection != "" {
 			fmt.Fprintf(&b, ", Connection: %s (to gateways)", op.Connection)
