@@ -111,7 +111,7 @@ func (g *Gateway) RunWith(ctx context.Context, ln, adminLn net.Listener, c Admin
 	if j, ok := g.cfg.Idempotency.Store.(idempotency.Janitor); ok {
 		go func() {
 			defer close(janitorDone)
-			idempotency.RunJanitor(jctx, timedJanitor{j, g.metrics}, idempotency.JanitorConfig{Logger: g.cfg.Logger})
+			idempotency.RunJanitor(jctx, timedJanitor{j, g.metrics}, idempotency.JanitorConfig{Logger: g.cfg.Logger, Middleware: g.root})
 		}()
 	} else {
 		close(janitorDone)

@@ -58,7 +58,8 @@
 // pgstore (PostgreSQL, with a transaction mode that commits the handler's business write
 // and the stored response together) and redisstore. Every store passes the same
 // conformance suite, idempotencytest.Run. Stores that keep expired records implement
-// Janitor; run RunJanitor beside the server to delete them in small batches.
+// Janitor; run RunJanitor beside the server to delete them in small batches, with
+// JanitorConfig.Middleware so that it is held back after a store outage as takeovers are.
 //
 // This package imports only the standard library.
 package idempotency

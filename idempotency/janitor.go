@@ -15,6 +15,16 @@ type JanitorConfig struct {
 	Batch int
 	// Logger receives sweep failures and, at debug level, sweep counts. Default slog.Default().
 	Logger *slog.Logger
+	// Middleware, when set, holds sweeps back as it holds takeovers back: while it has
+	// seen its store fail within its longest lease, no sweep runs. An outage of every
+	// replica that outlasts a record's TTL leaves the record of a live owner expired,
+	// with its lease run out (the owner could not renew it) and its answer held until
+	// the store returns; a sweep right after the outage would delete the record before
+	// the owner stores the answer, and a retry would run the request again. Run the
+	// janitor with the middleware of the same process, whose probe sees the outages of
+	// the same link. Stores that cannot ping (Pinger) are not held back: without word
+	// from them the middleware cannot tell an outage from quiet.
+	Middleware *Middleware
 }
 
 // Sweep deletes every expired record (on the store's clock), in batches of at most
@@ -49,6 +59,17 @@ func RunJanitor(ctx context.Context, j Janitor, cfg JanitorConfig) {
 	t := time.NewTicker(cfg.Interval)
 	defer t.Stop()
 	for {
+		if wait := cfg.Middleware.sweepWait(ctx); wait > 0 {
+			cfg.Logger.DebugContext(ctx, "idempotency: janitor held back after a store failure", "for", wait)
+			hold := time.NewTimer(min(wait, cfg.Interval))
+			select {
+			case <-ctx.Done():
+				hold.Stop()
+				return
+			case <-hold.C:
+			}
+			continue
+		}
 		n, err := Sweep(ctx, j, cfg.Batch)
 		switch {
 		case err != nil && ctx.Err() == nil:
@@ -62,4 +83,27 @@ func RunJanitor(ctx context.Context, j Janitor, cfg JanitorConfig) {
 		case <-t.C:
 		}
 	}
+}
+
+// sweepWait returns how long the janitor must still leave records alone: as long as
+// claims must leave expired leases alone (health.takeoverWait). It starts the store
+// probe, which a middleware otherwise starts at its first keyed request, so that the
+// middleware's word from the store stays fresh between sweeps; the call that starts it
+// waits a sixth of a lease, for the probe's first ping to be answered (a process that
+// has just started presumes the store healthy). Zero for a nil m and for stores that
+// cannot ping.
+func (m *Middleware) sweepWait(ctx context.Context) time.Duration {
+	if m == nil {
+		return 0
+	}
+	if _, ok := m.cfg.Store.(Pinger); !ok {
+		return 0
+	}
+	if m.startProbe() {
+		return max(m.health.shortestLease()/6, time.Millisecond)
+	}
+	if ctx.Err() != nil {
+		return 0
+	}
+	return m.health.takeoverWait()
 }

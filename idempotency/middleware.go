@@ -524,19 +524,22 @@ func (m *Middleware) report(r *http.Request, o Outcome) {
 // startProbe starts the store probe on the first keyed request of any middleware of the
 // group (a store that cannot be pinged learns only from requests). Its pings are store
 // calls of the middleware New made, so that they go to one StoreTimeout and one
-// OnStoreCall whichever route's request started the probe.
-func (m *Middleware) startProbe() {
+// OnStoreCall whichever route's request started the probe. It reports whether this
+// call started it (the probe then pings at once).
+func (m *Middleware) startProbe() (started bool) {
 	m.probeOnce.Do(func() {
 		p, ok := m.cfg.Store.(Pinger)
 		if !ok {
 			return
 		}
+		started = true
 		m.bg.Add(1)
 		go func() {
 			defer m.bg.Done()
 			m.prober.probe(m.probeCtx, p)
 		}()
 	})
+	return started
 }
 
 // storeCall runs one store operation bounded by StoreTimeout (unless the store is

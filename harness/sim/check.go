@@ -341,12 +341,13 @@ func (w *world) explain(prev, cur *execution) (why, kind string, ok bool) {
 			return fmt.Sprintf("%s came from process %s, started at %s, after an outage (%s–%s) it never saw, before the owner %s could renew", taker, d.Proc.name, fmtD(d.Proc.started), fmtD(o.Start), fmtD(o.End), prev.Proc.name), "started-after-outage", true
 		}
 	}
-	// An outage of every replica that outlasts a record's TTL while its request runs: the
-	// janitor, not held back after an outage as takeovers are, may delete the expired
-	// record before its owner renews or stores (a documented window).
+	// An outage of every replica that outlasts a record's TTL while its request runs: a
+	// janitor not held back after an outage as takeovers are would delete the expired
+	// record before its owner renews or stores. The janitor is held back
+	// (JanitorConfig.Middleware), so this is a violation, named by its cause.
 	for _, o := range w.plan.Outages {
 		if d.Deletes != 0 && o.Replica < 0 && o.Start < d.At && o.End > from {
-			return fmt.Sprintf("#%d's record expired during an outage of every replica (%s–%s) that its owner %s could not renew through, and the janitor deleted it at %s, before the owner stored", prev.N, fmtD(o.Start), fmtD(o.End), prev.Proc.name, fmtD(d.At)), "outage-outlasted-ttl", true
+			return fmt.Sprintf("#%d's record expired during an outage of every replica (%s–%s) that its owner %s could not renew through, and the janitor deleted it at %s, before the owner stored", prev.N, fmtD(o.Start), fmtD(o.End), prev.Proc.name, fmtD(d.At)), "outage-outlasted-ttl", false
 		}
 	}
 	switch {

@@ -75,9 +75,9 @@
 //     answer was stored; its owner alone was cut off from the store, had a slow link, or
 //     had its renewals delivered late, while the replica that took over reached it; the
 //     replica that took over started less than two thirds of a lease before, after an
-//     outage it never saw (the health window); an outage of every replica outlasted the
-//     record's TTL and the janitor deleted it before its owner stored; the record expired
-//     (its TTL) after its answer was stored. Anything else is a violation, named by its cause: the key was
+//     outage it never saw (the health window); the record expired (its TTL) after its
+//     answer was stored. (A janitor's deletion of a live owner's record after an outage
+//     that outlasted its TTL is a violation: the janitor is held back.) Anything else is a violation, named by its cause: the key was
 //     taken over from a live owner, its record replaced or deleted while its owner ran,
 //     run again after its answer was stored, released after the upstream executed, or
 //     forwarded twice under one claim.
@@ -161,18 +161,21 @@
 // renew, before that owner's own held renewals. The conformance suite's TakeoverBy case
 // and the middleware's own test cover it.
 //
-// # A window it found
+// # A defect it found
 //
-// The long mode found a window the README did not list then, and lists now: a request
-// whose record's TTL ends during an outage of every replica longer than the lease (a
+// The long mode found a second execution in the code as it was: a request whose
+// record's TTL ends during an outage of every replica longer than the lease (a
 // middleware handler still running past the TTL, or an answer held through the outage)
-// has its record deleted by the janitor's first sweep after the outage. DeleteExpired
-// deletes an expired in-progress record once its lease has run out, and the janitor is
-// not held back after an outage as takeovers are, so the owner, alive, gets no time to
-// renew or store: its answer is rejected (lease lost), a client may already hold it, and
-// the next retry runs the request again. Seed 9077, and 24879, 30714, 37518 (an answer
-// held ten seconds with a TTL of eight) and 41509 further on, show it; it is now
-// attributed to that window (outage-outlasted-ttl).
+// had its record deleted by the janitor's first sweep after the outage. DeleteExpired
+// deletes an expired in-progress record once its lease has run out, and the janitor was
+// not held back after an outage as takeovers are, so the owner, alive, got no time to
+// renew or store: its answer was rejected (lease lost), a client may already have held
+// it, and the next retry ran the request again. Seed 9077, and 24879, 30714, 37518 and
+// 41509 further on, showed it. RunJanitor is now held back by a middleware
+// (JanitorConfig.Middleware): the simulated janitor runs with one of its own, whose probe
+// watches the janitor's link, as the gateway's janitor runs with the gateway's. No excuse
+// is made for such a deletion (outage-outlasted-ttl is a violation), those seeds pass,
+// and with the janitor not held back they fail again.
 //
 // # What is not simulated
 //
