@@ -118,8 +118,9 @@
  * whose TTL is over runs again (winTTL, by design), and an outage of every replica that
  * outlasts a record's TTL while its request runs lets the janitor delete the record
  * before its owner stores (winOutage). With -DSTRICT_TTL the second is not excused:
- * spin finds it in the current janitor, and JANITOR_HELD_BACK or JANITOR_DONE_ONLY
- * close it (the model verifies with either).
+ * spin finds it in a janitor not held back (RunJanitor without JanitorConfig.Middleware),
+ * and JANITOR_HELD_BACK (the gateway's janitor, held back by its middleware) or
+ * JANITOR_DONE_ONLY close it (the model verifies with either).
  *
  * The windows are real: with -DSTRICT inv_once allows no second execution, and spin
  * finds one in each window alone (an owner crash with no outage and no unknown outcome,
@@ -744,7 +745,8 @@ end:	do
 
 #ifdef EXPIRY
 /* The janitor deletes a record whose TTL is over, unless it is in progress with its
- * lease running. Nothing holds it back after the store failed, as takeovers are: right
+ * lease running. Without JanitorConfig.Middleware nothing holds it back after the store
+ * failed, as takeovers are: right
  * after an outage of every replica that outlasted a record's TTL it deletes the record
  * of a live owner that could not renew or store its answer, and a retry runs the
  * request again: a documented window (winOutage), which -DSTRICT_TTL does not excuse.
