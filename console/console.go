@@ -12,8 +12,10 @@ import (
 	"io/fs"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/retrysafe/retrysafe/console/history"
@@ -140,11 +142,29 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "same-origin") // no-referrer would make Chromium send "Origin: null" with the forms
 	h.Set("Cache-Control", "no-store")
+	if c.opt.AdminToken == "" && !plainHost(r.Host) {
+		// Without a token the console trusts whoever reaches it, which is meant to be this
+		// host: a page of another site whose name was made to resolve to 127.0.0.1 (DNS
+		// rebinding) would be same-origin with it, and could read its pages and forms.
+		// Such a request names that site's host; a local browser names an address.
+		http.Error(w, "the console without an admin token answers only requests to an IP address or localhost", http.StatusMisdirectedRequest)
+		return
+	}
 	if !c.authorized(r) && r.URL.Path != "/login" && !isStatic(r) {
 		c.unauthorized(w, r)
 		return
 	}
 	c.mux.ServeHTTP(w, r)
+}
+
+// plainHost reports whether the Host header names an IP address or localhost (with or
+// without a port), as a browser on the console's own host does.
+func plainHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	return strings.EqualFold(host, "localhost") || net.ParseIP(host) != nil
 }
 
 // page is what every template receives.

@@ -494,3 +494,47 @@ func TestRouteFilter(t *testing.T) {
 		t.Errorf("the page of a record without a route:\n%s", body)
 	}
 }
+
+// TestRebindingRefused: without an admin token the console answers only requests that
+// name an address or localhost, so that a site whose name was made to resolve to this
+// host (DNS rebinding) cannot read its pages; with a token any name is served.
+func TestRebindingRefused(t *testing.T) {
+	t.Parallel()
+	s := memstore.New()
+	open := serve(t, console.Options{Store: s})
+	c := client(t)
+	for host, want := range map[string]int{
+		"":                   http.StatusOK, // the test server's own 127.0.0.1:port
+		"localhost:9090":     http.StatusOK,
+		"[::1]:9090":         http.StatusOK,
+		"evil.example":       http.StatusMisdirectedRequest,
+		"evil.example:9090":  http.StatusMisdirectedRequest,
+		"127.0.0.1.nip.test": http.StatusMisdirectedRequest,
+	} {
+		req, _ := http.NewRequest(http.MethodGet, open.URL+"/keys", nil)
+		if host != "" {
+			req.Host = host
+		}
+		res, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != want {
+			t.Errorf("Host %q without a token: %d, want %d", host, res.StatusCode, want)
+		}
+	}
+	const token = "rebind-token"
+	guarded := serve(t, console.Options{Store: s, AdminToken: token})
+	req, _ := http.NewRequest(http.MethodGet, guarded.URL+"/keys", nil)
+	req.Host = "console.internal.example"
+	req.Header.Set("Authorization", "Bearer "+token)
+	res, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Errorf("a named host with the token: %d, want 200", res.StatusCode)
+	}
+}
