@@ -12,7 +12,10 @@
 // and Handler, around a handler that calls the upstream and releases or abandons the
 // key as the outcome says) or its own gateway (gateway.New and ServeHTTP, forwarding
 // through an in-memory http.RoundTripper that reports through the client trace when the
-// request was written, as http.Transport does), and its own connection to the store. The
+// request was written, as http.Transport does; or, for half the gateway replicas, drawn
+// from a stream of their own, through a real http.Transport whose connections are
+// net.Pipe pairs, kept alive and reused, to an upstream that speaks HTTP/1.1 on them:
+// wire.go), and its own connection to the store. The
 // store is idempotency/memstore on the simulation's clock, behind a simulated network
 // (TestHandleConformance runs the idempotencytest conformance suite through it).
 // idempotency.RunJanitor sweeps it on a handle of its own.
@@ -44,7 +47,10 @@
 // replica↔store and replica↔upstream links, a rare delivery up to two leases late, a
 // lost reply (a store call applied and its answer lost; an upstream that executed and
 // whose answer is lost; a client that never gets its answer, and either learns at once
-// or waits out its timeout), an unreachable upstream, the upstream's answer (201; 400
+// or waits out its timeout), an unreachable upstream, an upstream that reads a request
+// on a reused keep-alive connection, executes it and closes the connection without
+// answering (one in five requests on a reused connection, through a real
+// http.Transport: a lost answer there is that close too), the upstream's answer (201; 400
 // and 500, stored as answers; 503, the work not done), its latency (a middleware
 // handler may run past the record's TTL, a gateway's past its upstream timeout).
 //
@@ -70,8 +76,10 @@
 //
 //   - One execution per (scope, key), but in the documented windows. Every execution
 //     after the first is explained by what happened to the one before it, and must be
-//     one of: its upstream answer never reached its owner (lost, or the owner's upstream
-//     timeout ran out: the key is left to its lease); its owner was killed before its
+//     one of: its upstream answer never reached its owner (lost, the connection closed
+//     without an answer, or the owner's upstream timeout ran out: the key is left to its
+//     lease; a second execution under the same claim, the Transport resending the
+//     request by itself, is the violation forwarded twice); its owner was killed before its
 //     answer was stored; its owner alone was cut off from the store, had a slow link, or
 //     had its renewals delivered late, while the replica that took over reached it; the
 //     replica that took over started less than two thirds of a lease before, after an
@@ -119,7 +127,8 @@
 // Each defect below was re-broken in a scratch worktree (the diffs in testdata/defects),
 // and the CI's 2000 seeds run against it: the first failing seed, how many of the 2000
 // fail, and the invariant the first one broke (counts with the inputs above in the
-// plans; 1 to 6 first fail at the seeds they failed at without them).
+// plans; 1 to 6 first fail at the seeds they failed at without them; 10 counts with the
+// wire replicas in the plans, 1 to 9 without them).
 //
 //	defect (re-broken)                                      first seed  failing   invariant the first failing seed broke
 //	1 an answer the store cannot take is dropped, not held       20      135/2000  one execution per key: the lease taken over from
@@ -143,6 +152,9 @@
 //	9 a Connection header naming a protected header not          6      274/2000  refused inputs: forwarded with Connection: X-Sim-Scope;
 //	  refused (9-connection-strips-key.diff)                                         protected headers: it reached the upstream without
 //	                                                                                 its scope (with the key named: without the key)
+//	10 the keys not hidden from http.Transport (no               3      145/2000  one execution per key: both under one claim,
+//	  HideIdempotencyKeys, no SendOnce: 10-transport-resend.diff)                    forwarded twice: the upstream closed a reused
+//	                                                                                 connection unanswered, the Transport resent it
 //
 // To re-run one: git worktree add /tmp/simrev HEAD; cd /tmp/simrev; git apply
 // harness/sim/testdata/defects/N-….diff; go test ./harness/sim (the diffs are against the
@@ -180,9 +192,10 @@
 // # What is not simulated
 //
 // Other stores (PostgreSQL, SQLite, Redis: their batching, transactions and
-// transaction mode); HTTP/1.1 and TCP themselves (connections, keep-alive reuse,
-// http.Transport's own resends, which retry.SendOnce prevents and the gateway's tests
-// cover); request bodies that break off or exceed their limits; answers over the
+// transaction mode); TCP itself and HTTP/1.1 but between a gateway and the upstream
+// (the clients call the replicas' handlers, the middleware replicas call the upstream
+// in memory, and the wire's faults are the close after a request was read: no reset
+// mid-answer, no HTTP/2); an upstream refusing a connection of a wire replica; request bodies that break off or exceed their limits; answers over the
 // stored-response limit; a process frozen with its timers (a paused VM: a killed process
 // or a partition of one replica stands for it); clock rates (a replica's skew is a fixed
 // offset and only a store that reads it could see it); Shutdown timing out with answers

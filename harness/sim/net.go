@@ -135,6 +135,12 @@ func (w *world) newReplica(i, incarnation int) *replica {
 	if rp.Gateway {
 		mw.Scope = nil // the gateway's ScopeHeader
 		mw.Logger = slog.New(&logHandler{w: w, who: name, min: slog.LevelWarn})
+		var tr http.RoundTripper = &transport{rep: rep}
+		closeIdle := func() {}
+		if rp.Wire {
+			wt := newWireTransport(rep)
+			tr, closeIdle = wt, wt.t.CloseIdleConnections
+		}
 		g, err := gateway.New(gateway.Config{
 			Upstream:        &url.URL{Scheme: "http", Host: "upstream.sim"},
 			Idempotency:     mw,
@@ -142,12 +148,17 @@ func (w *world) newReplica(i, incarnation int) *replica {
 			UpstreamTimeout: w.plan.UpstreamTimeout,
 			Logger:          mw.Logger,
 			Registerer:      prometheus.NewRegistry(),
-			Transport:       &transport{rep: rep},
+			Transport:       tr,
 		})
 		if err != nil {
 			panic(err) // the plan's settings are valid by construction
 		}
-		rep.serve, rep.stop = g, g.Shutdown
+		rep.serve = g
+		rep.stop = func(ctx context.Context) error {
+			err := g.Shutdown(ctx)
+			closeIdle() // the idle keep-alive connections end, and their goroutines with them
+			return err
+		}
 	} else {
 		m, err := idempotency.New(mw)
 		if err != nil {
@@ -204,20 +215,7 @@ func (rep *replica) callUpstream(ctx context.Context, token int64, in upstreamRe
 		return 0, nil, fmt.Errorf("sim: bad payment: %w", err)
 	}
 	scope := headerValue(in.Header, scopeHeader)
-	var there, took time.Duration
-	var refused, lost bool
-	w.draw("link/"+rep.name+"/"+sk(scope, p.Key), func(r *rand.Rand) {
-		there = dur(r, 100*time.Microsecond, 5*time.Millisecond)
-		refused, lost = chance(r, 0.03), chance(r, 0.04)
-		switch x := r.Float64(); {
-		case x < 0.05 && !w.plan.Replicas[rep.slot].Gateway:
-			took = dur(r, w.plan.TTL/2, 2*w.plan.TTL) // a handler that may run past the record's TTL
-		case x < 0.15:
-			took = dur(r, 300*time.Millisecond, 2*w.plan.Lease)
-		default:
-			took = dur(r, 5*time.Millisecond, 300*time.Millisecond)
-		}
-	})
+	there, took, refused, lost := rep.drawLink(scope, p.Key)
 	if refused || rep.isDead() {
 		_ = sleep(ctx, there)
 		return 0, nil, errNotSent
@@ -246,6 +244,26 @@ func (rep *replica) callUpstream(ctx context.Context, token int64, in upstreamRe
 	}
 	b, _ := json.Marshal(receipt{Exec: ex.N, Op: p.Op, Key: p.Key, Amount: p.Amount, Scope: scope, Path: in.Path})
 	return ex.Status, b, nil
+}
+
+// drawLink draws the fate of one request on the replica↔upstream link: its delay
+// there, the upstream's latency, whether the upstream is unreachable, and whether its
+// answer is lost on the way back.
+func (rep *replica) drawLink(scope, key string) (there, took time.Duration, refused, lost bool) {
+	w := rep.w
+	w.draw("link/"+rep.name+"/"+sk(scope, key), func(r *rand.Rand) {
+		there = dur(r, 100*time.Microsecond, 5*time.Millisecond)
+		refused, lost = chance(r, 0.03), chance(r, 0.04)
+		switch x := r.Float64(); {
+		case x < 0.05 && !w.plan.Replicas[rep.slot].Gateway:
+			took = dur(r, w.plan.TTL/2, 2*w.plan.TTL) // a handler that may run past the record's TTL
+		case x < 0.15:
+			took = dur(r, 300*time.Millisecond, 2*w.plan.Lease)
+		default:
+			took = dur(r, 5*time.Millisecond, 300*time.Millisecond)
+		}
+	})
+	return there, took, refused, lost
 }
 
 // execute is the upstream acting on a payment: it executes it (nil: it answers 503,

@@ -41,7 +41,10 @@ type ReplicaPlan struct {
 	// in-memory transport; otherwise idempotency.New's Handler around a handler that
 	// calls the upstream.
 	Gateway bool
-	Wait    bool // Conflict: wait instead of reject
+	// Wire: the gateway forwards through a real http.Transport, over in-memory pipes to
+	// an upstream that speaks HTTP/1.1 on them (wire.go), keep-alive connections reused.
+	Wire bool
+	Wait bool // Conflict: wait instead of reject
 	// Skew is how far the replica's clock is from the simulation's (the store's). The
 	// middleware takes every instant it compares from the store, so nothing the replica
 	// does reads it; a store that decided by its caller's clock would (see callerClock).
@@ -262,6 +265,16 @@ func addInputs(r *rand.Rand, p *Plan) {
 }
 
 // String is the plan, readable, as the trace's header.
+// addWire gives some gateway replicas a real http.Transport, from a stream of its own
+// (the rest of the plan is drawn as without it).
+func addWire(r *rand.Rand, p *Plan) {
+	for i := range p.Replicas {
+		if p.Replicas[i].Gateway && chance(r, 0.5) {
+			p.Replicas[i].Wire = true
+		}
+	}
+}
+
 func (p Plan) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "lease %s, ttl %s, store timeout %s, upstream timeout %s, janitor every %s, clients stop at %s, late messages %.0f%% (takeover claims %.0f%%)",
@@ -274,6 +287,9 @@ func (p Plan) String() string {
 		kind := "middleware"
 		if rp.Gateway {
 			kind = "gateway"
+		}
+		if rp.Wire {
+			kind += " (http.Transport)"
 		}
 		if rp.Wait {
 			kind += " (conflict: wait)"
