@@ -3,10 +3,8 @@ package bench
 import (
 	"context"
 	"log/slog"
-	"net/http"
 	"net/url"
 	"strconv"
-	"strings"
 	"testing"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -41,31 +39,7 @@ func BenchmarkGatewayInProcessTraced(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { _ = gw.Shutdown(context.Background()) })
-			w := &reusedWriter{h: make(http.Header)}
-			serve := func(i int) int {
-				r, err := http.NewRequest(http.MethodPost, "http://gateway.invalid/payments", strings.NewReader(paymentBody))
-				if err != nil {
-					b.Fatal(err)
-				}
-				r.RemoteAddr = "192.0.2.1:1234"
-				r.Header.Set("Content-Type", "application/json")
-				r.Header.Set("Idempotency-Key", c.key(i))
-				r.Header.Set("Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-				w.reset()
-				gw.ServeHTTP(w, r)
-				return w.status
-			}
-			serve(0)
-			b.ReportAllocs()
-			cpu0 := processCPU(b)
-			i := 0
-			for b.Loop() {
-				i++
-				if code := serve(i); code != http.StatusCreated {
-					b.Fatalf("status %d", code)
-				}
-			}
-			b.ReportMetric(float64(processCPU(b)-cpu0)/float64(b.N), "cpu-ns/op")
+			serveKeyed(b, gw, c.key, map[string]string{"Traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
 		})
 	}
 }
