@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/retrysafe/retrysafe/redeliver"
 )
@@ -43,6 +44,11 @@ type deadLettersData struct {
 	Path    string // the queue's path segment, escaped
 	Letters []redeliver.DeadLetter
 	Limited bool
+	// The filter: a reason, and text the last error contains (case-insensitive). Listed
+	// is how many the broker listed before it.
+	Reason, Err string
+	Reasons     []string // the reasons of the listed dead letters, for the filter's choices
+	Listed      int
 }
 
 func (c *Console) deadLettersPage(w http.ResponseWriter, r *http.Request) {
@@ -55,7 +61,22 @@ func (c *Console) deadLettersPage(w http.ResponseWriter, r *http.Request) {
 		c.brokerFailed(w, r, name, "listing the dead letters", err)
 		return
 	}
-	d := &deadLettersData{Queue: name, Path: url.PathEscape(name), Letters: list, Limited: len(list) == dlqListLimit}
+	q := r.URL.Query()
+	d := &deadLettersData{Queue: name, Path: url.PathEscape(name), Limited: len(list) == dlqListLimit,
+		Reason: q.Get("reason"), Err: strings.TrimSpace(q.Get("err")), Listed: len(list)}
+	seen := map[string]bool{}
+	for _, l := range list {
+		if reason := string(l.Info.Reason); reason != "" && !seen[reason] {
+			seen[reason] = true
+			d.Reasons = append(d.Reasons, reason)
+		}
+		if d.Reason != "" && string(l.Info.Reason) != d.Reason ||
+			d.Err != "" && !strings.Contains(strings.ToLower(l.Info.Err), strings.ToLower(d.Err)) {
+			continue
+		}
+		d.Letters = append(d.Letters, l)
+	}
+	slices.Sort(d.Reasons)
 	c.render(w, r, http.StatusOK, "deadletters", c.newPage(r, "dlq", "Dead letters of "+name, d))
 }
 

@@ -413,6 +413,24 @@ func TestE2EGatewayConsoleDLQ(t *testing.T) {
 			t.Fatalf("GET the gateway console's DLQ page: %d, want %s:\n%s", status, id, page)
 		}
 	}
+	// The filter: by the last error's text (any case), and by reason.
+	for query, want := range map[string]int{"?err=HANDLER+REFUSES": 3, "?err=no+such+error": 0, "?reason=no-such-reason": 0} {
+		_, filtered := adminGet(t, path+query, "")
+		n := 0
+		for _, id := range dlqTestIDs() {
+			if strings.Contains(filtered, ">"+id+"<") {
+				n++
+			}
+		}
+		if n != want {
+			t.Errorf("GET %s: %d dead letters shown, want %d:\n%s", query, n, want, filtered)
+		}
+	}
+	if m := regexp.MustCompile(`<option value="([a-z-]+)"`).FindStringSubmatch(page); m == nil {
+		t.Errorf("no reason to filter by on the DLQ page:\n%s", page)
+	} else if _, filtered := adminGet(t, path+"?reason="+m[1], ""); !strings.Contains(filtered, ">dlq-m1<") {
+		t.Errorf("GET ?reason=%s: the dead letters of that reason are not shown:\n%s", m[1], filtered)
+	}
 	m := consoleCSRF.FindStringSubmatch(page)
 	if m == nil {
 		t.Fatalf("no CSRF token on the DLQ page:\n%s", page)
