@@ -26,7 +26,8 @@
 // chance and to learn of those that never were stored. A key whose owner could not renew
 // its lease because the store was unreachable is not taken over: for a lease after this
 // process last saw the store fail (a store call failing or slow, or its probe, which
-// pings every third of a lease), claims leave expired leases alone.
+// pings every third of a lease), and for a lease after its first claim (it cannot know
+// of an outage before), claims leave expired leases alone.
 //
 // Several policies over one store (a gateway's routes, each with its own methods, key,
 // scope, lease and limits, rebuilt when the configuration is reloaded): make the first

@@ -15,7 +15,9 @@ import (
 // key is not taken over. An outage is what this process saw: a store call that failed,
 // or took a third of a lease or more (a renewal as slow as that may have missed its
 // turn), or no contact with the store for two thirds of a lease (so nothing is known;
-// the probe keeps contact every third of a lease).
+// the probe keeps contact every third of a lease). A process that has not yet heard from
+// the store for a lease knows nothing of that lease, and holds takeovers back as well
+// (settling).
 //
 // One health serves every middleware over the store (see Middleware.With), whose leases
 // may differ, so each rule takes the lease that makes it cautious for all of them: what
@@ -31,16 +33,40 @@ type health struct {
 	longest  time.Duration // and the longest
 	trouble  time.Time     // the last instant the store was seen failing
 	contact  time.Time     // the end of the last call the store answered in time
+	started  time.Time     // when this process began
+	first    time.Time     // the store's instant in the answer to this process's first claim
 	narrowed chan struct{} // signalled when shortest shrinks, so the probe speeds up at once
 }
 
 func newHealth(lease time.Duration) *health {
-	// A process starts presuming the store healthy: if it is down, the first call or
-	// probe says so within a third of a lease. (A process started just after an outage
-	// ended could take a key over before its owner elsewhere stored its answer; the
-	// owner retries within a second of the store's return, so the window is that
-	// second.)
-	return &health{shortest: lease, longest: lease, contact: time.Now(), narrowed: make(chan struct{}, 1)}
+	// A process starts with no word of the store's past: see settling.
+	now := time.Now()
+	return &health{shortest: lease, longest: lease, contact: now, started: now, narrowed: make(chan struct{}, 1)}
+}
+
+// settling returns how long, at the store's instant now, claims must still leave
+// expired leases alone because this process has not yet heard from the store for a
+// (longest) lease: it knows nothing of the lease before that, in which an outage it
+// never saw (it was not running, or not yet talking to the store) may have kept a live
+// owner elsewhere from renewing, and a takeover then would run the owner's request a
+// second time beside it. The lease is counted on the store's clock, from the first
+// claim this process made — the clock the owner's lease runs on. The cost: a dead
+// owner's key waits up to a lease from a process's first claim.
+func (h *health) settling(now time.Time) time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.first.IsZero() {
+		h.first = now
+	}
+	return max(0, h.first.Add(h.longest).Sub(now))
+}
+
+// startWait returns how long the janitor must still leave records alone because this
+// process started less than a (longest) lease ago, for the reason settling gives.
+func (h *health) startWait() time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return max(0, time.Until(h.started.Add(h.longest)))
 }
 
 // widen takes a middleware with lease into the leases this health answers for.

@@ -86,12 +86,11 @@ func RunJanitor(ctx context.Context, j Janitor, cfg JanitorConfig) {
 }
 
 // sweepWait returns how long the janitor must still leave records alone: as long as
-// claims must leave expired leases alone (health.takeoverWait). It starts the store
+// claims must leave expired leases alone (health.takeoverWait), and for a lease after
+// the process started (health.startWait). It starts the store
 // probe, which a middleware otherwise starts at its first keyed request, so that the
-// middleware's word from the store stays fresh between sweeps; the call that starts it
-// waits a sixth of a lease, for the probe's first ping to be answered (a process that
-// has just started presumes the store healthy). Zero for a nil m and for stores that
-// cannot ping.
+// middleware's word from the store stays fresh between sweeps. Zero for a nil m and
+// for stores that cannot ping.
 func (m *Middleware) sweepWait(ctx context.Context) time.Duration {
 	if m == nil {
 		return 0
@@ -99,11 +98,9 @@ func (m *Middleware) sweepWait(ctx context.Context) time.Duration {
 	if _, ok := m.cfg.Store.(Pinger); !ok {
 		return 0
 	}
-	if m.startProbe() {
-		return max(m.health.shortestLease()/6, time.Millisecond)
-	}
+	m.startProbe()
 	if ctx.Err() != nil {
 		return 0
 	}
-	return m.health.takeoverWait()
+	return max(m.health.takeoverWait(), m.health.startWait())
 }

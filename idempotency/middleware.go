@@ -524,22 +524,19 @@ func (m *Middleware) report(r *http.Request, o Outcome) {
 // startProbe starts the store probe on the first keyed request of any middleware of the
 // group (a store that cannot be pinged learns only from requests). Its pings are store
 // calls of the middleware New made, so that they go to one StoreTimeout and one
-// OnStoreCall whichever route's request started the probe. It reports whether this
-// call started it (the probe then pings at once).
-func (m *Middleware) startProbe() (started bool) {
+// OnStoreCall whichever route's request started the probe. The probe pings at once.
+func (m *Middleware) startProbe() {
 	m.probeOnce.Do(func() {
 		p, ok := m.cfg.Store.(Pinger)
 		if !ok {
 			return
 		}
-		started = true
 		m.bg.Add(1)
 		go func() {
 			defer m.bg.Done()
 			m.prober.probe(m.probeCtx, p)
 		}()
 	})
-	return started
 }
 
 // storeCall runs one store operation bounded by StoreTimeout (unless the store is
@@ -666,7 +663,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // instant the first was decided at (TakeoverBy), so that a claim the network or a client
 // library delivers late takes nothing over on old knowledge, and only when this process
 // has seen the store answer for a whole lease since it last failed (health), so that an
-// owner cut off by an outage has had the time to renew. The third is of the shortest
+// owner cut off by an outage has had the time to renew, and for a whole lease since its
+// first claim (health.settling), so that a process started after an outage it never
+// saw does not take over the key of an owner that could not renew through it. The third is of the shortest
 // lease of the middlewares sharing the store's health, as health judges slowness by it:
 // the knowledge a takeover is decided on is no older than the probe keeps it. wait is
 // how long takeovers are still held back.
@@ -678,10 +677,14 @@ func (m *Middleware) claim(ctx context.Context, req ClaimRequest) (res ClaimResu
 		})
 	}
 	start := time.Now()
-	if err := call(); err != nil || res.Claimed {
+	if err := call(); err != nil {
 		return res, 0, err
 	}
-	wait = m.health.takeoverWait()
+	if res.Claimed {
+		m.health.settling(res.Now) // the first word from the store starts the count
+		return res, 0, nil
+	}
+	wait = max(m.health.takeoverWait(), m.health.settling(res.Now))
 	fresh := m.health.shortestLease() / 3
 	rec := res.Existing
 	if wait > 0 || time.Since(start) >= fresh || rec.State != StateInProgress || rec.LeaseUntil.After(res.Now) ||

@@ -328,6 +328,69 @@ func TestNoTakeoverAfterAnOutage(t *testing.T) {
 	}
 }
 
+// TestNoTakeoverByAProcessStartedAfterAnOutage: replica A runs a request when the store
+// goes away for longer than the lease; replica C starts after the store is back, so it
+// saw nothing of the outage. C must not take the key over beside A (which could not
+// renew): a process knows nothing of the lease before it started, so it holds takeovers
+// back for a lease from its start, as after an outage it saw. Once it has had a lease
+// of contact, a dead owner's key is taken over.
+func TestNoTakeoverByAProcessStartedAfterAnOutage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const lease = 3 * time.Second
+		var down atomic.Bool
+		store := memstore.New()
+		var runs atomic.Int64
+		release := make(chan struct{})
+		newReplica := func() (*idempotency.Middleware, http.Handler) {
+			mw, err := idempotency.New(idempotency.Config{Store: outage{store, &down}, Lease: lease,
+				Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return mw, mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("Idempotency-Key") == "k" && runs.Add(1) == 1 {
+					<-release
+				}
+				w.WriteHeader(http.StatusCreated)
+			}))
+		}
+		mwA, a := newReplica()
+		first := make(chan int)
+		go func() { first <- post(a, "k", "{}").Code }()
+		synctest.Wait()
+		down.Store(true)
+		elapse(3 * lease)
+		down.Store(false)
+		mwC, c := newReplica() // started after the outage
+		elapse(lease / 10)
+		if w := post(c, "k", "{}"); w.Code != http.StatusConflict {
+			t.Errorf("retry on C, started after the outage: %d, want 409", w.Code)
+		}
+		close(release)
+		if code := <-first; code != http.StatusCreated {
+			t.Errorf("A: %d", code)
+		}
+		if w := post(c, "k", "{}"); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Errorf("retry on C after A finished: %d %v", w.Code, w.Header())
+		}
+		if runs.Load() != 1 {
+			t.Errorf("%d executions of the key, want 1", runs.Load())
+		}
+		if _, err := store.Claim(context.Background(), idempotency.ClaimRequest{Key: "dead", Fingerprint: fingerprintOf("{}"), Lease: time.Second, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		elapse(lease)
+		if w := post(c, "dead", "{}"); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
+			t.Errorf("takeover of a dead owner's key a lease after C started: %d", w.Code)
+		}
+		for _, mw := range []*idempotency.Middleware{mwA, mwC} {
+			if err := mw.Shutdown(context.Background()); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+}
+
 func fingerprintOf(body string) string {
 	return idempotency.Fingerprint(http.MethodPost, "/pay", "", "", []byte(body), false)
 }

@@ -409,7 +409,7 @@ func TestWithShorterLeaseSpeedsTheProbe(t *testing.T) {
 		defer shutdown(t, a)
 		var runs atomic.Int64
 		post(a.Handler(created(&runs, "A")), "warm-up", "{}") // starts the probe, every 10s
-		synctest.Wait()
+		elapse(30 * time.Second)                              // A's first lease, in which it takes nothing over
 		b, err := a.With(idempotency.Config{Lease: 3 * time.Second, Logger: discard})
 		if err != nil {
 			t.Fatal(err)

@@ -332,13 +332,12 @@ func (w *world) explain(prev, cur *execution) (why, kind string, ok bool) {
 			return fmt.Sprintf("#%d's owner %s alone had a slow link to the store (%s–%s) while %s reached it", prev.N, prev.Proc.name, fmtD(s.Start), fmtD(s.End), d.Proc.name), "owner-slow-alone", true
 		}
 	}
-	// A process presumes the store healthy when it starts: one that started less than
-	// two thirds of a lease before its claim and never saw a store call fail knows
-	// nothing of an outage that kept the owner from renewing (health's documented
-	// window).
+	// A process holds takeovers back for a lease from its start, as after an outage it
+	// saw: one that started less than a lease before its claim, after an outage that kept
+	// the owner from renewing, took the key over from a live owner.
 	for _, o := range w.plan.Outages {
-		if o.Replica < 0 && o.Start < d.At && o.End > from && d.Proc.started >= d.At-2*w.plan.Lease/3 && !d.Proc.h.failedBy(d.At) {
-			return fmt.Sprintf("%s came from process %s, started at %s, after an outage (%s–%s) it never saw, before the owner %s could renew", taker, d.Proc.name, fmtD(d.Proc.started), fmtD(o.Start), fmtD(o.End), prev.Proc.name), "started-after-outage", true
+		if o.Replica < 0 && o.Start < d.At && o.End > from && d.Proc.started >= d.At-w.plan.Lease && !d.Proc.h.failedBy(d.At) {
+			return fmt.Sprintf("%s came from process %s, started at %s, after an outage (%s–%s) it never saw, before the owner %s could renew", taker, d.Proc.name, fmtD(d.Proc.started), fmtD(o.Start), fmtD(o.End), prev.Proc.name), "started-after-outage", false
 		}
 	}
 	// An outage of every replica that outlasts a record's TTL while its request runs: a

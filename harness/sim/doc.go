@@ -82,10 +82,11 @@
 //     request by itself, is the violation forwarded twice); its owner was killed before its
 //     answer was stored; its owner alone was cut off from the store, had a slow link, or
 //     had its renewals delivered late, while the replica that took over reached it; the
-//     replica that took over started less than two thirds of a lease before, after an
-//     outage it never saw (the health window); the record expired (its TTL) after its
-//     answer was stored. (A janitor's deletion of a live owner's record after an outage
-//     that outlasted its TTL is a violation: the janitor is held back.) Anything else is a violation, named by its cause: the key was
+//     record expired (its TTL) after its answer was stored. (A janitor's deletion of a
+//     live owner's record after an outage that outlasted its TTL is a violation: the
+//     janitor is held back; so is a takeover by a process started after an outage it
+//     never saw: a process holds takeovers back for a lease from its start.) Anything
+//     else is a violation, named by its cause: the key was
 //     taken over from a live owner, its record replaced or deleted while its owner ran,
 //     run again after its answer was stored, released after the upstream executed, or
 //     forwarded twice under one claim.

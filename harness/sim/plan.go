@@ -219,6 +219,27 @@ func newPlan(r *rand.Rand) Plan {
 	return p
 }
 
+// addRestarts adds to p, for some outages of every replica, a crash of one replica
+// during the outage whose new process starts just after it: a process that saw nothing
+// of the outage beside an owner that could not renew through it. It draws from a
+// stream of its own, so that the rest of the plan is what newPlan drew without them.
+func addRestarts(r *rand.Rand, p *Plan) {
+	for _, o := range p.Outages {
+		if o.Replica >= 0 || !chance(r, 0.6) {
+			continue
+		}
+		i := r.IntN(len(p.Replicas))
+		c := Crash{At: o.Start + dur(r, 0, o.End-o.Start)}
+		c.Down = o.End + dur(r, 0, p.Lease/10) - c.At
+		rp := &p.Replicas[i]
+		if slices.ContainsFunc(rp.Crashes, func(x Crash) bool { return x.At < c.At+c.Down+p.Lease/10 && c.At < x.At+x.Down+p.Lease/10 }) {
+			continue // the slot is down then, or just back
+		}
+		rp.Crashes = append(rp.Crashes, c)
+		slices.SortFunc(rp.Crashes, func(a, b Crash) int { return cmp.Compare(a.At, b.At) })
+	}
+}
+
 // addInputs adds to p, in two plans of five, one or two operations sending an input
 // that slipped around the key rules: a lower-case keyed method, twins whose paths differ
 // only in a percent-encoded slash, a Connection header naming a protected header (when

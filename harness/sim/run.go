@@ -68,6 +68,7 @@ func Run(seed uint64) *Result {
 	w.facts = facts{claims: map[int64]*claimFact{}, procs: map[string]*replica{}}
 	w.draw("plan", func(r *rand.Rand) { w.plan = newPlan(r) })
 	w.draw("plan/inputs", func(r *rand.Rand) { addInputs(r, &w.plan) })
+	w.draw("plan/restarts", func(r *rand.Rand) { addRestarts(r, &w.plan) })
 	w.draw("plan/wire", func(r *rand.Rand) { addWire(r, &w.plan) })
 	// The store decides by its own clock, the simulation's.
 	w.store = memstore.NewWithClock(time.Now)
