@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -34,7 +35,7 @@ type health struct {
 	trouble  time.Time     // the last instant the store was seen failing
 	contact  time.Time     // the end of the last call the store answered in time
 	started  time.Time     // when this process began
-	first    time.Time     // the store's instant in the answer to this process's first claim
+	first    atomic.Int64  // the store's instant in the answer to this process's first claim (Unix ns); 0: none yet
 	narrowed chan struct{} // signalled when shortest shrinks, so the probe speeds up at once
 }
 
@@ -50,15 +51,24 @@ func newHealth(lease time.Duration) *health {
 // never saw (it was not running, or not yet talking to the store) may have kept a live
 // owner elsewhere from renewing, and a takeover then would run the owner's request a
 // second time beside it. The lease is counted on the store's clock, from the first
-// claim this process made — the clock the owner's lease runs on. The cost: a dead
-// owner's key waits up to a lease from a process's first claim.
+// claim this process made (heard) — the clock the owner's lease runs on. The cost: a
+// dead owner's key waits up to a lease from a process's first claim.
 func (h *health) settling(now time.Time) time.Duration {
+	first := time.Unix(0, h.heard(now))
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.first.IsZero() {
-		h.first = now
+	return max(0, first.Add(h.longest).Sub(now))
+}
+
+// heard notes now, the store's instant in the answer to a claim, as the first word from
+// the store if there was none, and returns the first (in Unix nanoseconds). Lock-free:
+// every claim calls it.
+func (h *health) heard(now time.Time) int64 {
+	if first := h.first.Load(); first != 0 {
+		return first
 	}
-	return max(0, h.first.Add(h.longest).Sub(now))
+	h.first.CompareAndSwap(0, now.UnixNano())
+	return h.first.Load()
 }
 
 // startWait returns how long the janitor must still leave records alone because this

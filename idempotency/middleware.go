@@ -681,7 +681,7 @@ func (m *Middleware) claim(ctx context.Context, req ClaimRequest) (res ClaimResu
 		return res, 0, err
 	}
 	if res.Claimed {
-		m.health.settling(res.Now) // the first word from the store starts the count
+		m.health.heard(res.Now) // the first word from the store starts settling's count
 		return res, 0, nil
 	}
 	wait = max(m.health.takeoverWait(), m.health.settling(res.Now))
