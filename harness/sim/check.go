@@ -61,6 +61,7 @@ func (w *world) noteClaim(proc string, req idempotency.ClaimRequest, res idempot
 	defer w.mu.Unlock()
 	w.facts.claims[res.Token] = &claimFact{Token: res.Token, Proc: w.facts.procs[proc], Scope: req.Scope, Key: req.Key,
 		At: time.Since(w.start), TookOver: res.TookOver}
+	w.fireAmbushes(sk(req.Scope, req.Key), time.Since(w.start))
 }
 
 func (w *world) noteComplete(c idempotency.Completion) {
@@ -107,6 +108,11 @@ func (w *world) check(res *Result) {
 	f := &w.facts
 	res.Inputs = map[string]int{}
 	res.Executions, res.Finals, res.Unfinished, res.LateTakeovers = len(f.execs), len(f.seen), f.unfinished, f.lateTakeovers
+	for _, a := range w.ambushes {
+		if a.fired {
+			res.Ambushes++
+		}
+	}
 
 	// At most one execution per (scope, key), but in the documented windows: each
 	// execution after the first is explained by what happened to the one before it.

@@ -33,6 +33,11 @@ type Plan struct {
 	// key over: the message whose lateness the TakeoverBy bound is for, made late more
 	// often in storms so that the search meets it.
 	Late, LateTakeover float64
+	// Ambush is the share of the takeover claims drawn long late that the network
+	// ambushes, in storms (see ambush): it holds the claim until another claim of its
+	// key is granted, begins an outage of every replica just after, and delivers the
+	// claim just after the outage ends.
+	Ambush float64
 }
 
 // ReplicaPlan is one replica slot: what it runs and when its process is killed.
@@ -62,6 +67,9 @@ type Outage struct {
 	Start, End time.Duration
 	Replica    int
 	Stall      bool
+	// RunTime: begun during the run by the network's ambush of a late takeover claim,
+	// not drawn with the plan; judged as any other outage.
+	RunTime bool
 }
 
 // Slow is a window in which store calls take Extra longer, for every replica or one.
@@ -145,7 +153,7 @@ func newPlan(r *rand.Rand) Plan {
 	p.Storm = chance(r, 0.25)
 	p.Late, p.LateTakeover = 0.01, 0.01
 	if p.Storm {
-		p.Late, p.LateTakeover = 0.10, 0.5
+		p.Late, p.LateTakeover, p.Ambush = 0.10, 0.5, 0.7
 	}
 	faults := 4 * p.Lease // fault windows start before this
 	p.Horizon = faults + 10*p.Lease
@@ -285,7 +293,6 @@ func addInputs(r *rand.Rand, p *Plan) {
 	}
 }
 
-// String is the plan, readable, as the trace's header.
 // addWire gives some gateway replicas a real http.Transport, from a stream of its own
 // (the rest of the plan is drawn as without it).
 func addWire(r *rand.Rand, p *Plan) {
@@ -296,10 +303,14 @@ func addWire(r *rand.Rand, p *Plan) {
 	}
 }
 
+// String is the plan, readable, as the trace's header.
 func (p Plan) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "lease %s, ttl %s, store timeout %s, upstream timeout %s, janitor every %s, clients stop at %s, late messages %.0f%% (takeover claims %.0f%%)",
 		p.Lease, p.TTL, p.StoreTimeout, p.UpstreamTimeout, p.Janitor.Round(time.Millisecond), p.Horizon, 100*p.Late, 100*p.LateTakeover)
+	if p.Ambush > 0 {
+		fmt.Fprintf(&b, ", %.0f%% of late takeover claims ambushed", 100*p.Ambush)
+	}
 	if p.Storm {
 		b.WriteString(", storm")
 	}
@@ -328,6 +339,9 @@ func (p Plan) String() string {
 		}
 		if o.Stall {
 			how = "stall"
+		}
+		if o.RunTime {
+			who += ", at run time"
 		}
 		fmt.Fprintf(&b, "store outage (%s, %s) %s–%s\n", how, who, fmtD(o.Start), fmtD(o.End))
 	}

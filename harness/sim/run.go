@@ -32,6 +32,8 @@ type Result struct {
 	// LateTakeovers counts the takeover claims that reached the store after their
 	// TakeoverBy bound: the schedule exercised the bound.
 	LateTakeovers int
+	// Ambushes counts the ambushes of late takeover claims that fired (see ambush).
+	Ambushes int
 	// Inputs counts the final answers of the operations sending inputs that slip around
 	// the key rules, by what they got: the schedule exercised them.
 	Inputs map[string]int
@@ -116,9 +118,12 @@ func Run(seed uint64) *Result {
 	// The faults end before the processes stop, so that a live process's Shutdown
 	// stores what it holds (a Shutdown that runs out of time is not simulated).
 	var calm time.Duration
+	w.mu.Lock()
+	w.calm = true // no outage begins after this
 	for _, o := range w.plan.Outages {
 		calm = max(calm, o.End)
 	}
+	w.mu.Unlock()
 	for _, s := range w.plan.Slow {
 		calm = max(calm, s.End)
 	}

@@ -55,7 +55,7 @@ func TestSim(t *testing.T) {
 	start := time.Now()
 	var mu sync.Mutex
 	var failed []uint64
-	execs, windows, finals, unfinished, late := 0, 0, 0, 0, 0
+	execs, windows, finals, unfinished, late, ambushes := 0, 0, 0, 0, 0, 0
 	kinds, inputs := map[string]int{}, map[string]int{}
 	t.Run("seeds", func(t *testing.T) {
 		for i := range uint64(n) {
@@ -65,7 +65,7 @@ func TestSim(t *testing.T) {
 				res := runSeed(t, seed)
 				mu.Lock()
 				execs, windows, finals, unfinished = execs+res.Executions, windows+len(res.Windows), finals+res.Finals, unfinished+res.Unfinished
-				late += res.LateTakeovers
+				late, ambushes = late+res.LateTakeovers, ambushes+res.Ambushes
 				for _, k := range res.Kinds {
 					kinds[k]++
 				}
@@ -84,8 +84,8 @@ func TestSim(t *testing.T) {
 		}
 	})
 	slices.Sort(failed)
-	t.Logf("%d seeds in %s: %d executions, %d extra in documented windows, %d final answers, %d operations unfinished, %d takeover claims refused as late; causes of extra executions: %v; final answers to inputs that slip around the key rules: %v; failing seeds: %v",
-		n, time.Since(start).Round(time.Millisecond), execs, windows, finals, unfinished, late, kinds, inputs, failed)
+	t.Logf("%d seeds in %s: %d executions, %d extra in documented windows, %d final answers, %d operations unfinished, %d takeover claims refused as late (%d ambushed); causes of extra executions: %v; final answers to inputs that slip around the key rules: %v; failing seeds: %v",
+		n, time.Since(start).Round(time.Millisecond), execs, windows, finals, unfinished, late, ambushes, kinds, inputs, failed)
 }
 
 // TestDeterministic runs seeds twice: the same seed must give the same trace.

@@ -42,6 +42,11 @@ type world struct {
 	streams  map[string]*rand.Rand
 	events   []Event
 	facts    facts
+	// ambushes are the network's ambushes of late takeover claims so far.
+	ambushes []*ambush
+	// calm: the clients are done and the end of the fault windows is decided; the
+	// network lays no more ambushes.
+	calm bool
 }
 
 // stream returns the random stream called name, made from the seed and the name. Every
@@ -106,12 +111,104 @@ func sleep(ctx context.Context, d time.Duration) error {
 // outage returns the outage that holds at now for replica slot (-1: the janitor,
 // which sees only outages of every replica), if any.
 func (w *world) outage(slot int, now time.Duration) (Outage, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	for _, o := range w.plan.Outages {
 		if now >= o.Start && now < o.End && (o.Replica < 0 || o.Replica == slot) {
 			return o, true
 		}
 	}
 	return Outage{}, false
+}
+
+// ambush is the network's adversary against a takeover claim it holds long: the claim
+// is held until another claim of its key is granted (a legitimate owner starting the
+// request), then an outage of every replica begins just after that owner has its grant
+// (3 to 20 ms: its upstream runs, its answer is not yet stored), lasts one to two and a
+// half leases, and the claim arrives just after it ends (0.1 to 5 ms). The owner could
+// neither renew its lease nor store its answer through the outage, and no owner was cut
+// off alone: the claim reaches the store after that owner's lease ran out, on knowledge
+// from before it took over, which the claim's TakeoverBy bound must refuse. An ambush
+// no grant fires lets its claim arrive when it was drawn to.
+type ambush struct {
+	key         string
+	at, deliver time.Duration // when the claim was sent; when it arrives unfired
+	// drawn when laid: the outage's start after the grant, its length, and the claim's
+	// arrival after it
+	delay, length, after time.Duration
+	fired                bool
+	arrive               time.Duration
+	fire                 chan struct{} // closed when it fires
+}
+
+// until is when the ambush's claim arrives.
+func (a *ambush) until() time.Duration {
+	if a.fired {
+		return a.arrive
+	}
+	return a.deliver
+}
+
+// layAmbush lays, with the plan's Ambush share, an ambush for the takeover claim of key
+// sent at now on the stream called stream and drawn to arrive at deliver; nil if none.
+// One ambush is pending at a time (ambushes laid at one instant all are, whatever order
+// their goroutines run in). It draws from a stream of its own, so that the other draws
+// are what they are without it.
+func (w *world) layAmbush(stream, key string, now, deliver time.Duration) *ambush {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.calm || w.plan.Ambush == 0 || slices.ContainsFunc(w.ambushes, func(a *ambush) bool { return a.at < now && now < a.until() }) {
+		return nil
+	}
+	r := w.stream("ambush/" + stream)
+	if !chance(r, w.plan.Ambush) {
+		return nil
+	}
+	lease := w.plan.Lease
+	a := &ambush{key: key, at: now, deliver: deliver, fire: make(chan struct{})}
+	a.delay, a.length, a.after = dur(r, 3*time.Millisecond, 20*time.Millisecond), dur(r, lease, 5*lease/2), dur(r, 100*time.Microsecond, 5*time.Millisecond)
+	w.ambushes = append(w.ambushes, a)
+	return a
+}
+
+// fireAmbushes fires the ambushes of key laid before now whose claims are still held,
+// as the store grants a claim of key at now: each begins its outage. The outage joins
+// the plan's, judged as they are. w.mu is held.
+func (w *world) fireAmbushes(key string, now time.Duration) {
+	for _, a := range w.ambushes {
+		if a.fired || a.key != key || a.at >= now || now >= a.deliver {
+			continue
+		}
+		o := Outage{Start: now + a.delay, Replica: -1, RunTime: true}
+		o.End = o.Start + a.length
+		if w.calm || o.End > w.plan.Horizon-6*w.plan.Lease { // the clients have time to finish after it
+			continue
+		}
+		a.fired, a.arrive = true, o.End+a.after
+		close(a.fire)
+		w.plan.Outages = append(w.plan.Outages, o)
+		// In a stable order, whatever order the ambushes of one instant fired in: the
+		// judge names the first outage that explains an execution.
+		i := slices.IndexFunc(w.plan.Outages, func(o Outage) bool { return o.RunTime })
+		slices.SortStableFunc(w.plan.Outages[i:], func(a, b Outage) int { return cmp.Or(cmp.Compare(a.Start, b.Start), cmp.Compare(a.End, b.End)) })
+	}
+}
+
+// hold holds a's claim until it arrives: when drawn, or just after the outage of the
+// ambush fired.
+func (w *world) hold(a *ambush, there time.Duration) {
+	t := time.NewTimer(there)
+	select {
+	case <-t.C:
+	case <-a.fire:
+	}
+	t.Stop()
+	w.mu.Lock()
+	fired, arrive := a.fired, a.arrive
+	w.mu.Unlock()
+	if fired {
+		time.Sleep(arrive - w.now())
+	}
 }
 
 func (w *world) slowBy(slot int, now time.Duration) time.Duration {
@@ -204,7 +301,7 @@ func callNoting[T any](ctx context.Context, h *handle, op, key string, sent func
 	}
 	w := h.w
 	var there, back, heal time.Duration
-	var lost, held bool
+	var lost, held, longLate bool
 	stream := h.name + "/" + op + "/" + key
 	if id, ok := ctx.Value(attemptKey{}).(string); ok {
 		// The calls of one request have a stream of their own: the waiters of a key,
@@ -221,6 +318,7 @@ func callNoting[T any](ctx context.Context, h *handle, op, key string, sent func
 		switch x := r.Float64(); {
 		case x < late:
 			there += dur(r, w.plan.Lease/3, 2*w.plan.Lease) // held somewhere, delivered long after
+			longLate = true
 		case x < w.plan.Late+0.03:
 			there += dur(r, 0, w.plan.Lease/3) // a late message
 		}
@@ -234,7 +332,12 @@ func callNoting[T any](ctx context.Context, h *handle, op, key string, sent func
 	if sent != nil {
 		sent(there)
 	}
-	there += w.slowBy(h.slot, w.now())
+	now := w.now()
+	there += w.slowBy(h.slot, now)
+	var a *ambush
+	if op == "takeover" && longLate {
+		a = w.layAmbush(stream, key, now, now+there)
+	}
 	type answer struct {
 		v   T
 		err error
@@ -243,7 +346,11 @@ func callNoting[T any](ctx context.Context, h *handle, op, key string, sent func
 	w.inflight.Add(1)
 	go func() {
 		defer w.inflight.Done()
-		time.Sleep(there)
+		if a != nil {
+			w.hold(a, there)
+		} else {
+			time.Sleep(there)
+		}
 		if h.isCut() {
 			reply <- answer{zero, errDisconnect}
 			return
