@@ -16,7 +16,8 @@ type JanitorConfig struct {
 	// Logger receives sweep failures and, at debug level, sweep counts. Default slog.Default().
 	Logger *slog.Logger
 	// Middleware, when set, holds sweeps back as it holds takeovers back: while it has
-	// seen its store fail within its longest lease, no sweep runs. An outage of every
+	// seen its store fail within its longest lease, and for that lease after the process
+	// started (it cannot know of an outage before), no sweep runs. An outage of every
 	// replica that outlasts a record's TTL leaves the record of a live owner expired,
 	// with its lease run out (the owner could not renew it) and its answer held until
 	// the store returns; a sweep right after the outage would delete the record before
@@ -60,7 +61,7 @@ func RunJanitor(ctx context.Context, j Janitor, cfg JanitorConfig) {
 	defer t.Stop()
 	for {
 		if wait := cfg.Middleware.sweepWait(ctx); wait > 0 {
-			cfg.Logger.DebugContext(ctx, "idempotency: janitor held back after a store failure", "for", wait)
+			cfg.Logger.DebugContext(ctx, "idempotency: janitor held back: the store failed, or the process started, less than a lease ago", "for", wait)
 			hold := time.NewTimer(min(wait, cfg.Interval))
 			select {
 			case <-ctx.Done():
