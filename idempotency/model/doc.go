@@ -1,6 +1,16 @@
 // Package model holds protocol.pml, a Promela model of the idempotency protocol (claim,
-// lease, heartbeat, completion, release, abandon, takeover, held completions), and the
-// test that checks it exhaustively with spin.
+// lease, heartbeat, completion, release, abandon, takeover, held completions, and the
+// restart of a replica's process), and the test that checks it exhaustively with spin.
+//
+// A restart kills every attempt its replica runs, each as an owner crash (a held answer
+// is lost with the process), and starts the new process's health as if it had just seen
+// the store fail, so that it takes no key over for a lease: it knows nothing of the
+// lease before it started, in which an outage it never saw may have kept a live owner
+// elsewhere from renewing. The model assumes the old process's death and the new one's
+// start are one instant (a downtime between them is a replica serving nothing) and
+// counts the lease from the start, no later than the Go code, which counts it from the
+// process's first claim on the store's clock; the windows that excuse a second execution
+// judge a replica by its link's real history, which a restart does not reset.
 //
 // The model's header maps each of its transitions to the Go function that implements
 // it, and each State and Outcome of package idempotency to the model (or says why it is

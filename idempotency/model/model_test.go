@@ -38,7 +38,8 @@ type variant struct {
 }
 
 // The correct model at the bound CI verifies: 2 replicas, 2 client attempts and the
-// final retry, 1 owner crash, 2 link outages, 1 store call held by the network.
+// final retry, 1 owner crash, 2 link outages, 1 store call held by the network, 1
+// replica restart.
 var correct = variant{name: "correct", defines: []string{"-DNATT=2"}}
 
 // The long bounds (RETRYSAFE_LONG=1), each a few minutes and a few GB: more faults
@@ -50,7 +51,7 @@ var long = []variant{
 
 // noFaults takes every fault away but the ones a variant's counterexample needs, so
 // that the counterexample shows the variant's mistake alone.
-var noFaults = []string{"-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0"}
+var noFaults = []string{"-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0", "-DMAXRESTART=0"}
 
 // Each broken variant keeps only the invariant it breaks (-DONLY), so that the
 // counterexample spin finds is one of that invariant. Two need a third attempt: a
@@ -67,6 +68,8 @@ var broken = []variant{
 	breaks("RELEASE_NO_CHECK", "inv_once"),
 	breaks("CLAIM_REPLACES_DONE", "inv_replay", "-DNATT=3"),
 	breaks("NO_TAKEOVER", "inv_progress", "-DMAXOUT=0", "-DMAXHELD=0"),
+	// A process restarted after an outage it never saw takes a live owner's key over.
+	breaks("START_HEALTHY", "inv_once", "-DMAXCRASH=0", "-DMAXHELD=0").with("restarts"),
 }
 
 // breaks is the broken variant BROKEN_name, which spin must refute with a
@@ -75,14 +78,23 @@ func breaks(name, want string, defines ...string) variant {
 	return variant{name: name, want: want, defines: append([]string{"-DBROKEN_" + name}, defines...)}
 }
 
+// with is v whose counterexample must hold the event story.
+func (v variant) with(story string) variant {
+	v.story = story
+	return v
+}
+
 // The documented windows are real: with STRICT no second execution is allowed, and
 // spin must find one in each window alone, and none without a fault and an unknown
 // outcome, so the exceptions of inv_once excuse what happens and nothing more.
 var windows = []variant{
-	{name: "window-crash", want: "inv_once", story: "crashed", defines: []string{"-DSTRICT", "-DMAXOUT=0", "-DMAXHELD=0", "-DNO_ABANDON"}},
-	{name: "window-abandon", want: "inv_once", story: " abandoned", defines: []string{"-DSTRICT", "-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0"}},
-	{name: "window-cut-off", want: "inv_once", story: "takeover=1", defines: []string{"-DSTRICT", "-DMAXCRASH=0", "-DNO_ABANDON"}},
-	{name: "once-without-faults", defines: []string{"-DSTRICT", "-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0", "-DNO_ABANDON"}},
+	{name: "window-crash", want: "inv_once", story: "crashed", defines: []string{"-DSTRICT", "-DMAXOUT=0", "-DMAXHELD=0", "-DMAXRESTART=0", "-DNO_ABANDON"}},
+	{name: "window-abandon", want: "inv_once", story: " abandoned", defines: []string{"-DSTRICT", "-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0", "-DMAXRESTART=0"}},
+	{name: "window-cut-off", want: "inv_once", story: "takeover=1", defines: []string{"-DSTRICT", "-DMAXCRASH=0", "-DMAXRESTART=0", "-DNO_ABANDON"}},
+	// A restart crashes the attempts of its replica as an owner crash does, and opens
+	// the same window (winCrash), with no other fault.
+	{name: "window-restart", want: "inv_once", story: "restarts", defines: []string{"-DSTRICT", "-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0", "-DNO_ABANDON"}},
+	{name: "once-without-faults", defines: []string{"-DSTRICT", "-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0", "-DMAXRESTART=0", "-DNO_ABANDON"}},
 	// With expiry and the janitor, an outage of every replica that outlasts a record's
 	// TTL lets the janitor delete a live owner's record before it stores its answer (the
 	// janitor is not held back as takeovers are), and a retry runs the request again:

@@ -4,7 +4,9 @@
  *
  * One key (one scope, one fingerprint) on one store shared by NREP replicas. NATT
  * client attempts carrying the key arrive at any replica at any time, concurrently or
- * one after the other (duplicates and retries). Owners crash; each replica's link to
+ * one after the other (duplicates and retries). Owners crash; a replica's process
+ * restarts (every attempt on it crashes, and the new process knows nothing of the
+ * store's past); each replica's link to
  * the store goes down and up; a call over a link that is down fails, or is applied with
  * its reply lost, or is held by the network and delivered later or never, or is applied
  * and delivered again later (a client library resending it); answers to the client are
@@ -47,6 +49,10 @@
  *   fail: its probe pings every third of a lease)
  * Janitor (EXPIRY)      janitor.go: RunJanitor, Sweep
  *                       memstore/memstore.go: Store.DeleteExpired
+ * Restart               health.go: newHealth, health.settling, health.startWait
+ *                       middleware.go: Middleware.claim
+ *   (a replica's process dies, every attempt on it crashes; the new process's health
+ *   starts as if it had just seen the store fail: no takeover for a lease)
  * Links, Net            the network between the replicas and the store
  * Final                 a retry once every fault is over (the progress check)
  *
@@ -81,13 +87,15 @@
  *
  * Invariants (each an assertion, named by an mtype inv_*; -DONLY=inv_x keeps one):
  * inv_once      every upstream execution but the first follows a documented window:
- *               an owner that crashed after its upstream call and before its answer
- *               reached the store (winCrash), an abandoned (unknown) outcome
- *               (winAband), or a takeover of a live owner whose replica could not reach
- *               the store until its lease ran out, by a replica that had reached it for
- *               a whole lease (winCut): the owner need only be cut off for the rest of
- *               its lease, two thirds of a lease or more after a renewal, and a held
- *               answer's owner renews nothing
+ *               an owner that crashed (by itself, or with its replica's restart) after
+ *               its upstream call and before its answer reached the store (winCrash),
+ *               an abandoned (unknown) outcome (winAband), or a takeover of a live owner
+ *               whose replica could not reach the store until its lease ran out, by a
+ *               replica that had reached it for a whole lease (winCut): the owner need
+ *               only be cut off for the rest of its lease, two thirds of a lease or
+ *               more after a renewal, and a held answer's owner renews nothing. Both
+ *               sides of winCut are judged on the links' real history (the ghost
+ *               linkUp), which a restart does not reset, not on a process's health
  * inv_takeover  a live owner's key is taken over only in that last window
  * inv_replay    a replay (from the store, or from a response held by a replica) is the
  *               response stored for the key; a held one may differ only after winCut or
@@ -113,6 +121,7 @@
  * BROKEN_RELEASE_NO_CHECK     Release deletes whatever record is there  (inv_once)
  * BROKEN_CLAIM_REPLACES_DONE  a claim replaces a done record            (inv_replay)
  * BROKEN_NO_TAKEOVER          the middleware never sends the takeover   (inv_progress)
+ * BROKEN_START_HEALTHY        a restarted process presumes the store healthy (inv_once)
  *
  * EXPIRY adds the TTL (L+1 ticks) and the janitor, and with them two windows: a key
  * whose TTL is over runs again (winTTL, by design), and an outage of every replica that
@@ -124,9 +133,21 @@
  *
  * The windows are real: with -DSTRICT inv_once allows no second execution, and spin
  * finds one in each window alone (an owner crash with no outage and no unknown outcome,
- * -DMAXOUT=0 -DMAXHELD=0 -DNO_ABANDON; an unknown outcome with no other fault,
- * -DMAXCRASH=0 -DMAXOUT=0 -DMAXHELD=0; an owner cut off, with no crash and no unknown
- * outcome, -DMAXCRASH=0 -DNO_ABANDON), and none with no fault and no unknown outcome.
+ * -DMAXOUT=0 -DMAXHELD=0 -DMAXRESTART=0 -DNO_ABANDON; a restart, with no other fault,
+ * -DMAXCRASH=0 -DMAXOUT=0 -DMAXHELD=0 -DNO_ABANDON; an unknown outcome with no other
+ * fault, -DMAXCRASH=0 -DMAXOUT=0 -DMAXHELD=0 -DMAXRESTART=0; an owner cut off, with no
+ * crash, restart or unknown outcome, -DMAXCRASH=0 -DMAXRESTART=0 -DNO_ABANDON), and none
+ * with no fault and no unknown outcome.
+ *
+ * Assumed of a restart (MAXRESTART, a fault like the others, bounded): the old process
+ * dies and the new one starts at one instant; a downtime between them is time in which
+ * the replica serves nothing, which needs no transition (no attempt need arrive). The
+ * new process's health starts as if it had just seen the store fail, and counts the
+ * lease from its start; the Go code counts it from its first claim, on the store's clock
+ * (health.settling), which is no earlier, so the model takes over at least as soon as
+ * the code may, and the code's takeovers are among those it checks. What the old
+ * process held in memory (its held answers, its health) is lost; what it sent and the
+ * network holds may still arrive. The store does not restart.
  */
 
 #ifndef NATT
@@ -143,6 +164,9 @@
 #endif
 #ifndef MAXHELD
 #define MAXHELD 1       /* store calls held by the network (delivered late or never) */
+#endif
+#ifndef MAXRESTART
+#define MAXRESTART 1    /* replica (process) restarts */
 #endif
 #ifndef S
 #define S 2             /* clock skew bound, in ticks (only LOCAL_CLOCK reads it) */
@@ -210,6 +234,11 @@ byte resp;              /* the stored response (the id of the attempt that made 
 /* The replicas. */
 bool up[NREP] = true;   /* the link to the store */
 byte sinceDown[NREP] = L; /* ticks since the replica saw the store fail, saturated at L */
+byte linkUp[NREP] = L;  /* ghost: sinceDown had the replica's process never restarted: the
+                         * ticks since its link was last down (at a tick, or at a call that
+                         * failed), saturated at L; a restart does not reset it, so the
+                         * windows judge a replica by its real link history, not by what its
+                         * process believes */
 byte pend[NREP];        /* the response a replica holds for the key (pending), 0: none */
 #ifdef BROKEN_LOCAL_CLOCK
 short off[NREP];        /* the replica's clock minus the store's */
@@ -220,7 +249,8 @@ bool held;
 mtype:opcode hOp = op_none;
 byte hAtt, hRep, hTok, hResp;
 bool hNt;
-bool hHd;               /* ghost: a held takeover claim was decided on a healthy view */
+bool hHd;               /* ghost: a held takeover claim's replica had reached the store for a
+                         * whole lease when it decided (REACHED) */
 short hTb;              /* ticks left to its TakeoverBy, saturated at -1 */
 byte heldLeft = MAXHELD;
 byte outages;
@@ -235,11 +265,14 @@ byte outages;
 byte phase[NATT + 2];
 bool due[NATT + 2];     /* a renewal or a flush is due (the timer fired) */
 short tbyA[NATT + 2];   /* P_DECIDED: ticks left to the decision's TakeoverBy */
-bool hdA[NATT + 2];     /* ghost, P_DECIDED: the decision's view was healthy */
+bool hdA[NATT + 2];     /* ghost, P_DECIDED: the taker's replica had reached the store for a
+                         * whole lease when it decided (REACHED) */
 bool alive[NATT + 2];   /* holds the key's token and may still use it */
 byte rep[NATT + 2];     /* the replica the attempt reached */
+byte kindA[NATT + 2];   /* P_FIN, P_HOLD: what the handler's answer says (K_*), 0 before */
 byte ndone;             /* attempts over */
 byte crashes;
+byte restarts;          /* replica restarts */
 
 /* Ghosts: what the properties speak of. */
 byte owner;             /* the attempt that claimed the record's token */
@@ -258,6 +291,12 @@ byte quiet;             /* ticks with every attempt over, every link up, nothing
 #endif
 #define EXPIRED(rp) (leaseLeft <= CLK(rp))
 #define HEALTHY(rp) (sinceDown[rp] >= L)
+/* ghost: the replica did reach the store for the whole last lease (what winCut asks of a
+ * taker). HEALTHY is what its process believes: it implies REACHED unless a restart
+ * forged it (BROKEN_START_HEALTHY). */
+#define REACHED(rp) (linkUp[rp] >= L)
+/* the replica saw the store fail: its process's health and its link's history */
+#define SAW_FAIL(rp) sinceDown[rp] = 0; linkUp[rp] = 0
 
 #define report(a, o) reported = o; printf("OUTCOME attempt=%d %e\n", a, reported)
 
@@ -311,15 +350,16 @@ inline newRecord(a, rp, takeover, t) {
 }
 
 /* The takeover of a record whose owner is alive: documented only when the owner's
- * replica saw the store fail within the last lease (it could not renew), and the taker
- * decided on a view of a whole lease with no failure (hd) at most F ticks ago (tb, the
- * ticks left to the decision's TakeoverBy, is not negative): the taker reached the
- * store while the owner was cut off. */
+ * replica's link failed within the last lease (it could not renew), and the taker's
+ * replica had reached the store for a whole lease (hd, REACHED when it decided) at most
+ * F ticks ago (tb, the ticks left to the decision's TakeoverBy, is not negative): the
+ * taker reached the store while the owner was cut off. Both are judged on the links'
+ * real history (linkUp), not on a process's health, which a restart resets. */
 inline liveTakeover(tb, hd) {
 	if
 	:: alive[owner] ->
 		if
-		:: sinceDown[rep[owner]] < L && hd && tb >= 0 -> winCut++; respWin = true
+		:: linkUp[rep[owner]] < L && hd && tb >= 0 -> winCut++; respWin = true
 		:: else -> CHECK(false, inv_takeover)
 		fi
 	:: else -> skip
@@ -438,7 +478,7 @@ inline hold(op, a, rp, t, x, nt, tb, hd) {
 	:: !up[rp] -> \
 		if :: true :: true -> APPLY fi; \
 		if :: true :: !held && heldLeft > 0 -> HOLD fi; \
-		r = r_err; sinceDown[rp] = 0 \
+		r = r_err; SAW_FAIL(rp) \
 	fi
 
 inline callClaim(a, rp, nt, tb, hd, t, r, sDone, sResp, sExp) {
@@ -464,7 +504,7 @@ inline callAbandon(a, rp, t, r) {
 inline getCall(rp, t, r) {
 	if
 	:: up[rp] -> storeGet(t, r)
-	:: !up[rp] -> r = r_err; sinceDown[rp] = 0
+	:: !up[rp] -> r = r_err; SAW_FAIL(rp)
 	fi
 }
 
@@ -502,11 +542,28 @@ inline forget() {
 
 /* The attempt is over: whatever it held is gone with it. */
 inline quit(a) {
-	phase[a] = P_IDLE; due[a] = false; alive[a] = false; rep[a] = 0; ndone++
+	phase[a] = P_IDLE; due[a] = false; alive[a] = false; rep[a] = 0; kindA[a] = 0;
+	tbyA[a] = 0; hdA[a] = false; ndone++
+}
+
+/* Attempt a's process dies (an owner crash, or its replica's restart), in whatever phase
+ * it is: after its handler returned with the work done and before the answer reached the
+ * store (winCrash), or holding the answer, which is lost with the process (winCrash, and
+ * the client may hold an answer the store never gets: respWin). Before its handler
+ * returned there is nothing to excuse: the work was not done. It reads only globals, so
+ * that a restart can crash every attempt of its replica at once. */
+inline crash(a) {
+	printf("EVENT attempt %d crashed\n", a);
+	if
+	:: phase[a] == P_FIN && kindA[a] == K_OK -> winCrash++
+	:: phase[a] == P_HOLD -> winCrash++; respWin = true; drop(rep[a], a)
+	:: else -> skip
+	fi;
+	quit(a)
 }
 
 proctype Attempt(byte a) {
-	byte rp, t, x, kind, sResp;
+	byte rp, t, x, sResp;
 	bool sDone, sExp, lost, rfail;
 	mtype:res r;
 
@@ -534,17 +591,20 @@ proctype Attempt(byte a) {
 #ifdef BROKEN_NO_TAKEOVER
 			report(a, conflict); quit(a); goto over
 #else
-			phase[a] = P_DECIDED; tbyA[a] = F; hdA[a] = true;
+			phase[a] = P_DECIDED; tbyA[a] = F; hdA[a] = REACHED(rp);
 			printf("EVENT attempt %d found the lease run out: it will take the key over\n", a)
 #endif
 #ifdef BROKEN_NO_HEALTH_HOLD
-		:: r == r_existing && !sDone && sExp && !HEALTHY(rp) -> phase[a] = P_DECIDED; tbyA[a] = F; hdA[a] = false;
+		:: r == r_existing && !sDone && sExp && !HEALTHY(rp) -> phase[a] = P_DECIDED; tbyA[a] = F; hdA[a] = REACHED(rp);
 			printf("EVENT attempt %d found the lease run out: it will take the key over, though its replica saw the store fail\n", a)
 #endif
 		:: else -> existing(a, r, sDone, sResp); quit(a); goto over
 		fi
 	}
+	/* Every step below begins with a guard on the attempt's phase: a restart of its
+	 * replica ends it from outside (crash), and its process then takes no step. */
 	atomic {
+		phase[a] == P_DECIDED ->
 		callClaim(a, rp, false, tbyA[a], hdA[a], t, r, sDone, sResp, sExp);
 		phase[a] = P_IDLE; tbyA[a] = 0; hdA[a] = false;
 		if
@@ -569,16 +629,17 @@ running:
 	   }
 	:: atomic {
 		/* the handler returns; its upstream call did the work, or may have, or not */
+		(phase[a] == P_RUN || phase[a] == P_LOSTRUN) ->
 		if
-		:: kind = K_OK; x = a; execute(a)
+		:: kindA[a] = K_OK; x = a; execute(a)
 #ifndef NO_ABANDON
-		:: kind = K_UNKNOWN; winAband++; execute(a)
+		:: kindA[a] = K_UNKNOWN; winAband++; execute(a)
 #endif
-		:: kind = K_NOTDONE
+		:: kindA[a] = K_NOTDONE
 		fi;
 #ifdef BROKEN_SEND_BEFORE_STORE
 		if
-		:: kind == K_OK -> deliverFinal(x)
+		:: kindA[a] == K_OK -> deliverFinal(x)
 		:: else -> skip
 		fi;
 #endif
@@ -586,31 +647,31 @@ running:
 		break
 	   }
 	:: atomic {
-		crashes < MAXCRASH -> crashes++; printf("EVENT attempt %d crashed\n", a); quit(a); goto over
+		phase[a] != P_IDLE && crashes < MAXCRASH -> crashes++; crash(a); goto over
 	   }
 	od;
 	/* P_FIN: the finishing call comes before the next tick */
 	if
 	:: atomic {
-		lost -> report(a, lease_lost);
+		phase[a] == P_FIN && lost -> report(a, lease_lost);
 		if
-		:: kind == K_OK -> deliverFinal(x)
+		:: kindA[a] == K_OK -> deliverFinal(x)
 		:: else -> skip
 		fi;
 		quit(a); goto over
 	   }
 	:: atomic {
-		!lost && kind == K_UNKNOWN ->
+		phase[a] == P_FIN && !lost && kindA[a] == K_UNKNOWN ->
 		callAbandon(a, rp, t, r);
 		report(a, abandoned); quit(a); goto over
 	   }
 	:: atomic {
-		!lost && kind == K_NOTDONE ->
+		phase[a] == P_FIN && !lost && kindA[a] == K_NOTDONE ->
 		callRelease(a, rp, t, r);
 		report(a, released); quit(a); goto over
 	   }
 	:: atomic {
-		!lost && kind == K_OK ->
+		phase[a] == P_FIN && !lost && kindA[a] == K_OK ->
 		callComplete(a, rp, t, x, r);
 		if
 		:: r == r_ok -> report(a, executed); deliverFinal(x); quit(a); goto over
@@ -627,17 +688,13 @@ running:
 		fi
 	   }
 	:: atomic {
-		crashes < MAXCRASH -> crashes++; printf("EVENT attempt %d crashed\n", a);
-		if
-		:: kind == K_OK -> winCrash++
-		:: else -> skip
-		fi;
-		quit(a); goto over
+		phase[a] == P_FIN && crashes < MAXCRASH -> crashes++; crash(a); goto over
 	   }
 	fi;
 	/* P_HOLD: flush the held answer until the store takes it or says it is not ours */
 	do
 	:: atomic {
+		phase[a] == P_HOLD ->
 		callComplete(a, rp, t, x, r);
 		if
 		:: r == r_ok -> drop(rp, x); quit(a); goto over
@@ -646,8 +703,7 @@ running:
 		fi
 	   }
 	:: atomic {
-		crashes < MAXCRASH -> crashes++; printf("EVENT attempt %d crashed\n", a); winCrash++; respWin = true;
-		drop(rp, x); quit(a); goto over
+		phase[a] == P_HOLD && crashes < MAXCRASH -> crashes++; crash(a); goto over
 	   }
 	od;
 over:
@@ -683,6 +739,11 @@ end:	do
 			if
 			:: !up[i] -> sinceDown[i] = 0
 			:: up[i] && sinceDown[i] < L -> sinceDown[i]++
+			:: else -> skip
+			fi;
+			if
+			:: !up[i] -> linkUp[i] = 0
+			:: up[i] && linkUp[i] < L -> linkUp[i]++
 			:: else -> skip
 			fi;
 			i++
@@ -743,6 +804,46 @@ end:	do
 	od
 }
 
+#ifdef BROKEN_START_HEALTHY
+#define START_SINCE L   /* the new process presumes the store healthy */
+#else
+#define START_SINCE 0   /* as if it had just seen the store fail (health.settling) */
+#endif
+
+/* A replica's process dies and a new one takes its place: every attempt it runs crashes
+ * (crash, as an owner crash: a held answer is lost with the process), and the new
+ * process knows nothing of the lease before it started, in which an outage it never saw
+ * may have kept a live owner on the other replica from renewing: its health starts as if
+ * it had just seen the store fail, which holds its takeovers (and a held-back janitor)
+ * back for a lease. A call the old process sent and the network holds may still arrive.
+ * The restart is a fault: the progress check waits for a quiet lease after it. */
+inline restart(rp) {
+	restarts++;
+	printf("EVENT replica %d restarts\n", rp);
+	i = 1;
+	do
+	:: i <= NATT ->
+		if
+		:: phase[i] != P_IDLE && rep[i] == rp -> crash(i)
+		:: else -> skip
+		fi;
+		i++
+	:: else -> break
+	od;
+	i = 0;
+	pend[rp] = 0;
+	sinceDown[rp] = START_SINCE;
+	quiet = 0
+}
+
+proctype Restart() {
+	byte i;
+end:	do
+	:: atomic { restarts < MAXRESTART -> restart(0) }
+	:: atomic { restarts < MAXRESTART -> restart(1) }
+	od
+}
+
 #ifdef EXPIRY
 /* The janitor deletes a record whose TTL is over, unless it is in progress with its
  * lease running. Without JanitorConfig.Middleware nothing holds it back after the store
@@ -768,12 +869,12 @@ end:	do
 		printf("EVENT the janitor deletes the expired record (%e)\n", st);
 		if
 		:: st == done -> winTTL++; respWin = true; firstStored = 0
-		:: st == in_progress && alive[owner] && sinceDown[rep[owner]] < L &&
-		   (up[0] && HEALTHY(0) || up[1] && HEALTHY(1)) ->
+		:: st == in_progress && alive[owner] && linkUp[rep[owner]] < L &&
+		   (up[0] && REACHED(0) || up[1] && REACHED(1)) ->
 			/* as a takeover of an owner cut off, by a replica that reaches the store */
 			winCut++; respWin = true
-		:: st == in_progress && alive[owner] && sinceDown[rep[owner]] < L &&
-		   !(up[0] && HEALTHY(0) || up[1] && HEALTHY(1)) ->
+		:: st == in_progress && alive[owner] && linkUp[rep[owner]] < L &&
+		   !(up[0] && REACHED(0) || up[1] && REACHED(1)) ->
 			/* the record's TTL ran out during an outage of every replica, while its
 			 * owner could not renew it: the documented window, unless STRICT_TTL */
 #ifndef STRICT_TTL
@@ -806,7 +907,7 @@ end:	atomic {
 		if
 		:: r == r_existing && !sDone && sExp && HEALTHY(rp) ->
 #ifndef BROKEN_NO_TAKEOVER
-			callClaim(FINAL, rp, false, F, true, t, r, sDone, sResp, sExp)
+			callClaim(FINAL, rp, false, F, REACHED(rp), t, r, sDone, sResp, sExp)
 #else
 			skip
 #endif
@@ -841,6 +942,9 @@ init {
 		:: else -> break
 		od;
 		run Final();
+#if MAXRESTART > 0
+		run Restart();
+#endif
 #ifdef EXPIRY
 		run Janitor();
 #endif
