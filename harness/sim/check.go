@@ -320,8 +320,10 @@ func (w *world) explain(prev, cur *execution) (why, kind string, ok bool) {
 			return fmt.Sprintf("#%d's owner %s was killed at %s, before its answer was stored", prev.N, prev.Proc.name, fmtD(died)), "owner-killed", true
 		}
 	}
+	// A renewal sent in an outage of its owner's link would have failed on time too: its
+	// lateness explains nothing.
 	for _, rn := range cp.Renewals {
-		if rn.At >= d.At-w.plan.Lease && rn.At < d.At && rn.Own >= w.plan.StoreTimeout {
+		if rn.At >= d.At-w.plan.Lease && rn.At < d.At && rn.Own >= w.plan.StoreTimeout && !w.cutOff(prev.Proc.slot, rn.At) {
 			return fmt.Sprintf("#%d's owner %s renewed its lease at %s over its own link, which delivered the renewal %s late, while %s reached the store", prev.N, prev.Proc.name, fmtD(rn.At), fmtD(rn.Own), d.Proc.name), "owner-link-late-alone", true
 		}
 	}
@@ -362,6 +364,14 @@ func (w *world) explain(prev, cur *execution) (why, kind string, ok bool) {
 		return fmt.Sprintf("%s took over the lease of #%d's owner %s, alive and never cut off alone", taker, prev.N, prev.Proc.name), "took-over-live-owner", false
 	}
 	return fmt.Sprintf("%s replaced #%d's record (token %d) while its owner %s ran", taker, prev.N, prev.Token, prev.Proc.name), "replaced-running-record", false
+}
+
+// cutOff reports whether an outage of slot's link to the store (its own, or every
+// replica's) holds at at. w.mu is held.
+func (w *world) cutOff(slot int, at time.Duration) bool {
+	return slices.ContainsFunc(w.plan.Outages, func(o Outage) bool {
+		return at >= o.Start && at < o.End && (o.Replica < 0 || o.Replica == slot)
+	})
 }
 
 // displacing returns the first claim of c's key the store granted after c, or the
