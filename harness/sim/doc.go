@@ -90,15 +90,15 @@
 //     lease; a second execution under the same claim, the Transport resending the
 //     request by itself, is the violation forwarded twice); its owner was killed before its
 //     answer was stored; its owner alone was cut off from the store, had a slow link, or
-//     had its renewals delivered late, while the replica that took over reached it; the
-//     record expired (its TTL) after its answer was stored. (A janitor's deletion of a
-//     live owner's record after an outage that outlasted its TTL is a violation: the
-//     janitor is held back; so is a takeover by a process started after an outage it
-//     never saw: a process holds takeovers back for a lease from its start.) Anything
-//     else is a violation, named by its cause: the key was
-//     taken over from a live owner, its record replaced or deleted while its owner ran,
-//     run again after its answer was stored, released after the upstream executed, or
-//     forwarded twice under one claim.
+//     had its renewals, sent while its link was up, delivered late, while the replica that
+//     took over reached it; the record expired (its TTL) after its answer was stored. (A
+//     janitor's deletion of a live owner's record after an outage that outlasted its TTL
+//     is a violation: the janitor is held back; so is a takeover by a process started
+//     after an outage it never saw: a process holds takeovers back for a lease from its
+//     start.) Anything else is a violation, named by its cause: the key was taken over
+//     from a live owner, its record replaced or deleted while its owner ran, run again
+//     after its answer was stored, released after the upstream executed, or forwarded
+//     twice under one claim.
 //   - No foreign replay: every answer a client sees comes from the upstream's execution
 //     of its own request (scope, key, body, path as sent), or is a 422 for a key another
 //     operation used with another body or path.
@@ -149,7 +149,7 @@
 //	                                                                                 over from a live owner
 //	4 the answer is sent before it is stored: a slow reader      34       15/2000  one execution per key: the lease taken over from
 //	  holds the completion, unrenewed (4-send-before-store.diff)                     a live owner
-//	5 takeovers not held back after an outage (health           325        4/2000  final answer not what the store replays: the lease
+//	5 takeovers not held back after an outage (health           325        5/2000  final answer not what the store replays: the lease
 //	  ignored, 5-no-health.diff)                                                     taken over from a live owner just after an
 //	                                                                                 ambush's outage ended
 //	6 leases and expiry decided by the caller's skewed clock,    23      113/2000  one execution per key: run again after its answer
@@ -165,7 +165,7 @@
 //	10 the keys not hidden from http.Transport (no               3      142/2000  one execution per key: both under one claim,
 //	  HideIdempotencyKeys, no SendOnce: 10-transport-resend.diff)                    forwarded twice: the upstream closed a reused
 //	                                                                                 connection unanswered, the Transport resent it
-//	11 a process presumes the store healthy from its start       —        0/2000  not in 2000 seeds; in 20000, from seed 4624, 9:
+//	11 a process presumes the store healthy from its start       —        0/2000  not in 2000 seeds; in 20000, from seed 4624, 10:
 //	  (no settling: 11-start-presumes-healthy.diff)                                  a process started just after an outage it never
 //	                                                                                 saw took the lease over from a live owner
 //
