@@ -28,6 +28,14 @@ const (
 	longSeeds = 20000
 )
 
+// regressionSeeds are seeds past the CI's range that the long mode found failing with a
+// fix re-broken (a process that presumes the store healthy when it starts,
+// testdata/defects/11-start-presumes-healthy.diff): the CI explores them beside its own,
+// so that it sees that defect too. They hold their meaning only while plans are drawn as
+// they are now; after a change to how plans are drawn, take them again from the long
+// mode's failing seeds with the fix re-broken.
+func regressionSeeds() []uint64 { return []uint64{4624, 4700, 5305, 5452} }
+
 func runSeed(t *testing.T, seed uint64) *Result {
 	var res *Result
 	synctest.Test(t, func(t *testing.T) { res = Run(seed) })
@@ -52,14 +60,24 @@ func TestSim(t *testing.T) {
 			n = longSeeds
 		}
 	}
+	seeds := make([]uint64, 0, n)
+	for i := range uint64(n) {
+		seeds = append(seeds, *firstFlag+i)
+	}
+	if *seedsFlag == 0 {
+		for _, s := range regressionSeeds() {
+			if s < *firstFlag || s >= *firstFlag+uint64(n) {
+				seeds = append(seeds, s)
+			}
+		}
+	}
 	start := time.Now()
 	var mu sync.Mutex
 	var failed []uint64
 	execs, windows, finals, unfinished, late, ambushes := 0, 0, 0, 0, 0, 0
 	kinds, inputs := map[string]int{}, map[string]int{}
 	t.Run("seeds", func(t *testing.T) {
-		for i := range uint64(n) {
-			seed := *firstFlag + i
+		for _, seed := range seeds {
 			t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) {
 				t.Parallel()
 				res := runSeed(t, seed)
@@ -85,7 +103,7 @@ func TestSim(t *testing.T) {
 	})
 	slices.Sort(failed)
 	t.Logf("%d seeds in %s: %d executions, %d extra in documented windows, %d final answers, %d operations unfinished, %d takeover claims refused as late (%d ambushed); causes of extra executions: %v; final answers to inputs that slip around the key rules: %v; failing seeds: %v",
-		n, time.Since(start).Round(time.Millisecond), execs, windows, finals, unfinished, late, ambushes, kinds, inputs, failed)
+		len(seeds), time.Since(start).Round(time.Millisecond), execs, windows, finals, unfinished, late, ambushes, kinds, inputs, failed)
 }
 
 // TestDeterministic runs seeds twice: the same seed must give the same trace. Beside
