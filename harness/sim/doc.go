@@ -165,9 +165,11 @@
 //	10 the keys not hidden from http.Transport (no               3      142/2000  one execution per key: both under one claim,
 //	  HideIdempotencyKeys, no SendOnce: 10-transport-resend.diff)                    forwarded twice: the upstream closed a reused
 //	                                                                                 connection unanswered, the Transport resent it
-//	11 a process presumes the store healthy from its start       —        0/2000  not in 2000 seeds; in 20000, from seed 4624, 10:
-//	  (no settling: 11-start-presumes-healthy.diff)                                  a process started just after an outage it never
-//	                                                                                 saw took the lease over from a live owner
+//	11 a process presumes the store healthy from its start    4624        4/2004  not in seeds 1–2000; in 20000, from seed 4624, 10;
+//	  (no settling: 11-start-presumes-healthy.diff)                                  the CI runs four of them beside its 2000
+//	                                                                                 (regressionSeeds): a process started just after an
+//	                                                                                 outage it never saw took the lease over from a
+//	                                                                                 live owner
 //
 // To re-run one: git worktree add /tmp/simrev HEAD; cd /tmp/simrev; git apply
 // harness/sim/testdata/defects/N-….diff; go test ./harness/sim (the diffs are against the
