@@ -165,11 +165,15 @@
 //	10 the keys not hidden from http.Transport (no               3      142/2000  one execution per key: both under one claim,
 //	  HideIdempotencyKeys, no SendOnce: 10-transport-resend.diff)                    forwarded twice: the upstream closed a reused
 //	                                                                                 connection unanswered, the Transport resent it
-//	11 a process presumes the store healthy from its start    4624        4/2004  not in seeds 1–2000; in 20000, from seed 4624, 10;
+//	11 a process presumes the store healthy from its start    4624        4/2005  not in seeds 1–2000; in 20000, from seed 4624, 10;
 //	  (no settling: 11-start-presumes-healthy.diff)                                  the CI runs four of them beside its 2000
 //	                                                                                 (regressionSeeds): a process started just after an
 //	                                                                                 outage it never saw took the lease over from a
 //	                                                                                 live owner
+//	12 the janitor not held back after an outage              9077        1/2005  not in seeds 1–2000; in 20000, seed 9077 alone,
+//	  (12-janitor-not-held.diff)                                                     which the CI runs (regressionSeeds): the record of
+//	                                                                                 a live owner, expired during an outage of every
+//	                                                                                 replica, deleted by the janitor's first sweep after it
 //
 // To re-run one: git worktree add /tmp/simrev HEAD; cd /tmp/simrev; git apply
 // harness/sim/testdata/defects/N-….diff; go test ./harness/sim (the diffs are against the
@@ -188,21 +192,19 @@
 // line up so; the conformance suite's TakeoverBy case and the middleware's own test
 // cover it too.
 //
-// # A defect it found
+// # Why the janitor is held back
 //
-// The long mode found a second execution in the code as it was: a request whose
-// record's TTL ends during an outage of every replica longer than the lease (a
-// middleware handler still running past the TTL, or an answer held through the outage)
-// had its record deleted by the janitor's first sweep after the outage. DeleteExpired
-// deletes an expired in-progress record once its lease has run out, and the janitor was
-// not held back after an outage as takeovers are, so the owner, alive, got no time to
-// renew or store: its answer was rejected (lease lost), a client may already have held
-// it, and the next retry ran the request again. Seed 9077, and 24879, 30714, 37518 and
-// 41509 further on, showed it. RunJanitor is now held back by a middleware
-// (JanitorConfig.Middleware): the simulated janitor runs with one of its own, whose probe
-// watches the janitor's link, as the gateway's janitor runs with the gateway's. No excuse
-// is made for such a deletion (outage-outlasted-ttl is a violation), those seeds pass,
-// and with the janitor not held back they fail again.
+// A request whose record's TTL ends during an outage of every replica longer than the
+// lease (a middleware handler still running past the TTL, or an answer held through the
+// outage) must keep its record: DeleteExpired deletes an expired in-progress record once
+// its lease has run out, so a janitor sweeping right after the outage would delete it
+// before the owner, alive, could renew or store; its answer would be rejected (lease
+// lost) though a client may hold it, and the next retry would run the request again.
+// RunJanitor is held back by a middleware (JanitorConfig.Middleware) as takeovers are:
+// the simulated janitor runs with one of its own, whose probe watches the janitor's
+// link, as the gateway's janitor runs with the gateway's. No excuse is made for such a
+// deletion (outage-outlasted-ttl is a violation); with the janitor not held back
+// (12-janitor-not-held.diff) seed 9077 shows it.
 //
 // # What is not simulated
 //
