@@ -106,8 +106,8 @@
  * inv_stale     a completion is stored only for the current owner (a stale owner's is
  *               rejected)
  * inv_progress  once every attempt is over, no message is in flight and every link has
- *               been up for a lease, a retry claims the key or replays it: no record
- *               stays in progress with no owner
+ *               been up for a lease with no restart, a retry claims the key or replays
+ *               it: no record stays in progress with no owner
  *
  * Broken variants (-D...), each of which spin must refute:
  * BROKEN_TAKEOVER_SAME_TOKEN  a takeover keeps the old token            (inv_token)
@@ -281,7 +281,8 @@ byte winCrash, winAband, winCut;
 bool respWin;           /* a window after which the client may hold another answer */
 byte seen;              /* the answer the client took as final, 0: none */
 byte firstStored;       /* the first response stored, 0: none */
-byte quiet;             /* ticks with every attempt over, every link up, nothing held */
+byte quiet;             /* ticks with every attempt over, every link up, nothing held, since
+                         * the last restart */
 
 #define WINDOWS (winCrash + winAband + winCut + WIN_TTL)
 #ifdef STRICT
@@ -891,7 +892,7 @@ end:	do
 #endif
 
 /* Once every attempt is over, nothing is in flight and every link has been up for
- * QUIET ticks, a retry at either replica claims the key or replays it. */
+ * QUIET ticks with no restart, a retry at either replica claims the key or replays it. */
 proctype Final() {
 	byte rp, t, sResp;
 	bool sDone, sExp;
