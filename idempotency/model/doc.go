@@ -25,7 +25,7 @@
 //
 // To run spin by hand (Debian's package spin; it needs gcc):
 //
-//	spin -a -DNATT=2 protocol.pml && gcc -O2 -DSAFETY -o pan pan.c && ./pan -m1000000
+//	spin -a -DNATT=2 protocol.pml && gcc -O2 -DSAFETY -o pan pan.c && ./pan -m1000000 -w24
 //	spin -a -DNATT=2 -DBROKEN_EXTEND_NOOP -DONLY=inv_takeover protocol.pml && gcc -O2 -DSAFETY -o pan pan.c && ./pan
 //	spin -t -p -DNATT=2 -DBROKEN_EXTEND_NOOP -DONLY=inv_takeover protocol.pml   # the counterexample, step by step
 //

@@ -862,7 +862,8 @@ end:	do
 		st == done && expLeft <= 0 ->
 #elif defined(JANITOR_HELD_BACK)
 		/* run by a replica that deletes an in-progress record only when it could take
-		 * it over: when it saw no store failure for a lease */
+		 * it over: when it saw no store failure for a lease, and its process has run
+		 * for one (Middleware.sweepWait: a restart starts as a failure) */
 		st != absent && expLeft <= 0 && (st == done || leaseLeft <= 0 && (up[0] && HEALTHY(0) || up[1] && HEALTHY(1))) ->
 #else
 		st != absent && expLeft <= 0 && (st == done || leaseLeft <= 0) ->
