@@ -108,17 +108,25 @@ func proxiedStore(t *testing.T, kind string) (proxied, direct string, p *tcpprox
 	default:
 		t.Fatalf("no proxied store %q", kind)
 	}
+	proxied, p = proxyTo(t, direct)
+	return proxied, direct, p
+}
+
+// proxyTo returns the DSN of the store at direct through a TCP proxy of its own (a
+// replica's link to the store, which the test may cut), and the proxy.
+func proxyTo(t *testing.T, direct string) (string, *tcpproxy.Proxy) {
+	t.Helper()
 	u, err := url.Parse(direct)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err = tcpproxy.New(u.Host)
+	p, err := tcpproxy.New(u.Host)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
 	u.Host = p.Addr()
-	return u.String(), direct, p
+	return u.String(), p
 }
 
 // leaseRanOut reports whether key is in progress with its lease run out, on the clock
@@ -237,6 +245,52 @@ func TestE2EStoreOutageDuringUpstreamCall(t *testing.T) {
 			if r.status != 409 {
 				t.Errorf("retry on the other replica: %v, want 409", r)
 			}
+			up.release(k)
+			if r := <-first; r.status != 201 {
+				t.Fatalf("owner: %v", r)
+			}
+			waitFor(t, "the replay on the other replica", 10*time.Second, func() bool {
+				r = post(ctx, b.addr, "/held-once", k, `{}`)
+				return r.status != 409
+			})
+			if r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" || up.callsFor(k) != 1 {
+				t.Fatalf("after the owner finished: %v, %d executions", r, up.callsFor(k))
+			}
+		})
+	}
+}
+
+// TestE2EStartedReplicaTakesNothingOver: replica B starts while the owner, replica A,
+// cannot reach the store and its lease has run out there. B has heard nothing of the
+// store's past (it was not running), so for a lease from its first claim it must not take
+// the key over: the owner may be alive and about to renew, as here, when its link comes
+// back. Each replica has a link of its own to the store; only A's is cut.
+func TestE2EStartedReplicaTakesNothingOver(t *testing.T) {
+	t.Parallel()
+	const lease = 2 * time.Second
+	for _, kind := range []string{"postgres", "redis"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			proxiedA, direct, linkA := proxiedStore(t, kind)
+			proxiedB, _ := proxyTo(t, direct) // B's own link, never cut
+			up := newUpstream(t)
+			a := startGateway(t, nil, "--store", proxiedA, "--upstream", up.URL, "--lease", lease.String())
+			ctx := context.Background()
+			k := testenv.Name("started")
+			first := make(chan reply, 1)
+			go func() { first <- post(ctx, a.addr, "/held-once", k, `{}`) }()
+			await(t, "the request upstream", 10*time.Second, up.arrived(k))
+			linkA.Cut()
+			waitFor(t, "the lease to run out on the store", 4*lease, func() bool { return leaseRanOut(t, direct, k) })
+			b := startGateway(t, nil, "--store", proxiedB, "--upstream", up.URL, "--lease", lease.String())
+			r := post(ctx, b.addr, "/held-once", k, `{}`)
+			if up.callsFor(k) != 1 {
+				t.Fatalf("a replica just started took the key over beside its live owner (%d executions): %v", up.callsFor(k), r)
+			}
+			if r.status != 409 {
+				t.Errorf("retry on the replica just started: %v, want 409", r)
+			}
+			linkA.Restore()
 			up.release(k)
 			if r := <-first; r.status != 201 {
 				t.Fatalf("owner: %v", r)
