@@ -216,93 +216,72 @@ func TestE2EStoreOutageAtCompletion(t *testing.T) {
 	}
 }
 
-// TestE2EStoreOutageDuringUpstreamCall: two replicas on one store, which goes away while
-// the upstream works, until the key's lease has run out on it. The owner's heartbeats
-// fail; when the store returns, a retry on the other replica must not take the key over
-// beside the live owner.
+// TestE2EStoreOutageDuringUpstreamCall: two replicas on one store, which goes away from
+// the owner, replica A, while the upstream works, until the key's lease has run out on
+// it. A's heartbeats fail; a retry on replica B must not take the key over beside the
+// live owner. B either shares A's link and saw the outage (the retry comes once the store
+// is back), or was not running: started while A is still cut off, over a link of its own
+// that never failed, it has heard nothing of the store's past, so it holds takeovers back
+// for a lease from its first claim (A's link returns after the retry).
 func TestE2EStoreOutageDuringUpstreamCall(t *testing.T) {
 	t.Parallel()
 	const lease = 2 * time.Second
 	for _, kind := range []string{"postgres", "redis"} {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			proxied, direct, store := proxiedStore(t, kind)
-			up := newUpstream(t)
-			args := []string{"--store", proxied, "--upstream", up.URL, "--lease", lease.String()}
-			a, b := startGateway(t, nil, args...), startGateway(t, nil, args...)
-			ctx := context.Background()
-			k := testenv.Name("long")
-			first := make(chan reply, 1)
-			go func() { first <- post(ctx, a.addr, "/held-once", k, `{}`) }()
-			await(t, "the request upstream", 10*time.Second, up.arrived(k))
-			store.Cut()
-			waitFor(t, "the lease to run out on the store", 4*lease, func() bool { return leaseRanOut(t, direct, k) })
-			store.Restore()
-			r := post(ctx, b.addr, "/held-once", k, `{}`)
-			if up.callsFor(k) != 1 {
-				t.Fatalf("the other replica took the key over beside its live owner (%d executions): %v", up.callsFor(k), r)
-			}
-			if r.status != 409 {
-				t.Errorf("retry on the other replica: %v, want 409", r)
-			}
-			up.release(k)
-			if r := <-first; r.status != 201 {
-				t.Fatalf("owner: %v", r)
-			}
-			waitFor(t, "the replay on the other replica", 10*time.Second, func() bool {
-				r = post(ctx, b.addr, "/held-once", k, `{}`)
-				return r.status != 409
+		for _, later := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/B started after=%v", kind, later), func(t *testing.T) {
+				t.Parallel()
+				proxied, direct, linkA := proxiedStore(t, kind)
+				up := newUpstream(t)
+				args := []string{"--upstream", up.URL, "--lease", lease.String()}
+				a := startGateway(t, nil, append(args, "--store", proxied)...)
+				var b *proc
+				if !later {
+					b = startGateway(t, nil, append(args, "--store", proxied)...)
+				}
+				ctx := context.Background()
+				k := testenv.Name("long")
+				first := make(chan reply, 1)
+				go func() { first <- post(ctx, a.addr, "/held-once", k, `{}`) }()
+				await(t, "the request upstream", 10*time.Second, up.arrived(k))
+				linkA.Cut()
+				waitFor(t, "the lease to run out on the store", 4*lease, func() bool { return leaseRanOut(t, direct, k) })
+				if !later {
+					linkA.Restore()
+					leftToItsOwner(ctx, t, up, b, k, first, "the other replica", func() {})
+					return
+				}
+				linkB, _ := proxyTo(t, direct)
+				b = startGateway(t, nil, append(args, "--store", linkB)...)
+				leftToItsOwner(ctx, t, up, b, k, first, "a replica just started", linkA.Restore)
 			})
-			if r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" || up.callsFor(k) != 1 {
-				t.Fatalf("after the owner finished: %v, %d executions", r, up.callsFor(k))
-			}
-		})
+		}
 	}
 }
 
-// TestE2EStartedReplicaTakesNothingOver: replica B starts while the owner, replica A,
-// cannot reach the store and its lease has run out there. B has heard nothing of the
-// store's past (it was not running), so for a lease from its first claim it must not take
-// the key over: the owner may be alive and about to renew, as here, when its link comes
-// back. Each replica has a link of its own to the store; only A's is cut.
-func TestE2EStartedReplicaTakesNothingOver(t *testing.T) {
-	t.Parallel()
-	const lease = 2 * time.Second
-	for _, kind := range []string{"postgres", "redis"} {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			proxiedA, direct, linkA := proxiedStore(t, kind)
-			proxiedB, _ := proxyTo(t, direct) // B's own link, never cut
-			up := newUpstream(t)
-			a := startGateway(t, nil, "--store", proxiedA, "--upstream", up.URL, "--lease", lease.String())
-			ctx := context.Background()
-			k := testenv.Name("started")
-			first := make(chan reply, 1)
-			go func() { first <- post(ctx, a.addr, "/held-once", k, `{}`) }()
-			await(t, "the request upstream", 10*time.Second, up.arrived(k))
-			linkA.Cut()
-			waitFor(t, "the lease to run out on the store", 4*lease, func() bool { return leaseRanOut(t, direct, k) })
-			b := startGateway(t, nil, "--store", proxiedB, "--upstream", up.URL, "--lease", lease.String())
-			r := post(ctx, b.addr, "/held-once", k, `{}`)
-			if up.callsFor(k) != 1 {
-				t.Fatalf("a replica just started took the key over beside its live owner (%d executions): %v", up.callsFor(k), r)
-			}
-			if r.status != 409 {
-				t.Errorf("retry on the replica just started: %v, want 409", r)
-			}
-			linkA.Restore()
-			up.release(k)
-			if r := <-first; r.status != 201 {
-				t.Fatalf("owner: %v", r)
-			}
-			waitFor(t, "the replay on the other replica", 10*time.Second, func() bool {
-				r = post(ctx, b.addr, "/held-once", k, `{}`)
-				return r.status != 409
-			})
-			if r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" || up.callsFor(k) != 1 {
-				t.Fatalf("after the owner finished: %v, %d executions", r, up.callsFor(k))
-			}
-		})
+// leftToItsOwner checks that a retry of k on replica b (who) is not executed while the
+// owner's request, whose answer first will carry, is still held upstream: b answers 409.
+// Then it calls back (the owner's link returns, if it was away), lets the owner finish,
+// and checks that b replays the owner's answer, the upstream having executed k once.
+func leftToItsOwner(ctx context.Context, t *testing.T, up *upstream, b *proc, k string, first <-chan reply, who string, back func()) {
+	t.Helper()
+	r := post(ctx, b.addr, "/held-once", k, `{}`)
+	if up.callsFor(k) != 1 {
+		t.Fatalf("%s took the key over beside its live owner (%d executions): %v", who, up.callsFor(k), r)
+	}
+	if r.status != 409 {
+		t.Errorf("retry on %s: %v, want 409", who, r)
+	}
+	back()
+	up.release(k)
+	if r := <-first; r.status != 201 {
+		t.Fatalf("owner: %v", r)
+	}
+	waitFor(t, "the replay on "+who, 10*time.Second, func() bool {
+		r = post(ctx, b.addr, "/held-once", k, `{}`)
+		return r.status != 409
+	})
+	if r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" || up.callsFor(k) != 1 {
+		t.Fatalf("after the owner finished: %v, %d executions", r, up.callsFor(k))
 	}
 }
 
