@@ -61,10 +61,10 @@ func (h *health) settling(now time.Time) time.Duration {
 }
 
 // heard notes now, the store's instant in the answer to a claim, as the first word from
-// the store if there was none, and returns the first (in Unix nanoseconds). Lock-free:
-// every claim calls it.
+// the store if there was none, and returns the first (in Unix nanoseconds; 0 for none,
+// as when a store left the instant out). Lock-free: every claim calls it.
 func (h *health) heard(now time.Time) int64 {
-	if first := h.first.Load(); first != 0 {
+	if first := h.first.Load(); first != 0 || now.IsZero() {
 		return first
 	}
 	h.first.CompareAndSwap(0, now.UnixNano())

@@ -664,11 +664,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // library delivers late takes nothing over on old knowledge, and only when this process
 // has seen the store answer for a whole lease since it last failed (health), so that an
 // owner cut off by an outage has had the time to renew, and for a whole lease since its
-// first claim (health.settling), so that a process started after an outage it never
-// saw does not take over the key of an owner that could not renew through it. The third is of the shortest
-// lease of the middlewares sharing the store's health, as health judges slowness by it:
-// the knowledge a takeover is decided on is no older than the probe keeps it. wait is
-// how long takeovers are still held back.
+// first claim (health.settling), so that a process started after an outage it never saw
+// does not take over the key of an owner that could not renew through it. The third is
+// of the shortest lease of the middlewares sharing the store's health, as health judges
+// slowness by it: the knowledge a takeover is decided on is no older than the probe
+// keeps it. wait is how long takeovers are still held back.
 func (m *Middleware) claim(ctx context.Context, req ClaimRequest) (res ClaimResult, wait time.Duration, err error) {
 	call := func() error {
 		return m.storeCall(ctx, StoreClaim, func(sctx context.Context) (err error) {
