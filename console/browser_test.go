@@ -27,12 +27,12 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/prometheus/client_golang/prometheus"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/retrysafe/retrysafe/console"
 	"github.com/retrysafe/retrysafe/console/history"
 	"github.com/retrysafe/retrysafe/gateway"
 	"github.com/retrysafe/retrysafe/gateway/configfile"
+	"github.com/retrysafe/retrysafe/harness/rabbitqueue"
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/pgstore"
@@ -298,24 +298,8 @@ func (s *stack) rabbitDLQ(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	admin, err := amqp.Dial(s.rabbit)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: s.rabbit, Queue: s.queue, Logger: logger})
-	if err != nil {
-		_ = admin.Close()
-		t.Fatal(err)
-	}
+	src, admin := rabbitqueue.Open(ctx, t, s.rabbit, s.queue, logger)
 	topo := src.Topology()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := rabbitmq.DeleteTopology(ctx, admin, topo); err != nil {
-			t.Errorf("deleting topology: %v", err)
-		}
-		_ = admin.Close()
-	})
 	pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{URL: s.rabbit})
 	if err != nil {
 		t.Fatal(err)

@@ -17,8 +17,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	js "github.com/nats-io/nats.go/jetstream"
-	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/retrysafe/retrysafe/harness/rabbitqueue"
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/redeliver"
 	"github.com/retrysafe/retrysafe/redeliver/jetstream"
@@ -78,25 +78,8 @@ func rabbitDLQ(t *testing.T) *dlqBroker {
 	url := testenv.AMQPURL(t)
 	b := &dlqBroker{url: url, queue: testenv.Name("dlqe2e")}
 	ctx := context.Background()
-	admin, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: url, Queue: b.queue,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		_ = admin.Close()
-		t.Fatal(err)
-	}
+	src, admin := rabbitqueue.Open(ctx, t, url, b.queue, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	topo := src.Topology()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := rabbitmq.DeleteTopology(ctx, admin, topo); err != nil {
-			t.Errorf("deleting topology: %v", err)
-		}
-		_ = admin.Close()
-	})
 	b.counts = func(t *testing.T) (int, int) {
 		t.Helper()
 		ch, err := admin.Channel()
