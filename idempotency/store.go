@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 )
@@ -15,6 +16,21 @@ var (
 	// record is no longer in progress, or it no longer exists. The caller does not own
 	// the key any more and must not write through it.
 	ErrLeaseLost = errors.New("idempotency: lease lost (stale fencing token)")
+	// ErrRecordGone: the caller's record no longer exists — an operator deleted it, the
+	// janitor removed it, or the backend evicted it — rather than another request
+	// holding it. It matches ErrLeaseLost too: the caller owns nothing any more. Stores
+	// return it from Extend, Abandon, Complete and Release when they find no record, so
+	// that a record that vanished under its owner is reported as that, never as a
+	// takeover.
+	ErrRecordGone = fmt.Errorf("idempotency: record gone (deleted, expired or evicted): %w", ErrLeaseLost)
+	// ErrNotDurable: the store could not make a write durable the way its configuration
+	// promises across a failover — a synchronous standby or the replicas asked for did
+	// not acknowledge it, or the store knows it cannot acknowledge writes now. The
+	// write's outcome is unknown: it may be applied on the primary alone and lost by a
+	// failover. The caller must treat it as any store failure (nothing it claimed may
+	// run; an answer it was storing stays held and is written again), and must not
+	// confirm it by reading the record back from the node that may be lost.
+	ErrNotDurable = errors.New("idempotency: the store could not make the write durable")
 	// ErrInFlight: another request holds the key and its lease has not expired.
 	ErrInFlight = errors.New("idempotency: request with this key is in flight")
 	// ErrMismatch: the key was used before with a different request fingerprint.
@@ -86,6 +102,14 @@ type ClaimRequest struct {
 	Scope       string
 	Key         string
 	Fingerprint string
+	// ID names this claim, chosen by the claimer and unique to it (the middleware draws
+	// one per request). A claim that finds an in-progress record created or taken over
+	// by a claim with the same ID is granted with that record's token and changes
+	// nothing: it is the claimer's own earlier attempt, whose answer was lost (a
+	// connection broken after the write), so a claim may be sent again. The store keeps
+	// the ID with the record for as long as the claim owns it. Empty: no ID, and a
+	// claim never recognises a record as its own.
+	ID string
 	// Lease is how long the claim is honoured, from the store's now, before another
 	// request may take the key over (its owner is presumed dead). Positive.
 	Lease time.Duration
@@ -171,31 +195,39 @@ type Store interface {
 	//     true, Token greater than the old token) or ExpiresAt <= now (replaced as by a
 	//     fresh claim).
 	// An in-progress record whose lease runs is never replaced, whatever its ExpiresAt.
-	// Otherwise Claim changes nothing and returns Claimed false with the existing
-	// record. Of any number of concurrent claims on one key, exactly one is Claimed.
+	// An in-progress record claimed under req.ID (not empty) is the caller's own: Claim
+	// changes nothing and reports Claimed true with its token (TookOver false), whatever
+	// its lease. Otherwise Claim changes nothing and returns Claimed false with the
+	// existing record. Of any number of concurrent claims on one key with distinct IDs,
+	// exactly one is Claimed.
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 
 	// Extend moves the lease of the in-progress record owned by token to now+lease, and
 	// its ExpiresAt to now+lease if that is later, so that a record never expires while
-	// its owner renews it. It returns ErrLeaseLost when the record is absent, done, or
-	// has another token.
+	// its owner renews it. It returns ErrRecordGone when the record is absent, and
+	// ErrLeaseLost when it is done or has another token.
 	Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error
 
 	// Abandon marks the in-progress record owned by token abandoned: its owner gave up
 	// without knowing whether the work was done, and will not renew the lease. The
 	// record stays in progress until its lease ends, after which a claim takes it over.
-	// It returns ErrLeaseLost when the record is absent, done, or has another token.
+	// It returns ErrRecordGone when the record is absent, and ErrLeaseLost when it is
+	// done or has another token.
 	Abandon(ctx context.Context, scope, key string, token int64) error
 
 	// Complete marks the in-progress record owned by c.Token done with c.Response and
-	// ExpiresAt = now+c.TTL. It returns ErrLeaseLost when the record is absent, already
-	// done, or has another token; then nothing is written. A response is stored whole
-	// or not at all.
+	// ExpiresAt = now+c.TTL. A record already done under c.Token (this completion sent
+	// again, after an answer that was lost or not acknowledged as durable) is written
+	// again, its stored response and expiry left as they are, and Complete returns nil:
+	// that write's acknowledgement is what confirms the first, on a backend where an
+	// unacknowledged write may be lost by a failover. It returns ErrRecordGone when the
+	// record is absent, and ErrLeaseLost when it has another token; then nothing is
+	// written. A response is stored whole or not at all.
 	Complete(ctx context.Context, c Completion) error
 
 	// Release deletes the in-progress record owned by token, so that a retry executes
-	// again. It returns ErrLeaseLost when the record is absent, done, or has another
-	// token; then nothing is deleted.
+	// again. It returns ErrRecordGone when the record is absent, and ErrLeaseLost when it
+	// is done or has another token; then nothing is deleted.
 	Release(ctx context.Context, scope, key string, token int64) error
 
 	// Get returns the whole record for (scope, key), response included, or
@@ -205,7 +237,7 @@ type Store interface {
 
 	// Delete removes the record in any state (an operator's eviction). Deleting a
 	// missing record is not an error. An owner of a deleted in-progress record gets
-	// ErrLeaseLost on Complete, Extend, Abandon and Release.
+	// ErrRecordGone on Complete, Extend, Abandon and Release.
 	Delete(ctx context.Context, scope, key string) error
 }
 

@@ -104,6 +104,8 @@ func Run(t *testing.T, h Harness) {
 		{"Abandon", testAbandon},
 		{"Release", testRelease},
 		{"CompleteTwice", testCompleteTwice},
+		{"RecordGone", testRecordGone},
+		{"ClaimID", testClaimID},
 		{"Delete", testDelete},
 		{"GetMissing", testGetMissing},
 		{"CanceledContext", testCanceled},
@@ -645,7 +647,7 @@ func testExtend(t *testing.T, s idempotency.Store, c *Clock) {
 		t.Fatal(err)
 	}
 	wantErr(t, "Extend of a done record", s.Extend(ctx, "u", "k", tok, time.Hour), idempotency.ErrLeaseLost)
-	wantErr(t, "Extend of a missing record", s.Extend(ctx, "u", "nope", tok, lease), idempotency.ErrLeaseLost)
+	wantGone(t, "Extend of a missing record", s.Extend(ctx, "u", "nope", tok, lease))
 }
 
 // testExtendOutlivesTTL: a record whose owner keeps renewing never expires, however
@@ -711,7 +713,7 @@ func testAbandon(t *testing.T, s idempotency.Store, c *Clock) {
 		t.Fatal(err)
 	}
 	wantErr(t, "Abandon of a done record", s.Abandon(ctx, "u", "k", res.Token), idempotency.ErrLeaseLost)
-	wantErr(t, "Abandon of a missing record", s.Abandon(ctx, "u", "nope", res.Token), idempotency.ErrLeaseLost)
+	wantGone(t, "Abandon of a missing record", s.Abandon(ctx, "u", "nope", res.Token))
 }
 
 func testRelease(t *testing.T, s idempotency.Store, _ *Clock) {
@@ -739,15 +741,125 @@ func testRelease(t *testing.T, s idempotency.Store, _ *Clock) {
 	}
 }
 
-func testCompleteTwice(t *testing.T, s idempotency.Store, _ *Clock) {
+// testCompleteTwice: a completion sent again by its owner (its first answer lost, or not
+// acknowledged as durable) succeeds — its write confirms the first — and leaves the
+// stored response and expiry as they were; another token's completion does not.
+func testCompleteTwice(t *testing.T, s idempotency.Store, c *Clock) {
 	tok := mustClaim(t, s, req("u", "k", "fp"))
 	first := sampleResponse()
 	if err := complete(s, "u", "k", tok, first); err != nil {
 		t.Fatal(err)
 	}
-	wantErr(t, "second Complete", complete(s, "u", "k", tok, idempotency.Response{Status: 500, Body: []byte("x")}), idempotency.ErrLeaseLost)
+	expires := mustGet(t, s, "u", "k").ExpiresAt
+	c.Advance(time.Minute)
+	if err := complete(s, "u", "k", tok, first); err != nil {
+		t.Errorf("the same completion again: %v, want nil", err)
+	}
+	if err := complete(s, "u", "k", tok, idempotency.Response{Status: 500, Body: []byte("x")}); err != nil {
+		t.Errorf("a completion under the same token again: %v, want nil", err)
+	}
+	rec := mustGet(t, s, "u", "k")
+	sameResponse(t, rec.Response, first)
+	sameTime(t, "ExpiresAt after the completion sent again", rec.ExpiresAt, expires)
+	if rec.State != idempotency.StateDone || rec.Token != tok {
+		t.Errorf("record = %+v, want done under token %d", rec, tok)
+	}
+	wantErr(t, "Complete under another token", complete(s, "u", "k", tok+1, first), idempotency.ErrLeaseLost)
+	wantGone(t, "Complete of a missing record", complete(s, "u", "missing", tok, first))
+	// A done record is no longer the owner's to renew, abandon or release.
+	ctx := context.Background()
+	wantErr(t, "Extend of the done record", s.Extend(ctx, "u", "k", tok, lease), idempotency.ErrLeaseLost)
+	wantErr(t, "Release of the done record", s.Release(ctx, "u", "k", tok), idempotency.ErrLeaseLost)
 	sameResponse(t, mustGet(t, s, "u", "k").Response, first)
-	wantErr(t, "Complete of a missing record", complete(s, "u", "missing", tok, first), idempotency.ErrLeaseLost)
+}
+
+// testRecordGone: an owner whose record vanished (deleted, evicted) is told so, apart
+// from one whose key another request holds.
+func testRecordGone(t *testing.T, s idempotency.Store, c *Clock) {
+	ctx := context.Background()
+	tok := mustClaim(t, s, req("u", "k", "fp"))
+	if err := s.Delete(ctx, "u", "k"); err != nil {
+		t.Fatal(err)
+	}
+	wantGone(t, "Extend", s.Extend(ctx, "u", "k", tok, lease))
+	wantGone(t, "Abandon", s.Abandon(ctx, "u", "k", tok))
+	wantGone(t, "Complete", complete(s, "u", "k", tok, sampleResponse()))
+	wantGone(t, "Release", s.Release(ctx, "u", "k", tok))
+	// Held by another claim: lease lost, not gone.
+	other := mustClaim(t, s, req("u", "k", "fp"))
+	for _, e := range []struct {
+		what string
+		err  error
+	}{
+		{"Extend", s.Extend(ctx, "u", "k", tok, lease)},
+		{"Abandon", s.Abandon(ctx, "u", "k", tok)},
+		{"Complete", complete(s, "u", "k", tok, sampleResponse())},
+		{"Release", s.Release(ctx, "u", "k", tok)},
+	} {
+		if !errors.Is(e.err, idempotency.ErrLeaseLost) || errors.Is(e.err, idempotency.ErrRecordGone) {
+			t.Errorf("%s of a key another claim holds: err = %v, want ErrLeaseLost and not ErrRecordGone", e.what, e.err)
+		}
+	}
+	if rec := mustGet(t, s, "u", "k"); rec.Token != other || rec.State != idempotency.StateInProgress {
+		t.Errorf("record = %+v, want in progress under %d", rec, other)
+	}
+}
+
+// testClaimID: a claim sent again with its ID — its first attempt's answer lost — is
+// granted its own in-progress record, whatever its lease, and nothing else is.
+func testClaimID(t *testing.T, s idempotency.Store, c *Clock) {
+	ctx := context.Background()
+	r := req("u", "k", "fp")
+	r.ID = "claim-1"
+	tok := mustClaim(t, s, r)
+	again := r
+	again.NoTakeover = true
+	res, err := s.Claim(ctx, again)
+	if err != nil || !res.Claimed || res.Token != tok || res.TookOver || res.Existing != nil {
+		t.Fatalf("the claim sent again = %+v, %v; want granted with token %d", res, err, tok)
+	}
+	// Another ID, or none, is another request in flight.
+	other := r
+	other.ID = "claim-2"
+	if rec := mustNotClaim(t, s, other); rec.Token != tok {
+		t.Errorf("another claim found %+v", rec)
+	}
+	mustNotClaim(t, s, req("u", "k", "fp"))
+	// Its own, even past its lease (TakeoverBy and NoTakeover do not apply to it).
+	c.Advance(lease + time.Second)
+	again.TakeoverBy = c.Now().Add(-time.Hour)
+	if res, err := s.Claim(ctx, again); err != nil || !res.Claimed || res.Token != tok {
+		t.Errorf("the claim sent again past its lease = %+v, %v; want granted with token %d", res, err, tok)
+	}
+	// Taken over by another claim: no longer its own.
+	taken := mustClaim(t, s, other)
+	if rec := mustNotClaim(t, s, again); rec.Token != taken {
+		t.Errorf("after the takeover the first claim found %+v", rec)
+	}
+	// Done: a replay, never a claim.
+	if err := complete(s, "u", "k", taken, sampleResponse()); err != nil {
+		t.Fatal(err)
+	}
+	if rec := mustNotClaim(t, s, other); rec.State != idempotency.StateDone || rec.Response == nil {
+		t.Errorf("the claim of the completed key found %+v, want the replay", rec)
+	}
+	// Released: the ID claims afresh, under a new token.
+	k2 := req("u", "k2", "fp")
+	k2.ID = "claim-3"
+	tok2 := mustClaim(t, s, k2)
+	if err := s.Release(ctx, "u", "k2", tok2); err != nil {
+		t.Fatal(err)
+	}
+	if tok3 := mustClaim(t, s, k2); tok3 == tok2 {
+		t.Errorf("the claim after the release reused token %d", tok2)
+	}
+}
+
+func wantGone(t *testing.T, what string, err error) {
+	t.Helper()
+	if !errors.Is(err, idempotency.ErrRecordGone) || !errors.Is(err, idempotency.ErrLeaseLost) {
+		t.Errorf("%s: err = %v, want ErrRecordGone (and ErrLeaseLost)", what, err)
+	}
 }
 
 func testDelete(t *testing.T, s idempotency.Store, _ *Clock) {
@@ -762,7 +874,7 @@ func testDelete(t *testing.T, s idempotency.Store, _ *Clock) {
 	if _, err := s.Get(ctx, "u", "k"); !errors.Is(err, idempotency.ErrNotFound) {
 		t.Errorf("Get after Delete: err = %v, want ErrNotFound", err)
 	}
-	wantErr(t, "owner Complete after Delete", complete(s, "u", "k", tok, sampleResponse()), idempotency.ErrLeaseLost)
+	wantGone(t, "owner Complete after Delete", complete(s, "u", "k", tok, sampleResponse()))
 	tok2 := mustClaim(t, s, req("u", "k", "fp"))
 	if tok2 == tok {
 		t.Fatalf("claim after Delete reused token %d", tok)

@@ -31,6 +31,7 @@ type id struct{ scope, key string }
 type record struct {
 	fingerprint string
 	route       string // shares the claim's string: a claim copies no bytes
+	claimID     string // the ClaimRequest.ID of the claim that owns it
 	state       idempotency.State
 	token       int64
 	abandoned   bool
@@ -103,6 +104,8 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 	if ok {
 		expired := !old.expiresAt.After(now)
 		switch {
+		case old.state == idempotency.StateInProgress && req.ID != "" && old.claimID == req.ID:
+			return idempotency.ClaimResult{Claimed: true, Token: old.token, Now: now}, nil
 		case old.state == idempotency.StateDone && expired:
 			// replaced by a fresh claim
 		case old.state == idempotency.StateInProgress && !old.leaseUntil.After(now) && req.MayTakeOver(now) &&
@@ -120,7 +123,7 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 		created = old.createdAt
 	}
 	s.records[k] = &record{
-		fingerprint: req.Fingerprint, route: req.Route, state: idempotency.StateInProgress, token: s.token,
+		fingerprint: req.Fingerprint, route: req.Route, claimID: req.ID, state: idempotency.StateInProgress, token: s.token,
 		createdAt: created, leaseUntil: now.Add(req.Lease), expiresAt: now.Add(req.TTL),
 	}
 	return idempotency.ClaimResult{Claimed: true, Token: s.token, TookOver: takeover, Now: now}, nil
@@ -137,14 +140,22 @@ func (r *record) export(k id, withResponse bool) *idempotency.Record {
 }
 
 // update runs fn, under the store's lock, on the in-progress record owned by token, or
-// returns ErrLeaseLost when the record is absent, done, or has another token.
-func (s *Store) update(ctx context.Context, scope, key string, token int64, fn func(r *record)) error {
+// returns ErrRecordGone when the record is absent, and ErrLeaseLost when it has another
+// token or is done (but done under token with again: then nil, and fn does not run).
+func (s *Store) update(ctx context.Context, scope, key string, token int64, again bool, fn func(r *record)) error {
 	if err := s.lock(ctx); err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
 	r, ok := s.records[id{scope, key}]
-	if !ok || r.state != idempotency.StateInProgress || r.token != token {
+	switch {
+	case !ok:
+		return idempotency.ErrRecordGone
+	case r.token != token:
+		return idempotency.ErrLeaseLost
+	case r.state == idempotency.StateDone && again:
+		return nil
+	case r.state != idempotency.StateInProgress:
 		return idempotency.ErrLeaseLost
 	}
 	fn(r)
@@ -153,7 +164,7 @@ func (s *Store) update(ctx context.Context, scope, key string, token int64, fn f
 
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
-	return s.update(ctx, scope, key, token, func(r *record) {
+	return s.update(ctx, scope, key, token, false, func(r *record) {
 		r.leaseUntil = s.now().Add(lease)
 		if r.expiresAt.Before(r.leaseUntil) {
 			r.expiresAt = r.leaseUntil
@@ -163,12 +174,14 @@ func (s *Store) Extend(ctx context.Context, scope, key string, token int64, leas
 
 // Abandon implements idempotency.Store.
 func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) error {
-	return s.update(ctx, scope, key, token, func(r *record) { r.abandoned = true })
+	return s.update(ctx, scope, key, token, false, func(r *record) { r.abandoned = true })
 }
 
 // Complete implements idempotency.Store.
 func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
-	return s.update(ctx, c.Scope, c.Key, c.Token, func(r *record) {
+	// A completion sent again finds its record done: this store's writes are final when
+	// they return, so there is nothing to write again.
+	return s.update(ctx, c.Scope, c.Key, c.Token, true, func(r *record) {
 		r.state = idempotency.StateDone
 		r.abandoned = false
 		r.response = encodeResponse(&c.Response)
@@ -178,7 +191,7 @@ func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 
 // Release implements idempotency.Store.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
-	return s.update(ctx, scope, key, token, func(*record) { delete(s.records, id{scope, key}) })
+	return s.update(ctx, scope, key, token, false, func(*record) { delete(s.records, id{scope, key}) })
 }
 
 // Get implements idempotency.Store.

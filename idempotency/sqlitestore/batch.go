@@ -52,7 +52,7 @@ func (s *Store) writeOne(ctx context.Context, op *writeOp) {
 	if op.claim != nil {
 		op.res, op.err = s.claimWrite(ctx, *op.claim)
 	} else {
-		op.err = s.complete(ctx, s.st.complete, *op.complete)
+		op.err = s.complete(ctx, nil, *op.complete, true)
 	}
 }
 
@@ -65,12 +65,11 @@ func (s *Store) writeBatch(ctx context.Context, ops []*writeOp) error {
 		return fmt.Errorf("sqlitestore: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	complete := tx.StmtContext(ctx, s.st.complete)
 	for _, op := range ops {
 		if op.claim != nil {
 			op.res, op.err = s.claimTx(ctx, tx, *op.claim)
 		} else {
-			op.err = s.complete(ctx, complete, *op.complete)
+			op.err = s.complete(ctx, tx, *op.complete, true)
 		}
 		if op.err != nil && !errors.Is(op.err, idempotency.ErrLeaseLost) {
 			return op.err

@@ -113,7 +113,8 @@ func TestMigrateFromPreviousSchema(t *testing.T) {
 	s := openConfig(t, sqlitestore.Config{Path: path, Clock: at(now.Add(time.Second))})
 	after := columns(t, db, "retrysafe_idempotency")
 	if want := append(slices.Clone(before), "headers BLOB notnull=0 default=NULL pk=0",
-		"abandoned INTEGER notnull=1 default=0 pk=0", "route TEXT notnull=0 default=NULL pk=0"); !slices.Equal(after, want) {
+		"abandoned INTEGER notnull=1 default=0 pk=0", "route TEXT notnull=0 default=NULL pk=0",
+		"claim_id TEXT notnull=0 default=NULL pk=0"); !slices.Equal(after, want) {
 		t.Errorf("columns after Migrate:\n%q\nwant\n%q", after, want)
 	}
 	fresh := openDB(t, filepath.Join(t.TempDir(), "fresh.db"))

@@ -12,7 +12,8 @@
 -- records written since, and read when headers is NULL (a record written before the
 -- migration). abandoned is 1 while the owner has given the request up (Store.Abandon).
 -- route is what the record was claimed under, for operators (NULL: none, or claimed
--- before the column existed). headers, abandoned and route come last, where ALTER TABLE
+-- before the column existed). claim_id is the ID of the claim that holds the record
+-- (ClaimRequest.ID), by which a claim sent again recognises its own record. headers, abandoned and route come last, where ALTER TABLE
 -- puts them: a lost claim that is no replay reads none of them, so it never reads past
 -- body's first bytes.
 CREATE TABLE IF NOT EXISTS "retrysafe_idempotency" (
@@ -31,6 +32,7 @@ CREATE TABLE IF NOT EXISTS "retrysafe_idempotency" (
     headers      BLOB,
     abandoned    INTEGER NOT NULL DEFAULT 0,
     route        TEXT,
+    claim_id     TEXT,
     PRIMARY KEY (scope, key)
 );
 

@@ -14,7 +14,9 @@
 //	                                    response: status, headers (BLOB: header and
 //	                                    trailer, byte for byte), body (BLOB),
 //	                                    body_omitted, and header (the header as JSON text);
-//	                                    route, what it was claimed under (NULL: none)
+//	                                    route, what it was claimed under (NULL: none);
+//	                                    claim_id, the ID of the claim that holds it
+//	                                    (ClaimRequest.ID; NULL: none)
 //	retrysafe_idempotency_expires_at    index for DeleteExpired
 //	retrysafe_idempotency_token         one row: the last fencing token issued
 //	retrysafe_idempotency_earlier_write trigger: see Migration
@@ -29,8 +31,8 @@
 // version 1 of the schema, whose only header column is header (JSON text, which cannot
 // hold a header value that is not UTF-8, and no trailers). In one transaction it adds
 // the columns the table lacks, found with pragma table_info: headers BLOB (NULL),
-// abandoned INTEGER NOT NULL DEFAULT 0 and route TEXT (NULL), the last the only one a
-// table of version 2 lacks; then it creates what is missing of the schema. Records
+// abandoned INTEGER NOT NULL DEFAULT 0, route TEXT (NULL) and claim_id TEXT (NULL), the
+// last two the ones a table of version 2 lacks; then it creates what is missing of the schema. Records
 // written before read with no route. A binary that predates route leaves the column as
 // it was when it claims over a record that had one (a takeover, or an expired record
 // replaced), so during a rolling upgrade such a record may show the route of the one
@@ -196,7 +198,7 @@ type statements struct {
 	all                   []*sql.Stmt // for Close
 	get, lean, list, ping *sql.Stmt   // read pool
 	// write pool
-	lockedLean, nextToken, claim, extend, abandon, complete, release, delete, deleteExpired *sql.Stmt
+	lockedLean, nextToken, claim, extend, abandon, complete, release, delete, deleteExpired, owner *sql.Stmt
 }
 
 var (
@@ -350,13 +352,13 @@ func (s *Store) init(ctx context.Context, table string, batched bool) error {
 		// A takeover writes the route again: the record is filed under the route the
 		// request now runs under.
 		{&s.st.claim, s.write, `INSERT INTO ` + t + ` (scope, key, fingerprint, state, token, created_at,
-				lease_until, expires_at, status, header, headers, body, body_omitted, abandoned, route)
-			VALUES (?, ?, ?, 'in_progress', ?, ?, ?, ?, NULL, NULL, NULL, NULL, 0, 0, nullif(?, ''))
+				lease_until, expires_at, status, header, headers, body, body_omitted, abandoned, route, claim_id)
+			VALUES (?, ?, ?, 'in_progress', ?, ?, ?, ?, NULL, NULL, NULL, NULL, 0, 0, nullif(?, ''), nullif(?, ''))
 			ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint,
 				state = excluded.state, token = excluded.token, created_at = excluded.created_at,
 				lease_until = excluded.lease_until, expires_at = excluded.expires_at,
 				status = NULL, header = NULL, headers = NULL, body = NULL, body_omitted = 0, abandoned = 0,
-				route = excluded.route`},
+				route = excluded.route, claim_id = excluded.claim_id`},
 		// The lease moves to now+lease, and the expiry with it when that is later, so
 		// that a record never expires while its owner renews it.
 		{&s.st.extend, s.write, `UPDATE ` + t + ` SET lease_until = ?, expires_at = max(expires_at, ?)` + owned},
@@ -365,6 +367,8 @@ func (s *Store) init(ctx context.Context, table string, batched bool) error {
 			body = ?, body_omitted = ?, abandoned = 0, expires_at = ?` + owned},
 		{&s.st.release, s.write, `DELETE FROM ` + t + owned},
 		{&s.st.delete, s.write, `DELETE FROM ` + t + ` WHERE scope = ? AND key = ?`},
+		// Who holds a record, when a write conditioned on a token changed nothing.
+		{&s.st.owner, s.write, `SELECT token, state FROM ` + t + ` WHERE scope = ? AND key = ?`},
 		// An in-progress record whose lease runs is never deleted: its owner may still
 		// complete it, and a claim must find it.
 		{&s.st.deleteExpired, s.write, `DELETE FROM ` + t + ` WHERE rowid IN
@@ -406,12 +410,14 @@ func (s *Store) Migrate(ctx context.Context) error {
 }
 
 // addedColumns are the columns schema.sql has that earlier versions of the schema lack
-// (version 1 all of them, version 2 route), in the order schema.sql declares them
+// (version 1 all of them, version 2 route and claim_id, version 3 claim_id), in the
+// order schema.sql declares them
 // (last), with their definitions there.
 var addedColumns = [...]struct{ name, definition string }{
 	{"headers", "BLOB"},
 	{"abandoned", "INTEGER NOT NULL DEFAULT 0"},
 	{"route", "TEXT"},
+	{"claim_id", "TEXT"},
 }
 
 // addColumns adds addedColumns to table, when it exists, as ALTER TABLE ADD COLUMN,
@@ -485,8 +491,8 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 	if err != nil {
 		return idempotency.ClaimResult{}, err
 	}
-	if rec != nil && blocks(rec, req, now) {
-		return idempotency.ClaimResult{Existing: rec, Now: now}, nil
+	if res, done := decided(rec, req, now); done {
+		return res, nil
 	}
 
 	if s.writes != nil {
@@ -523,8 +529,8 @@ func (s *Store) claimTx(ctx context.Context, tx *sql.Tx, req idempotency.ClaimRe
 	if err != nil {
 		return idempotency.ClaimResult{}, err
 	}
-	if rec != nil && blocks(rec, req, now) {
-		return idempotency.ClaimResult{Existing: rec, Now: now}, nil
+	if res, done := decided(rec, req, now); done {
+		return res, nil
 	}
 	// A record that does not block is done and expired (a fresh claim replaces it), or in
 	// progress with its lease run out: taken over while it is retained, else replaced.
@@ -538,16 +544,17 @@ func (s *Store) claimTx(ctx context.Context, tx *sql.Tx, req idempotency.ClaimRe
 		return idempotency.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
 	}
 	if _, err := tx.StmtContext(ctx, s.st.claim).ExecContext(ctx, req.Scope, req.Key, req.Fingerprint, token,
-		created.UnixMilli(), now.Add(req.Lease).UnixMilli(), now.Add(req.TTL).UnixMilli(), req.Route); err != nil {
+		created.UnixMilli(), now.Add(req.Lease).UnixMilli(), now.Add(req.TTL).UnixMilli(), req.Route, req.ID); err != nil {
 		return idempotency.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
 	}
 	return idempotency.ClaimResult{Claimed: true, Token: token, TookOver: takeover, Now: now}, nil
 }
 
 // lean reads the record req would claim as a lost claim returns it (see leanColumns),
-// or nil when there is none.
+// or nil when there is none. A record the claim req made (its ID) comes back with
+// Route "own" and nothing else to tell it by: see decided.
 func (s *Store) lean(ctx context.Context, stmt *sql.Stmt, req idempotency.ClaimRequest) (*idempotency.Record, error) {
-	rec, err := scanRecord(stmt.QueryRowContext(ctx, req.Scope, req.Key, req.Fingerprint))
+	rec, err := scanRecord(stmt.QueryRowContext(ctx, req.Scope, req.Key, req.Fingerprint, req.ID))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
@@ -555,6 +562,21 @@ func (s *Store) lean(ctx context.Context, stmt *sql.Stmt, req idempotency.ClaimR
 		return nil, fmt.Errorf("sqlitestore: claim: %w", err)
 	}
 	return rec, nil
+}
+
+// decided returns the claim's result when the record rec (nil: none), read by lean,
+// decides it without a write: the claimer's own in-progress record (claimed under
+// req.ID), granted again, or a record that blocks the claim.
+func decided(rec *idempotency.Record, req idempotency.ClaimRequest, now time.Time) (idempotency.ClaimResult, bool) {
+	switch {
+	case rec == nil:
+		return idempotency.ClaimResult{}, false
+	case rec.Route == ownClaim:
+		return idempotency.ClaimResult{Claimed: true, Token: rec.Token, Now: now}, true
+	case blocks(rec, req, now):
+		return idempotency.ClaimResult{Existing: rec, Now: now}, true
+	}
+	return idempotency.ClaimResult{}, false
 }
 
 // blocks reports whether rec prevents the claim req at now, by the rules of
@@ -579,13 +601,13 @@ func (s *Store) clock() time.Time { return time.UnixMilli(s.now().UnixMilli()).U
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
 	until := s.clock().Add(lease).UnixMilli()
-	return s.owned1(ctx, "extend", s.st.extend, until, until, scope, key, token)
+	return s.owned1(ctx, "extend", nil, s.st.extend, false, scope, key, token, until, until)
 }
 
 // Abandon implements idempotency.Store: it sets the record's abandoned column and leaves
 // its lease as it is.
 func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) error {
-	return s.owned1(ctx, "abandon", s.st.abandon, scope, key, token)
+	return s.owned1(ctx, "abandon", nil, s.st.abandon, false, scope, key, token)
 }
 
 // Complete implements idempotency.Store.
@@ -600,12 +622,16 @@ func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 		}
 		return op.err
 	}
-	return s.complete(ctx, s.st.complete, c)
+	return s.complete(ctx, nil, c, true)
 }
 
-// complete runs the completion statement stmt (on the write pool, or in a transaction)
-// for c, on the store's clock.
-func (s *Store) complete(ctx context.Context, stmt *sql.Stmt, c idempotency.Completion) error {
+// complete runs the completion statement for c, on the store's clock, on the write pool
+// (tx nil) or in tx. With again, a completion sent again, that finds its record done
+// under its token, returns nil: the write it repeats was durable when it returned (see
+// Durability), on the one host that holds the file. Without it (the completion in a
+// handler's transaction), that is ErrLeaseLost, so that the transaction, whose business
+// write would be done twice, does not commit.
+func (s *Store) complete(ctx context.Context, tx *sql.Tx, c idempotency.Completion, again bool) error {
 	// header, version 1's JSON column, is written for the binaries that read only it (see
 	// Migration); headers holds the exact bytes.
 	jsonHeader, err := json.Marshal(c.Response.Header)
@@ -613,22 +639,27 @@ func (s *Store) complete(ctx context.Context, stmt *sql.Stmt, c idempotency.Comp
 		return fmt.Errorf("sqlitestore: complete: header: %w", err)
 	}
 	headers := headercodec.Encode(c.Response.Header, c.Response.Trailer)
-	return s.owned1(ctx, "complete", stmt, c.Response.Status, string(jsonHeader), headers, c.Response.Body,
-		c.Response.BodyOmitted, s.clock().Add(c.TTL).UnixMilli(), c.Scope, c.Key, c.Token)
+	return s.owned1(ctx, "complete", tx, s.st.complete, again, c.Scope, c.Key, c.Token, c.Response.Status,
+		string(jsonHeader), headers, c.Response.Body, c.Response.BodyOmitted, s.clock().Add(c.TTL).UnixMilli())
 }
 
 // Release implements idempotency.Store.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
-	return s.owned1(ctx, "release", s.st.release, scope, key, token)
+	return s.owned1(ctx, "release", nil, s.st.release, false, scope, key, token)
 }
 
-// owned1 runs a statement that changes the in-progress record owned by a token, and
-// returns ErrLeaseLost when it changed no row.
-func (s *Store) owned1(ctx context.Context, op string, stmt *sql.Stmt, args ...any) error {
+// owned1 runs stmt, a statement that changes the in-progress record (scope, key) owned by
+// token, on the write pool (tx nil) or in tx, with args and then scope, key and token as
+// its parameters. When it changed no row, it returns ErrRecordGone for a missing record,
+// nil for a record done under token when again is set, and ErrLeaseLost otherwise.
+func (s *Store) owned1(ctx context.Context, op string, tx *sql.Tx, stmt *sql.Stmt, again bool, scope, key string, token int64, args ...any) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	res, err := stmt.ExecContext(ctx, args...)
+	if tx != nil {
+		stmt = tx.StmtContext(ctx, stmt)
+	}
+	res, err := stmt.ExecContext(ctx, append(args, scope, key, token)...)
 	if err != nil {
 		return fmt.Errorf("sqlitestore: %s: %w", op, err)
 	}
@@ -636,10 +667,24 @@ func (s *Store) owned1(ctx context.Context, op string, stmt *sql.Stmt, args ...a
 	if err != nil {
 		return fmt.Errorf("sqlitestore: %s: %w", op, err)
 	}
-	if n == 0 {
-		return idempotency.ErrLeaseLost
+	if n > 0 {
+		return nil
 	}
-	return nil
+	owner := s.st.owner
+	if tx != nil {
+		owner = tx.StmtContext(ctx, owner)
+	}
+	var held int64
+	var state string
+	switch err := owner.QueryRowContext(ctx, scope, key).Scan(&held, &state); {
+	case errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("sqlitestore: %s: %w", op, idempotency.ErrRecordGone)
+	case err != nil:
+		return fmt.Errorf("sqlitestore: %s: %w", op, err)
+	case again && held == token && state == string(idempotency.StateDone):
+		return nil
+	}
+	return fmt.Errorf("sqlitestore: %s: %w", op, idempotency.ErrLeaseLost)
 }
 
 // Get implements idempotency.Store.
@@ -782,7 +827,7 @@ func (s *Store) withTx(ctx context.Context, claim *idempotency.Claim, fn func(ct
 		return idempotency.Response{}, err
 	}
 	if claim != nil {
-		if err := s.complete(ctx, tx.StmtContext(ctx, s.st.complete), claim.Completion(resp)); err != nil {
+		if err := s.complete(ctx, tx, claim.Completion(resp), false); err != nil {
 			return idempotency.Response{}, fmt.Errorf("sqlitestore: complete in transaction: %w", err)
 		}
 	}
@@ -803,11 +848,17 @@ const recordColumns = `scope, key, fingerprint, state, token, created_at, lease_
 // NULL otherwise, so that a 409 or a 422 does not read a stored body. SQLite evaluates
 // a CASE branch only when its condition holds, and reads a column only when it is
 // evaluated; abandoned, stored after the body, is read only while the record is in
-// progress, when the body is NULL. The route is not read (a claim does not use it).
+// progress, when the body is NULL. The route is not read (a claim does not use it): its
+// place holds whether the record is the claimer's own (ownClaim).
 const leanColumns = `scope, key, fingerprint, state, token, created_at, lease_until, expires_at,
 	CASE WHEN ` + replay + ` THEN status END, CASE WHEN ` + replay + ` THEN header END,
 	CASE WHEN ` + replay + ` THEN body END, CASE WHEN ` + replay + ` THEN body_omitted ELSE 0 END,
-	CASE WHEN ` + replay + ` THEN headers END, CASE WHEN state = 'in_progress' THEN abandoned ELSE 0 END, ''`
+	CASE WHEN ` + replay + ` THEN headers END, CASE WHEN state = 'in_progress' THEN abandoned ELSE 0 END,
+	CASE WHEN state = 'in_progress' AND ?4 <> '' AND claim_id = ?4 THEN '` + ownClaim + `' ELSE '' END`
+
+// ownClaim is what leanColumns read into Record.Route, which a claim does not use, for
+// the claimer's own in-progress record: claimed under the claim's ID, parameter ?4.
+const ownClaim = "own"
 
 const replay = `state = 'done' AND fingerprint = ?3`
 
