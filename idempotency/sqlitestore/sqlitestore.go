@@ -411,8 +411,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 
 // addedColumns are the columns schema.sql has that earlier versions of the schema lack
 // (version 1 all of them, version 2 route and claim_id, version 3 claim_id), in the
-// order schema.sql declares them
-// (last), with their definitions there.
+// order schema.sql declares them (last), with their definitions there.
 var addedColumns = [...]struct{ name, definition string }{
 	{"headers", "BLOB"},
 	{"abandoned", "INTEGER NOT NULL DEFAULT 0"},
