@@ -208,7 +208,7 @@ type Store struct {
 
 type statements struct {
 	schema, claim, takeover, reclaim, complete, completeTx, extend, abandon, release, exists, again string
-	get, delete, deleteExpired, claimBatch, completeBatch                                         string
+	get, delete, deleteExpired, claimBatch, completeBatch                                           string
 }
 
 var (
