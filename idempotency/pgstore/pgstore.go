@@ -200,6 +200,7 @@ type Store struct {
 	table string // quoted, schema-qualified
 	clock func() time.Time
 	probe time.Duration // Config.ProbeTimeout
+	names struct{ schema, table, sequence, index string }
 	sql   statements
 
 	claims    *batch.Group[*claimCall]    // nil without Config.Batch
@@ -295,6 +296,7 @@ func New(cfg Config) (*Store, error) {
 	}
 	s := &Store{pool: cfg.Pool, table: pgx.Identifier{schema, table}.Sanitize(), clock: cfg.Clock,
 		probe: cmp.Or(cfg.ProbeTimeout, DefaultProbeTimeout)}
+	s.names.schema, s.names.table, s.names.sequence, s.names.index = schema, table, table+"_token_seq", table+"_expires_at_idx"
 	r := strings.NewReplacer(
 		"{schema}", pgx.Identifier{schema}.Sanitize(),
 		"{table}", s.table,
@@ -437,11 +439,31 @@ RETURNING u.ord`),
 
 // Migrate creates the schema, the token sequence, the table and its index when they do
 // not exist, and adds the columns a table created without them lacks (see "Migration"
-// in the package doc). It is idempotent, and concurrent calls (from several replicas)
-// are safe: they run one at a time under a transaction-level advisory lock.
+// in the package doc). It first reads the catalogs: when nothing is missing it changes
+// nothing and needs no privilege to create anything, so that a role with only the
+// privileges the store serves with (see "Privileges" in the package doc) may call it as
+// it starts, once the schema's owner has migrated; it then checks that the role has those
+// privileges. Its errors that say the schema is not ready are a *SchemaError. It is
+// idempotent, and concurrent calls (from several replicas) are safe: the DDL runs one at
+// a time under a transaction-level advisory lock.
 func (s *Store) Migrate(ctx context.Context) error {
-	if err := pgddl.Apply(ctx, s.pool, s.sql.schema); err != nil {
-		return fmt.Errorf("pgstore: migrate: %w", err)
+	missing, denied, err := s.inspect(ctx)
+	if err != nil {
+		return fmt.Errorf("pgstore: migrate: reading the catalogs: %w", err)
+	}
+	if len(missing) > 0 {
+		if err := pgddl.Apply(ctx, s.pool, s.sql.schema); err != nil {
+			return &SchemaError{Missing: missing, Err: err}
+		}
+		if missing, denied, err = s.inspect(ctx); err != nil {
+			return fmt.Errorf("pgstore: migrate: reading the catalogs: %w", err)
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("pgstore: migrate: the schema still lacks %s after it was applied", list(missing))
+		}
+	}
+	if len(denied) > 0 {
+		return &SchemaError{Denied: denied}
 	}
 	return nil
 }
