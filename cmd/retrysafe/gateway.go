@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -127,7 +128,7 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 		{name: "amqp", arg: "URL", help: "RabbitMQ (amqp://, amqps://) whose dead letters the console shows: the DLQ NAME.dlq of each --queue", def: "-"},
 		{name: "nats", arg: "URL", help: "NATS JetStream (nats://, tls://) whose dead letters the console shows: the DLQ stream of each --queue", def: "-"},
 		{name: "queue", arg: "NAME", help: "a redeliver work queue (RabbitMQ) or subject (JetStream) whose dead letters the console lists, replays and purges (repeatable; needs --amqp or --nats)", def: "-"},
-		{name: "store", arg: "DSN", help: "sqlite:PATH, postgres://… (optional ?schema=NAME), redis://… (optional ?prefix=P), memory: — the schema is applied at start. SQLite and PostgreSQL batch the writes of concurrent requests into shared commits (group commit); ?batch=false turns it off"},
+		{name: "store", arg: "DSN", help: "sqlite:PATH, postgres://… (optional ?schema=NAME), redis://… (optional ?prefix=P), memory: — what is missing of the schema is applied at start (PostgreSQL: a role without CREATE may run the gateway once `retrysafe migrate` ran as the schema's owner). SQLite and PostgreSQL batch the writes of concurrent requests into shared commits (group commit); ?batch=false turns it off. PostgreSQL: several hosts (postgres://u@h1:5432,h2:5432/db) follow a promotion (target_session_attrs=read-write); the pool holds at most pool_max_conns=" + strconv.Itoa(storedsn.DefaultPoolMaxConns) + " connections and closes those idle for pool_max_conn_idle_time=" + durfmt.Format(storedsn.DefaultPoolMaxConnIdleTime) + " (pgx's pool_* parameters set them)"},
 		{name: "ttl", arg: "DURATION", field: "TTL", help: "how long responses are kept for replay"},
 		{name: "lease", arg: "DURATION", field: "Lease", help: "how long a key stays in progress without its owner, e.g. after a crash or an upstream timeout"},
 		{name: "methods", arg: "LIST", field: "Methods", help: "methods that need a key"},
