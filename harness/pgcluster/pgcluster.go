@@ -320,6 +320,28 @@ func (c *Cluster) AwaitStreaming(ctx context.Context, s *Node, want string) erro
 	}
 }
 
+// AwaitReplayed waits until standby s has replayed everything the primary had written
+// when it was called (an asynchronous standby lags behind the primary's
+// acknowledgements), or ctx ends.
+func (c *Cluster) AwaitReplayed(ctx context.Context, s *Node) error {
+	var lsn string
+	if err := c.Primary.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`, nil, &lsn); err != nil {
+		return err
+	}
+	for delay := time.Millisecond; ; delay = min(2*delay, 50*time.Millisecond) {
+		var done bool
+		err := s.QueryRow(ctx, `SELECT coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn, false)`, []any{lsn}, &done)
+		if err == nil && done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s has not replayed the primary's WAL up to %s: %v", s.name, lsn, err)
+		case <-time.After(delay): // the server announces nothing: poll
+		}
+	}
+}
+
 // Name is the node's name: "primary", "standby1"…; a standby's is the
 // application_name it streams under.
 func (n *Node) Name() string { return n.name }

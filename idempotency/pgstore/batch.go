@@ -98,13 +98,11 @@ func (s *Store) runClaims(calls []*claimCall) {
 	scopes, keys, fps := make([][]byte, n), make([][]byte, n), make([][]byte, n)
 	nows, leases, ttls, limits := make([]*time.Time, n), make([]time.Duration, n), make([]time.Duration, n), make([]time.Time, n)
 	routes, ids := make([]string, n), make([]string, n)
-	resend := true // a claim without an ID may not be sent again once it may have been applied
 	for i, c := range calls {
 		scopes[i], keys[i], fps[i] = []byte(c.req.Scope), []byte(c.req.Key), []byte(c.req.Fingerprint)
 		nows[i], leases[i], ttls[i], limits[i], routes[i], ids[i] = c.now, c.req.Lease, c.req.TTL, c.req.TakeoverLimit(), c.req.Route, c.req.ID
-		resend = resend && c.req.ID != ""
 	}
-	err := s.do(ctx, resend, func(conn *pgx.Conn) error {
+	err := s.do(ctx, func(conn *pgx.Conn) error {
 		for _, c := range calls {
 			c.reset()
 		}
@@ -146,7 +144,7 @@ func (s *Store) runClaims(calls []*claimCall) {
 // claimAlone runs the single-key claim statement for c.
 func (s *Store) claimAlone(ctx context.Context, c *claimCall) {
 	c.reset()
-	err := s.do(ctx, c.req.ID != "", func(conn *pgx.Conn) error {
+	err := s.do(ctx, func(conn *pgx.Conn) error {
 		rec, err := scanRecord(conn.QueryRow(ctx, s.sql.claim, c.args()...), &c.claimed, &c.claimable, &c.own, &c.at)
 		c.rec = rec
 		return err
@@ -206,7 +204,7 @@ func (s *Store) runCompletes(calls []*completeCall) {
 		statuses[i], headers[i], bodies[i], omitted[i] = int32(c.Response.Status), cc.headers, c.Response.Body, c.Response.BodyOmitted
 		nows[i], ttls[i] = cc.now, c.TTL
 	}
-	err := s.do(ctx, true, func(conn *pgx.Conn) error {
+	err := s.do(ctx, func(conn *pgx.Conn) error {
 		for _, cc := range calls {
 			cc.wrote, cc.err = false, nil
 		}
@@ -244,7 +242,7 @@ func (s *Store) runCompletes(calls []*completeCall) {
 // completeAlone runs the completion statement for cc alone.
 func (s *Store) completeAlone(ctx context.Context, cc *completeCall) {
 	var n int64
-	err := s.do(ctx, true, func(conn *pgx.Conn) error {
+	err := s.do(ctx, func(conn *pgx.Conn) error {
 		tag, err := conn.Exec(ctx, s.sql.complete, completeArgs(cc.c, cc.headers, cc.now)...)
 		n = tag.RowsAffected()
 		return err

@@ -103,14 +103,14 @@ func notDurableNotice(n *pgconn.Notice) bool {
 // reset) while ctx still runs, fn runs once more, on a fresh connection: every idle
 // connection of the pool is closed first (pgxpool.Pool.Reset), since a failover breaks
 // them all, and pgxpool hands out one that has not been pinged for up to a second. That
-// is safe for every statement of the store when resend is true: a claim sent again with
-// its ID finds its own record, a completion sent again is confirmed, and Extend, Abandon
-// and Release only repeat themselves. Without resend (a claim without an ID, whose first
-// attempt, had it been applied, would make its second see someone else's record), fn
-// runs again only when the first attempt sent nothing.
-func (s *Store) do(ctx context.Context, resend bool, fn func(conn *pgx.Conn) error) error {
+// is safe for every statement of the store: a claim sent again with its ID finds its own
+// record (one without an ID finds it someone else's, and reports it as in flight until
+// its lease ends, as it would after the error this replaces), a completion sent again
+// is confirmed, Extend and Abandon only repeat themselves, a release sent again reports
+// ErrRecordGone, and the rest only read or delete.
+func (s *Store) do(ctx context.Context, fn func(conn *pgx.Conn) error) error {
 	broke, err := s.doOnce(ctx, fn)
-	if !broke || !resend && !pgconn.SafeToRetry(err) {
+	if !broke {
 		return err
 	}
 	s.pool.Reset()
@@ -156,7 +156,7 @@ func (s *Store) Ping(ctx context.Context) error {
 	}
 	pctx, cancel := context.WithTimeout(ctx, s.probe)
 	defer cancel()
-	err := s.do(pctx, true, func(conn *pgx.Conn) error {
+	err := s.do(pctx, func(conn *pgx.Conn) error {
 		_, err := conn.Exec(pctx, probeSQL)
 		return err
 	})

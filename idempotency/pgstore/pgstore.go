@@ -507,7 +507,7 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 		// Expired, or in progress with its lease run out: replace it, unless another
 		// claim or a renewal got there first (then look again).
 		res := idempotency.ClaimResult{Claimed: true}
-		err := s.do(ctx, req.ID != "", func(conn *pgx.Conn) error {
+		err := s.do(ctx, func(conn *pgx.Conn) error {
 			return conn.QueryRow(ctx, s.sql.takeover, append(c.args(), c.rec.Token)...).Scan(&res.Token, &res.TookOver, &res.Now)
 		})
 		switch {
@@ -526,7 +526,7 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 // pgx.ErrNoRows: the record is no longer the claim's own.
 func (s *Store) reclaim(ctx context.Context, c *claimCall) (idempotency.ClaimResult, error) {
 	res := idempotency.ClaimResult{Claimed: true, Token: c.rec.Token}
-	err := s.do(ctx, true, func(conn *pgx.Conn) error {
+	err := s.do(ctx, func(conn *pgx.Conn) error {
 		return conn.QueryRow(ctx, s.sql.reclaim, []byte(c.req.Scope), []byte(c.req.Key), c.rec.Token, c.req.ID, c.now).Scan(&res.Now)
 	})
 	return res, err
@@ -556,7 +556,7 @@ func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 	}
 	headers := headercodec.Encode(c.Response.Header, c.Response.Trailer)
 	var n int64
-	err := s.do(ctx, true, func(conn *pgx.Conn) error {
+	err := s.do(ctx, func(conn *pgx.Conn) error {
 		tag, err := conn.Exec(ctx, s.sql.complete, completeArgs(c, headers, s.now())...)
 		n = tag.RowsAffected()
 		return err
@@ -574,7 +574,7 @@ func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 // Complete).
 func (s *Store) completeAgain(ctx context.Context, scope, key string, token int64) error {
 	var again, exists bool
-	err := s.do(ctx, true, func(conn *pgx.Conn) error {
+	err := s.do(ctx, func(conn *pgx.Conn) error {
 		return conn.QueryRow(ctx, s.sql.again, []byte(scope), []byte(key), token).Scan(&again, &exists)
 	})
 	switch {
@@ -617,7 +617,7 @@ func (s *Store) Release(ctx context.Context, scope, key string, token int64) err
 // record (ErrRecordGone) from one that is done or another token's (ErrLeaseLost).
 func (s *Store) fenced(ctx context.Context, op, sql string, args ...any) error {
 	var n int64
-	err := s.do(ctx, true, func(conn *pgx.Conn) error {
+	err := s.do(ctx, func(conn *pgx.Conn) error {
 		tag, err := conn.Exec(ctx, sql, args...)
 		n = tag.RowsAffected()
 		return err
@@ -629,7 +629,7 @@ func (s *Store) fenced(ctx context.Context, op, sql string, args ...any) error {
 		return nil
 	}
 	var exists bool
-	if err := s.do(ctx, true, func(conn *pgx.Conn) error {
+	if err := s.do(ctx, func(conn *pgx.Conn) error {
 		return conn.QueryRow(ctx, s.sql.exists, args[0], args[1]).Scan(&exists)
 	}); err != nil {
 		return fmt.Errorf("pgstore: %s: %w", op, err)
@@ -643,7 +643,7 @@ func (s *Store) fenced(ctx context.Context, op, sql string, args ...any) error {
 // Get implements idempotency.Store.
 func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
 	var rec *idempotency.Record
-	err := s.do(ctx, true, func(conn *pgx.Conn) error {
+	err := s.do(ctx, func(conn *pgx.Conn) error {
 		var err error
 		rec, err = scanCounted(conn.QueryRow(ctx, s.sql.get, []byte(scope), []byte(key)))
 		return err
@@ -659,7 +659,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 
 // Delete implements idempotency.Store.
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if err := s.do(ctx, true, func(conn *pgx.Conn) error {
+	if err := s.do(ctx, func(conn *pgx.Conn) error {
 		_, err := conn.Exec(ctx, s.sql.delete, []byte(scope), []byte(key))
 		return err
 	}); err != nil {
@@ -680,7 +680,7 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 		return 0, nil
 	}
 	var n int64
-	if err := s.do(ctx, true, func(conn *pgx.Conn) error {
+	if err := s.do(ctx, func(conn *pgx.Conn) error {
 		tag, err := conn.Exec(ctx, s.sql.deleteExpired, s.now(), limit)
 		n = tag.RowsAffected()
 		return err
@@ -726,7 +726,7 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 	q += " ORDER BY scope, key LIMIT " + arg(limit+1)
 
 	var page idempotency.ListPage
-	err := s.do(ctx, true, func(conn *pgx.Conn) error {
+	err := s.do(ctx, func(conn *pgx.Conn) error {
 		rows, err := conn.Query(ctx, q, args...)
 		if err != nil {
 			return err

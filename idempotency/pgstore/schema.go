@@ -63,7 +63,7 @@ func (s *Store) inspect(ctx context.Context) (missing, denied []string, err erro
 		index                       bool
 		have                        []string
 	)
-	err = s.do(ctx, true, func(conn *pgx.Conn) error {
+	err = s.do(ctx, func(conn *pgx.Conn) error {
 		return conn.QueryRow(ctx, `WITH n AS (SELECT oid FROM pg_namespace WHERE nspname = $1),
 	rel AS (SELECT c.oid, c.relname, c.relkind FROM pg_class AS c JOIN n ON c.relnamespace = n.oid
 		WHERE c.relname IN ($2, $3, $4))
@@ -100,7 +100,7 @@ SELECT (SELECT oid FROM n), (SELECT oid FROM rel WHERE relname = $2 AND relkind 
 		return missing, nil, nil
 	}
 	var usage, sel, ins, upd, del, next bool
-	err = s.do(ctx, true, func(conn *pgx.Conn) error {
+	err = s.do(ctx, func(conn *pgx.Conn) error {
 		return conn.QueryRow(ctx, `SELECT has_schema_privilege($1::oid, 'USAGE'), has_table_privilege($2::oid, 'SELECT'),
 	has_table_privilege($2::oid, 'INSERT'), has_table_privilege($2::oid, 'UPDATE'), has_table_privilege($2::oid, 'DELETE'),
 	has_sequence_privilege($3::oid, 'USAGE') OR has_sequence_privilege($3::oid, 'UPDATE')`,
