@@ -11,6 +11,7 @@
 //	attempts                  1 + the takeovers of the current claim
 //	route                     what the claim was filed under (ClaimRequest.Route); NULL: none
 //	abandoned                 the owner gave up without knowing the outcome (Store.Abandon)
+//	claim_id                  '<token>:<ID>' of the claim that holds it (ClaimRequest.ID); NULL: none
 //	created_at, lease_until, expires_at, completed_at   timestamptz (microseconds)
 //	status, headers, body, body_omitted                 the stored response, once done
 //	header                    jsonb, read for records written by stores without headers
@@ -20,9 +21,18 @@
 // headers intact. A sequence, <table>_token_seq, issues the fencing tokens, and an index
 // on expires_at serves the janitor. The DDL is embedded (schema.sql) and applied by
 // Store.Migrate, idempotently and under a transaction-level advisory lock, so replicas
-// may all migrate as they start. Migrate needs a role that may create the schema and
-// the table; the serving role needs only SELECT, INSERT, UPDATE and DELETE on the table
-// and USAGE on the sequence.
+// may all migrate as they start.
+//
+// # Privileges
+//
+// Migrate first reads the catalogs, which every role may: when the schema, the
+// sequence, the table with every column and the index are there, it creates nothing, so
+// it needs no privilege to create anything. Run it once as a role that may create them
+// (the schema's owner; retrysafe migrate), then serve as a role with only USAGE on the
+// schema, SELECT, INSERT, UPDATE and DELETE on the table and USAGE on the sequence:
+// its Migrate, as a replica starts, checks those privileges and changes nothing. When
+// something is missing and the role may not create it, or a privilege is missing,
+// Migrate returns a *SchemaError that names them.
 //
 // # Migration from a jsonb header column
 //
@@ -44,7 +54,10 @@
 // version; records written before it read with no route. A store that predates it
 // leaves it as it was when it takes a record over or replaces an expired one, so during
 // a rolling upgrade such a record may show the route of the claim before (for a
-// takeover, the same request's).
+// takeover, the same request's). The claim_id column (text, NULL) is added in place
+// too; a store that predates it leaves it as it was when it takes a record over, which
+// is why it holds the token with the claim's ID: a record taken over so has another
+// token, and is no longer the first claim's own.
 //
 // # Time
 //
@@ -75,6 +88,12 @@
 // snapshot makes the statement return no row; Claim then runs it again (at most 10
 // times).
 //
+// A claim with an ID (idempotency.ClaimRequest.ID) writes it with the record, and one
+// that finds an in-progress record holding its ID and token is the claimer's own
+// earlier attempt, whose answer was lost: it is granted again, by a second statement
+// that writes the record without changing it, so that the grant, like any claim, rests
+// on an acknowledged write (see "Durability and replication") rather than on a read.
+//
 // A record is claimable when it is done and expired, or in progress with its lease run
 // out, when the request may take it over at the statement's instant (its NoTakeover and
 // TakeoverBy, as one limit: idempotency.ClaimRequest.TakeoverLimit), and with the same
@@ -93,9 +112,20 @@
 //
 // Statements are prepared once per connection (pgx's default
 // QueryExecModeCacheStatement) and each method runs one: a first execution costs two
-// round trips (Claim, Complete), a replay one (Claim). pgxpool itself pings a
-// connection that sat idle for more than a second before handing it out; set
-// pgxpool.Config.ShouldPing to change that.
+// round trips (Claim, Complete), a replay one (Claim). A fenced write (Extend, Abandon,
+// Complete, Release) that changes no row runs a second statement to say why (no record:
+// idempotency.ErrRecordGone; another token or done: ErrLeaseLost; a completion sent
+// again: written again). pgxpool itself pings a connection that sat idle for more than
+// a second before handing it out; set pgxpool.Config.ShouldPing to change that.
+//
+// A call whose connection broke (the server went away, a failover, a reset) while its
+// context still runs is made once more on a fresh connection, after pgxpool.Pool.Reset
+// closed the pool's idle ones: a failover breaks them all, and those used in the last
+// second are handed out without a ping. Sending any of the store's statements again is
+// safe: a claim with its ID finds its own record (without an ID, a claim whose first
+// attempt was applied finds the record in flight, which the error it replaces would
+// have left too), a completion sent again is confirmed, Extend and Abandon repeat
+// themselves, and a release sent again reports ErrRecordGone.
 //
 // # Batching
 //
@@ -123,17 +153,56 @@
 // does. A completion with a stale token (the key was taken over) rolls the business
 // write back too. BEGIN goes to the server with the handler's first statement and the
 // completion with COMMIT, so a handler of one statement costs two round trips (and the
-// claim before it one). When the connection fails during COMMIT, WithTx reads the
-// record to learn whether the transaction committed; see WithTx.
+// claim before it one). When the outcome of COMMIT is unknown, WithTx settles it by a
+// write (the completion sent again), never by reading the record; see WithTx.
 //
-// # Janitor and durability
+// # Janitor
 //
 // Records stay after expires_at until Store.DeleteExpired removes them, in batches
 // (Claim treats them as described above meanwhile); run it periodically. It never
 // deletes an in-progress record whose lease runs, and re-checks that on the latest row,
-// so a renewal that commits first keeps the record. Records are as durable as the
-// database: under PostgreSQL's default synchronous_commit a claim or completion that
-// returned survives a crash.
+// so a renewal that commits first keeps the record.
+//
+// # Durability and replication
+//
+// A claim or a completion counts once its commit is acknowledged: records are as
+// durable as that acknowledgement. On one server, under PostgreSQL's default
+// synchronous_commit (on), a claim or completion that returned survives a crash.
+//
+// With a synchronous standby (synchronous_standby_names naming it), a commit returns
+// only once the standby has flushed it, so a standby promoted after the primary is lost
+// has every claim and completion that returned: a key never runs twice across the
+// failover. Writes whose outcome is unknown are errors, never taken as stored: a
+// connection lost during the commit; the call's deadline, which closes the connection
+// (and pgx's cancel request ends the server's wait); and a commit whose wait for the
+// standby someone cancelled (pg_cancel_backend, a cancel request, a fast shutdown), which
+// PostgreSQL reports as a success with a warning that the transaction is committed on
+// the primary but perhaps on no standby: on a pool prepared by ConfigurePool (or made by
+// NewPool) the store catches that warning and returns an error wrapping
+// idempotency.ErrNotDurable. A completion sent again after such an error finds the
+// record done under its token, and writes it again, unchanged: that write waits for the
+// standby like any other, so its acknowledgement confirms the first; a claim sent again
+// with its ID is granted its own record the same way. Nothing is confirmed by reading a
+// record back from a primary that may be lost.
+//
+// While the synchronous standby is away, every write waits. Ping makes a write (a
+// transactional message in the WAL, which needs no privilege) and reports
+// idempotency.ErrNotDurable when it is not acknowledged within Config.ProbeTimeout while
+// the server answers; the middleware then fails new claims at once with 503, and a
+// gateway's /readyz answers 503, until the standby is back. The backends of writes whose
+// deadline ended while they waited do not pile up: pgx sends a cancel request as it
+// closes such a connection, which ends the server's wait.
+//
+// With asynchronous standbys only, a commit returns before any standby has it: a
+// failover may lose the claims and completions acknowledged last, and their keys may
+// run again (a completed key executes a second time, an in-flight one beside its
+// owner). That is the window of asynchronous replication; use a synchronous standby to
+// close it.
+//
+// Give the store's pool every node, with target_session_attrs=read-write
+// (postgres://u@primary:5432,standby:5432/db?target_session_attrs=read-write): after a
+// promotion new connections reach the new primary, and a call whose connection the
+// failover broke runs once more on one of them (see "Round trips").
 package pgstore
 
 import (

@@ -13,12 +13,13 @@ import (
 	"github.com/retrysafe/retrysafe/internal/headercodec"
 )
 
-// ErrCommitUnknown is wrapped by the error WithTx returns when the connection failed
-// during COMMIT and WithTx could not learn the outcome: the business write and the
-// completion either both committed or both rolled back.
+// ErrCommitUnknown is wrapped by the error WithTx returns when the outcome of COMMIT is
+// unknown and no acknowledged write confirmed it: the business write and the completion
+// either both committed (and may yet be lost by a failover to a standby that does not
+// have them) or both rolled back.
 var ErrCommitUnknown = errors.New("pgstore: transaction commit outcome unknown")
 
-// resolveTimeout bounds the look-up that settles an interrupted commit.
+// resolveTimeout bounds the write that settles a commit whose outcome is unknown.
 const resolveTimeout = 5 * time.Second
 
 // staleCompletion is the SQLSTATE (division_by_zero) of the error the transaction-mode
@@ -50,13 +51,19 @@ const staleCompletion = "22012"
 //     completed): the transaction, fn's writes included, is rolled back, claim.Release is
 //     called and the error wraps idempotency.ErrLeaseLost.
 //   - the server rejects the commit: as when fn fails, the error is returned wrapped.
-//   - the connection fails during the completion and COMMIT, so the outcome is unknown:
-//     WithTx reads the record on another connection (for at most 5 s, without waiting
-//     for row locks), since the completion makes it a witness of the commit. Done with
-//     the claim's token: the transaction committed; WithTx calls claim.MarkCompleted and
-//     returns the response and a nil error. Otherwise WithTx calls claim.Release and
-//     returns an error wrapping ErrCommitUnknown: a record still in progress does not
-//     show a rollback, since the completion and COMMIT may yet reach the server.
+//   - the outcome of the completion and COMMIT is unknown — the connection failed
+//     during them, or the server reported the commit with the warning that its wait for
+//     a synchronous standby was cancelled (see "Durability and replication" in the
+//     package doc) — WithTx writes the record again, unchanged, on another connection,
+//     when it is done under the claim's token (for at most 5 s, waiting for the
+//     record's row lock; a record in progress is left as it is). Acknowledged, that
+//     write, which comes after the transaction's commit in the same server's WAL,
+//     confirms the transaction: WithTx calls claim.MarkCompleted and returns the
+//     response and a nil error. Otherwise WithTx calls claim.Release and returns an
+//     error wrapping ErrCommitUnknown (and idempotency.ErrNotDurable after the
+//     warning): a record still in progress does not show a rollback, since the
+//     completion and COMMIT may yet reach the server, and a record done is not
+//     confirmed by reading it from a primary that may be lost.
 //
 // Releasing after an unknown commit is safe: the transaction can commit only together
 // with its completion, which requires the record in progress with the claim's token,
@@ -155,9 +162,9 @@ func rolledBack(err error) bool {
 }
 
 // confirmed settles a commit whose outcome is unknown by a write, never by a read (a
-// read from a primary that may be lost confirms nothing): the completion sent again,
-// which, when the record is done under the claim's token, writes it again, changing
-// nothing. Acknowledged, that write confirms the transaction, which committed before it
+// read from a primary that may be lost confirms nothing): the second statement of a
+// completion sent again, which, when the record is done under the claim's token, writes
+// it again, changing nothing, and otherwise writes nothing. Acknowledged, that write confirms the transaction, which committed before it
 // in the same server's WAL. It waits for the record's row lock, which the transaction
 // holds until it ends, for at most 5 s.
 func (s *Store) confirmed(ctx context.Context, claim *idempotency.Claim) bool {
