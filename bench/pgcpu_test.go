@@ -112,7 +112,8 @@ func BenchmarkPostgresCPU(b *testing.B) {
 		pools = append(pools, pool)
 		return pool
 	}
-	pool := newPool(nil)
+	// Prepared for pgstore as the gateway prepares it (storedsn): its notice hook.
+	pool := newPool(pgstore.ConfigurePool)
 
 	postmaster, err := postmasterPID(ctx, pool)
 	if err != nil {
