@@ -354,7 +354,7 @@ func (g *Group) start(bin, name string, extra []string) *Server {
 }
 
 // startReplica starts a replica of master through a TCP proxy of its own and waits
-// until it has synchronised.
+// until it has synchronised and the master lists it online.
 func (g *Group) startReplica(bin, name string, master *Server) *Server {
 	g.t.Helper()
 	link, err := tcpproxy.New(master.Addr)
@@ -368,6 +368,21 @@ func (g *Group) startReplica(bin, name string, master *Server) *Server {
 	r.awaitLog("synchronised with its master", 0, func(l string) bool {
 		return strings.Contains(l, "MASTER <-> REPLICA sync: Finished with success")
 	})
+	// The master counts a replica in WAIT only once it has put it online, at the
+	// replica's first acknowledgement after the synchronisation.
+	_, rport, _ := net.SplitHostPort(r.Addr)
+	testenv.Eventually(g.t, startTimeout, func() bool {
+		info, err := master.Info(context.Background(), "replication")
+		if err != nil {
+			return false
+		}
+		for k, v := range info {
+			if strings.HasPrefix(k, "slave") && strings.Contains(v, ",port="+rport+",") && strings.Contains(v, "state=online") {
+				return true
+			}
+		}
+		return false
+	}, "%s to list %s online", master.Name, r.Name)
 	return r
 }
 
