@@ -51,7 +51,10 @@
 // ignores it (tools that claim nothing). The store's Ping reads the policy again, so a
 // policy changed at run time makes it fail (redisstore.EvictionError). A Redis with
 // wait=N whose replicas do not acknowledge at start is opened: its store answers
-// claims with errors wrapping idempotency.ErrNotDurable until they do.
+// claims with errors wrapping idempotency.ErrNotDurable until they do. Unless the
+// policy is ignored, Open also logs what the Redis can lose and what it means for "runs
+// once": a Redis without AOF (a restart loses records), and replicas without wait=N
+// (a failover may lose the last acknowledged writes).
 package storedsn
 
 import (
@@ -433,7 +436,41 @@ func openRedis(ctx context.Context, sp *spec, eviction redisstore.Eviction, logg
 		_ = client.Close()
 		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, name, err)
 	}
+	if eviction != redisstore.EvictionIgnore {
+		reportRedis(pctx, client, sp, logger)
+	}
 	return &Opened{Store: s, Kind: KindRedis, Name: name, close: client.Close}, nil
+}
+
+// reportRedis logs, at the start of a store that will take claims, what the Redis it
+// reaches (the master, or a node of a Cluster) can lose and what that means for "runs
+// once": no AOF (a restart loses the records written since the last snapshot), and
+// replicas that a failover may promote without the last writes the master acknowledged
+// (unless wait=N). It is a report: an INFO that fails is left out.
+func reportRedis(ctx context.Context, client redis.UniversalClient, sp *spec, logger *slog.Logger) {
+	text, err := client.Info(ctx).Result()
+	if err != nil {
+		return
+	}
+	info := map[string]string{}
+	for line := range strings.Lines(text) {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			info[k] = v
+		}
+	}
+	if info["aof_enabled"] == "0" {
+		logger.Warn("the store's Redis has no AOF: a Redis restart loses every record written since its last snapshot (all of them without one), and a retry of a lost key runs again; run Redis with appendonly yes and appendfsync always for keys that must not run twice",
+			"store", sp.name)
+	}
+	replicas, _ := strconv.Atoi(info["connected_slaves"])
+	switch {
+	case replicas > 0 && sp.wait == 0:
+		logger.Warn("the store's Redis replicates asynchronously: a failover may promote a replica without the last claims and completions the master acknowledged, and their keys may run again; ?wait=N makes each count only once N replicas have it",
+			"store", sp.name, "replicas", replicas)
+	case sp.wait > replicas:
+		logger.Warn("the store waits for more replicas than the master has now: claims are refused (503) until enough acknowledge",
+			"store", sp.name, "wait", sp.wait, "replicas", replicas)
+	}
 }
 
 // urlErr returns the message of a url.Parse error without the URL itself, which may

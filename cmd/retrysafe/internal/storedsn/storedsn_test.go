@@ -219,9 +219,23 @@ func TestRedisSentinel(t *testing.T) {
 	t.Parallel()
 	g := redisha.Start(t, redisha.Options{})
 	ctx := context.Background()
-	o, err := storedsn.Open(ctx, g.URL("wait", "1", "wait_timeout", "300ms"), nil)
+	var log strings.Builder
+	o, err := storedsn.OpenWith(ctx, g.URL("wait", "1", "wait_timeout", "300ms"), storedsn.Options{Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if strings.Contains(log.String(), "asynchronously") || strings.Contains(log.String(), "more replicas") {
+		t.Errorf("a store waiting for the master's one replica is warned about replication:\n%s", log.String())
+	}
+	// Without wait, the asynchronous replication is reported.
+	log.Reset()
+	async, err := storedsn.OpenWith(ctx, g.URL(), storedsn.Options{Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = async.Close()
+	if !strings.Contains(log.String(), "replicates asynchronously") || !strings.Contains(log.String(), "replicas=1") {
+		t.Errorf("a store on a replicated Redis without wait is not told so:\n%s", log.String())
 	}
 	t.Cleanup(func() { _ = o.Close() })
 	if o.Kind != storedsn.KindRedis || !strings.Contains(o.Name, "master_name="+g.MasterName()) || !strings.Contains(o.Name, "wait=1") {
@@ -258,8 +272,12 @@ func TestRedisEviction(t *testing.T) {
 		}
 		roundTrip(t, o.Store)
 		_ = o.Close()
-		if n := strings.Count(log.String(), "level=WARN"); n != c.warns || c.warns > 0 && !strings.Contains(log.String(), "volatile-lru") {
-			t.Errorf("eviction %d: %d warnings, want %d:\n%s", c.eviction, n, c.warns, log.String())
+		if n := strings.Count(log.String(), "maxmemory_policy=volatile-lru"); n != c.warns || strings.Count(log.String(), "level=WARN msg=\"the store may evict") != c.warns {
+			t.Errorf("eviction %d: %d warnings of the policy, want %d:\n%s", c.eviction, n, c.warns, log.String())
+		}
+		// A store that will take claims is told what its Redis can lose; a tool's is not.
+		if noAOF := strings.Contains(log.String(), "no AOF"); noAOF != (c.eviction == redisstore.EvictionAllow) {
+			t.Errorf("eviction %d: reported a Redis without AOF: %v:\n%s", c.eviction, noAOF, log.String())
 		}
 	}
 }
