@@ -53,8 +53,8 @@
 // wait=N whose replicas do not acknowledge at start is opened: its store answers
 // claims with errors wrapping idempotency.ErrNotDurable until they do. Unless the
 // policy is ignored, Open also logs what the Redis can lose and what it means for "runs
-// once": a Redis without AOF (a restart loses records), and replicas without wait=N
-// (a failover may lose the last acknowledged writes).
+// once" (redisstore.Store.Inspect): a Redis without AOF (a restart loses records), and
+// replicas without wait=N (a failover may lose the last acknowledged writes).
 package storedsn
 
 import (
@@ -437,39 +437,25 @@ func openRedis(ctx context.Context, sp *spec, eviction redisstore.Eviction, logg
 		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, name, err)
 	}
 	if eviction != redisstore.EvictionIgnore {
-		reportRedis(pctx, client, sp, logger)
+		reportRedis(pctx, s, name, logger)
 	}
 	return &Opened{Store: s, Kind: KindRedis, Name: name, close: client.Close}, nil
 }
 
-// reportRedis logs, at the start of a store that will take claims, what the Redis it
-// reaches (the master, or a node of a Cluster) can lose and what that means for "runs
-// once": no AOF (a restart loses the records written since the last snapshot), and
-// replicas that a failover may promote without the last writes the master acknowledged
-// (unless wait=N). It is a report: an INFO that fails is left out.
-func reportRedis(ctx context.Context, client redis.UniversalClient, sp *spec, logger *slog.Logger) {
-	text, err := client.Info(ctx).Result()
+// reportRedis logs, at the start of a store that will take claims, what the settings
+// of its Redis mean for "runs once" (redisstore.Store.Inspect): each finding that
+// narrows the promise, as a warning. The eviction policy is Open's to refuse or allow.
+// It is a report: an inspection that fails is left out.
+func reportRedis(ctx context.Context, s *redisstore.Store, name string, logger *slog.Logger) {
+	findings, err := s.Inspect(ctx)
 	if err != nil {
 		return
 	}
-	info := map[string]string{}
-	for line := range strings.Lines(text) {
-		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
-			info[k] = v
+	for _, f := range findings {
+		if f.Level == idempotency.FindingOK || f.Check == "redis.eviction" {
+			continue
 		}
-	}
-	if info["aof_enabled"] == "0" {
-		logger.Warn("the store's Redis has no AOF: a Redis restart loses every record written since its last snapshot (all of them without one), and a retry of a lost key runs again; run Redis with appendonly yes and appendfsync always for keys that must not run twice",
-			"store", sp.name)
-	}
-	replicas, _ := strconv.Atoi(info["connected_slaves"])
-	switch {
-	case replicas > 0 && sp.wait == 0:
-		logger.Warn("the store's Redis replicates asynchronously: a failover may promote a replica without the last claims and completions the master acknowledged, and their keys may run again; ?wait=N makes each count only once N replicas have it",
-			"store", sp.name, "replicas", replicas)
-	case sp.wait > replicas:
-		logger.Warn("the store waits for more replicas than the master has now: claims are refused (503) until enough acknowledge",
-			"store", sp.name, "wait", sp.wait, "replicas", replicas)
+		logger.Warn(f.Detail, "store", name, "check", f.Check, "setting", f.Setting)
 	}
 }
 

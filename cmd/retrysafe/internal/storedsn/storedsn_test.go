@@ -224,7 +224,7 @@ func TestRedisSentinel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(log.String(), "asynchronously") || strings.Contains(log.String(), "more replicas") {
+	if strings.Contains(log.String(), "check=redis.replication") {
 		t.Errorf("a store waiting for the master's one replica is warned about replication:\n%s", log.String())
 	}
 	// Without wait, the asynchronous replication is reported.
@@ -234,7 +234,7 @@ func TestRedisSentinel(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = async.Close()
-	if !strings.Contains(log.String(), "replicates asynchronously") || !strings.Contains(log.String(), "replicas=1") {
+	if !strings.Contains(log.String(), "replication is asynchronous") || !strings.Contains(log.String(), `setting="replicas=1 wait=0"`) {
 		t.Errorf("a store on a replicated Redis without wait is not told so:\n%s", log.String())
 	}
 	t.Cleanup(func() { _ = o.Close() })
@@ -276,7 +276,7 @@ func TestRedisEviction(t *testing.T) {
 			t.Errorf("eviction %d: %d warnings of the policy, want %d:\n%s", c.eviction, n, c.warns, log.String())
 		}
 		// A store that will take claims is told what its Redis can lose; a tool's is not.
-		if noAOF := strings.Contains(log.String(), "no AOF"); noAOF != (c.eviction == redisstore.EvictionAllow) {
+		if noAOF := strings.Contains(log.String(), `setting="appendonly=no"`); noAOF != (c.eviction == redisstore.EvictionAllow) {
 			t.Errorf("eviction %d: reported a Redis without AOF: %v:\n%s", c.eviction, noAOF, log.String())
 		}
 	}
