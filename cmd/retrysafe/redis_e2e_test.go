@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os/exec"
@@ -216,5 +217,55 @@ func TestE2ERedisFailoverStalledReplication(t *testing.T) {
 	})
 	if r.status != 201 || up.callsFor(fresh) != 1 {
 		t.Errorf("the refused key after the failover: %v, %d executions; want one", r, up.callsFor(fresh))
+	}
+}
+
+// TestE2ERedisEvictedRecordLogged: on an evicting Redis the operator allowed, a record
+// evicted while its request runs is logged as a record that vanished, not as a key
+// another request took over.
+func TestE2ERedisEvictedRecordLogged(t *testing.T) {
+	t.Parallel()
+	g := redisha.Start(t, redisha.Options{Replicas: -1, NoSentinel: true,
+		Args: []string{"--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru"}})
+	up := newUpstream(t)
+	gw := startGateway(t, nil, "--store", g.Master().URL(), "--upstream", up.URL, "--allow-evicting-store")
+	ctx := context.Background()
+	k := testenv.Name("evicted")
+	first := make(chan reply, 1)
+	go func() { first <- post(ctx, gw.addr, "/held-once", k, `{}`) }()
+	await(t, "the request upstream", 10*time.Second, up.arrived(k))
+	admin := g.Master().Client()
+	value := strings.Repeat("x", 64<<10)
+	// The record is the one key whose name ends in the request's key (see redisstore's
+	// key layout).
+	exists := func() bool {
+		keys, err := admin.Keys(ctx, "*:"+k+"}").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(keys) > 0
+	}
+	if !exists() {
+		t.Fatal("no record for the key in flight")
+	}
+	for i := 0; exists(); i++ {
+		if i == 1000 { // 64 MB written into 4 MB
+			t.Fatal("the record was never evicted")
+		}
+		for j := range 16 {
+			if err := admin.Set(ctx, fmt.Sprint("fill:", i, ":", j), value, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	up.release(k)
+	if r := <-first; r.status != 201 {
+		t.Fatalf("the request whose record was evicted: %v", r)
+	}
+	gw.awaitLog("the owner's completion refused", 10*time.Second, func(line string) bool {
+		return strings.Contains(line, "response not stored") && strings.Contains(line, k)
+	})
+	if !hasLine(gw.log(), "record vanished", k) || hasLine(gw.log(), "taken over", k) {
+		t.Errorf("the eviction is not logged as a record that vanished:\n%s", gw.log())
 	}
 }
