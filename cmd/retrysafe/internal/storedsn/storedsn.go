@@ -31,7 +31,7 @@
 //	                            claim, a renewal or a completion count only once N
 //	                            replicas acknowledged it (WAIT), and wait_timeout=DUR
 //	                            bounds that wait (default 1s; redisstore.Config.Wait
-//	                            and WaitTimeout). Not with a Ring.
+//	                            and WaitTimeout).
 //	memory:                     the in-process memstore: nothing survives the process.
 //
 // The PostgreSQL and Redis forms are URLs with a host part ("//" after the scheme);
