@@ -113,7 +113,8 @@ func TestE2ERedisEvictionAtRunTime(t *testing.T) {
 			t.Errorf("/readyz after CONFIG SET maxmemory-policy allkeys-lru: %d %s, want 503 naming the policy", code, body)
 		}
 	}
-	if n := strings.Count(gw.log(), "maxmemory-policy is allkeys-lru"); n != 1 || !hasLine(gw.log(), `"level":"ERROR"`, "allkeys-lru") {
+	if n := strings.Count(gw.log(), "redisstore: the store is not durable: maxmemory-policy is allkeys-lru"); n != 1 ||
+		!hasLine(gw.log(), `"level":"ERROR"`, "redisstore: the store is not durable: maxmemory-policy is allkeys-lru") {
 		t.Errorf("the change was logged %d times, want one error line:\n%s", n, gw.log())
 	}
 	if code, body := get(t, gw.admin+"/metrics"); code != 200 || !strings.Contains(body, `retrysafe_store_unsafe{reason="eviction"} 1`) {
