@@ -18,6 +18,7 @@ import (
 	"github.com/retrysafe/retrysafe/harness/redisha"
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/idempotency/idempotencytest"
 )
 
 // logBuffer is a log the test reads: what a store logs through slog.
@@ -515,5 +516,22 @@ func TestInspect(t *testing.T) {
 		want(t, got, "redis.eviction", idempotency.FindingOK, "maxmemory-policy=noeviction")
 		want(t, got, "redis.persistence", idempotency.FindingWarn, "appendonly=yes appendfsync unknown")
 		want(t, got, "redis.replication", idempotency.FindingOK, "replicas=0 wait=0")
+	})
+}
+
+// TestConformanceWait runs the suite on a store that waits for a replica (Config.Wait 1):
+// the scripts in a pipeline with WAIT keep the contract.
+func TestConformanceWait(t *testing.T) {
+	g := redisha.Start(t, redisha.Options{NoSentinel: true})
+	client := redis.NewClient(&redis.Options{Addr: g.Master().Addr})
+	t.Cleanup(func() { _ = client.Close() })
+	idempotencytest.Run(t, idempotencytest.Harness{
+		New: func(t *testing.T, clock func() time.Time) idempotency.Store {
+			s, err := New(Config{Client: client, Prefix: testenv.Name("rs") + ":", Clock: clock, Wait: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
 	})
 }
