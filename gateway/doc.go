@@ -100,6 +100,11 @@
 //	                                          forwards their requests
 //	requests_waiting                          gauge: duplicates waiting for a key in
 //	                                          progress (--conflict wait)
+//	store_not_durable                         gauge: 1 while the store says it cannot
+//	                                          make writes durable (its synchronous
+//	                                          standby or replicas do not acknowledge
+//	                                          them): keyed requests get 503
+//	                                          store-not-durable until it can
 //
 // With Config.TracerProvider set (retrysafe gateway --otel), every request is an
 // OpenTelemetry server span, "METHOD /path-pattern", the child of the caller's W3C

@@ -97,7 +97,11 @@ func New(cfg Config) (*Gateway, error) {
 		}
 		return 0
 	}
-	if g.metrics, err = newMetrics(reg, waiting); err != nil {
+	notDurable := func() bool {
+		m := root.Load()
+		return m != nil && m.StoreNotDurable()
+	}
+	if g.metrics, err = newMetrics(reg, waiting, notDurable); err != nil {
 		return nil, err
 	}
 	// The root holds what every route shares of the store: what it knows of the

@@ -22,6 +22,7 @@ type metrics struct {
 	storeErrs   *prometheus.CounterVec   // operation
 	inFlight    prometheus.Gauge
 	waiting     prometheus.GaugeFunc // waiting() when scraped
+	notDurable  prometheus.GaugeFunc // 1 while the store says it cannot make writes durable
 
 	// The children of storeDur and storeErrs, by operation: a vector's WithLabelValues
 	// checks and hashes the labels and takes a lock on every call.
@@ -75,8 +76,9 @@ func (m *metrics) forRoute(route, host string) *routeSeries {
 const namespace, subsystem = "retrysafe", "gateway"
 
 // newMetrics makes and registers the gateway's collectors; waiting reports the requests
-// waiting for keys in progress (the wait conflict policy).
-func newMetrics(reg prometheus.Registerer, waiting func() int) (*metrics, error) {
+// waiting for keys in progress (the wait conflict policy), and notDurable whether the
+// store said it cannot make writes durable.
+func newMetrics(reg prometheus.Registerer, waiting func() int, notDurable func() bool) (*metrics, error) {
 	latency := prometheus.ExponentialBuckets(0.001, 2, 16) // 1ms … 33s
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -109,6 +111,15 @@ func newMetrics(reg prometheus.Registerer, waiting func() int) (*metrics, error)
 			Namespace: namespace, Subsystem: subsystem, Name: "requests_waiting",
 			Help: "Duplicates waiting for a key in progress to finish (conflict policy wait).",
 		}, func() float64 { return float64(waiting()) }),
+		notDurable: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: namespace, Subsystem: subsystem, Name: "store_not_durable",
+			Help: "1 while the store says it cannot make writes durable (a synchronous standby or the replicas asked for do not acknowledge them, or it may evict records): keyed requests are refused with 503 until it can.",
+		}, func() float64 {
+			if notDurable() {
+				return 1
+			}
+			return 0
+		}),
 	}
 	if err := promreg.Register(reg, "gateway", false, m.slots()...); err != nil {
 		return nil, err
@@ -121,7 +132,8 @@ func newMetrics(reg prometheus.Registerer, waiting func() int) (*metrics, error)
 
 func (m *metrics) slots() []promreg.Slot {
 	return []promreg.Slot{promreg.Field(&m.requests), promreg.Field(&m.requestDur), promreg.Field(&m.upstreamDur),
-		promreg.Field(&m.storeDur), promreg.Field(&m.storeErrs), promreg.Field(&m.inFlight), promreg.Field(&m.waiting)}
+		promreg.Field(&m.storeDur), promreg.Field(&m.storeErrs), promreg.Field(&m.inFlight), promreg.Field(&m.waiting),
+		promreg.Field(&m.notDurable)}
 }
 
 // newRegistry is the default registry: the gateway's own, with the Go runtime and

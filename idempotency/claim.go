@@ -325,13 +325,8 @@ func (m *Middleware) finish(r *http.Request, c *Claim, resp Response) Outcome {
 		c.markStored()
 		m.waiting.wake(scopeKey{c.Scope, c.Key}) // stored: the waiters can replay it now
 		return OutcomeExecuted
-	case errors.Is(err, ErrLeaseLost) && m.storedByUs(c):
-		// A client library sent the completion again after the first one's answer was
-		// lost (go-redis retries a script on a broken connection): it is stored.
-		c.markStored()
-		return OutcomeExecuted
 	case errors.Is(err, ErrLeaseLost):
-		m.cfg.Logger.WarnContext(r.Context(), "idempotency: response not stored, the key was taken over", "key", c.Key)
+		m.cfg.Logger.WarnContext(r.Context(), "idempotency: response not stored: "+lostWhy(err), "key", c.Key)
 		return OutcomeLeaseLost
 	}
 	m.cfg.Logger.WarnContext(r.Context(), "idempotency: the store did not take the response; it is held and stored when the store answers",
@@ -367,7 +362,7 @@ func (e *execution) renew() {
 	next := every
 	switch {
 	case errors.Is(err, ErrLeaseLost):
-		m.cfg.Logger.WarnContext(e.ctx, "idempotency: lease lost while the handler ran", "key", c.Key)
+		m.cfg.Logger.WarnContext(e.ctx, "idempotency: lease lost while the handler ran: "+lostWhy(err), "key", c.Key)
 		c.end(ErrLeaseLost)
 		e.cancel(ErrLeaseLost)
 		return

@@ -36,6 +36,7 @@ type health struct {
 	contact  time.Time     // the end of the last call the store answered in time
 	started  time.Time     // when this process began
 	first    atomic.Int64  // the store's instant in the answer to this process's first claim (Unix ns); 0: none yet
+	durable  durability    // whether the store said it cannot make writes durable
 	narrowed chan struct{} // signalled when shortest shrinks, so the probe speeds up at once
 }
 
@@ -138,7 +139,8 @@ func (h *health) takeoverWait() time.Duration {
 // process with no traffic still learns of an outage that stopped other owners'
 // renewals. The period is read again after every ping, and a shorter lease joining
 // (With) brings the next ping forward, so contact is never lost for longer than the
-// shortest lease allows.
+// shortest lease allows. While the store says it cannot make writes durable, it pings
+// every second at most, since requests are refused until a ping says it can again.
 func (m *Middleware) probe(ctx context.Context, p Pinger) {
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -152,6 +154,10 @@ func (m *Middleware) probe(ctx context.Context, p Pinger) {
 		}
 		start := time.Now()
 		_ = m.storeCall(ctx, StorePing, p.Ping)
-		t.Reset(max(0, m.health.shortestLease()/3-time.Since(start)))
+		every := m.health.shortestLease() / 3
+		if m.health.notDurable() {
+			every = min(every, time.Second)
+		}
+		t.Reset(max(0, every-time.Since(start)))
 	}
 }

@@ -42,6 +42,7 @@ const (
 	OutcomeReleased      Outcome = "released"          // ran, but the work was not done: key released
 	OutcomeAbandoned     Outcome = "abandoned"         // ran, outcome unknown: key left to its lease
 	OutcomeStoreError    Outcome = "store-error"       // 503: the store failed (fail closed)
+	OutcomeNotDurable    Outcome = "store-not-durable" // 503: the store cannot make writes durable now (fail closed)
 	OutcomeFailedOpen    Outcome = "failed-open"       // store failed, handler ran unprotected
 	OutcomeLeaseLost     Outcome = "lease-lost"        // ran, but another request took the key over
 )
@@ -247,6 +248,8 @@ type shared struct {
 
 	mu      sync.Mutex
 	pending map[scopeKey]*pending
+
+	claimIDs claimIDs
 }
 
 // New returns the middleware, or an error when cfg is unusable.
@@ -258,7 +261,7 @@ func New(cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	sh := &shared{health: newHealth(cfg.Lease)}
+	sh := &shared{health: newHealth(cfg.Lease), claimIDs: newClaimIDs()}
 	sh.bodies.max = cfg.MaxBodyMemory
 	sh.probeCtx, sh.probeStop = context.WithCancel(context.Background())
 	sh.flushCtx, sh.flushStop = context.WithCancel(context.Background())
@@ -558,6 +561,7 @@ func (m *Middleware) storeCall(ctx context.Context, op StoreOp, f func(context.C
 	if ctx.Err() == nil {
 		m.health.observe(start, err)
 	}
+	m.noteDurability(op, err)
 	return err
 }
 
@@ -628,7 +632,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if p := m.pendingFor(scope, key); p != nil {
 		return m.answerHeld(w, p, fp), nil
 	}
-	req := ClaimRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: m.cfg.Lease, TTL: m.cfg.TTL, Route: m.cfg.Route, NoTakeover: true}
+	if m.health.notDurable() {
+		return m.notDurable(w), nil
+	}
+	req := ClaimRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: m.cfg.Lease, TTL: m.cfg.TTL, Route: m.cfg.Route,
+		NoTakeover: true, ID: m.claimIDs.next()}
 	res, wait, err := m.claim(r.Context(), req)
 	if err == nil && m.mustWait(res, fp) {
 		var held *pending
@@ -637,6 +645,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 	}
 	if err != nil {
+		// The claim may have been applied with its answer lost: release it, so that the
+		// key is not left in progress for a lease with nobody working on it.
+		m.unclaim(req)
 		if r.Context().Err() != nil { // the client left, or the deadline passed: not the store's fault
 			return m.refuse(w, r, r.Context().Err()), nil
 		}
@@ -645,6 +656,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			setBody(r, body)
 			next.ServeHTTP(w, r)
 			return OutcomeFailedOpen, nil
+		}
+		if errors.Is(err, ErrNotDurable) {
+			return m.notDurable(w), nil
 		}
 		WriteProblem(w, Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable,
 			Detail: "The request was not executed. Retry it with the same Idempotency-Key."}, 1)
@@ -763,6 +777,15 @@ func (m *Middleware) answerHeld(w http.ResponseWriter, p *pending, fp string) Ou
 	}
 	Replay(w, &p.resp)
 	return OutcomeReplayed
+}
+
+// notDurable answers a request that cannot be claimed because the store cannot make
+// writes durable now: a claim it acknowledged could be lost by a failover, and the
+// request then run again.
+func (m *Middleware) notDurable(w http.ResponseWriter) Outcome {
+	WriteProblem(w, Problem{Type: ProblemStoreNotDurable, Title: "Idempotency store cannot make writes durable", Status: http.StatusServiceUnavailable,
+		Detail: "The request was not executed: the store cannot confirm writes as durable now (its synchronous standby or replicas do not acknowledge them, or it may evict records). Retry it with the same Idempotency-Key."}, 1)
+	return OutcomeNotDurable
 }
 
 func mismatch(w http.ResponseWriter) Outcome {

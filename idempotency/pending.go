@@ -42,8 +42,13 @@ func (m *Middleware) pendingFor(scope, key string) *pending {
 	return m.pending[scopeKey{scope, key}]
 }
 
-// flush stores p, retrying until the store takes it, says the key is no longer p's, or
-// Shutdown's deadline passes.
+// flush stores p, writing it again until a write of it is acknowledged, the store says
+// the key is no longer p's, or Shutdown's deadline passes. A write whose outcome is
+// unknown (an error) may have been applied, and lost again by a failover; it is never
+// confirmed by reading the record back, from a node that may be the one lost: the
+// completion is sent again, and the store acknowledges it once it holds it (a completion
+// that finds its record done under its token is written again, and its acknowledgement
+// confirms the first).
 func (m *Middleware) flush(p *pending) {
 	c := p.claim
 	wait := 50 * time.Millisecond
@@ -63,16 +68,11 @@ func (m *Middleware) flush(p *pending) {
 		switch {
 		case err == nil:
 			m.dropPending(p)
-			m.cfg.Logger.Info("idempotency: response stored after the store came back", "key", c.Key)
+			m.cfg.Logger.Info("idempotency: held response stored", "key", c.Key)
 			return
 		case errors.Is(err, ErrLeaseLost):
-			// An earlier attempt may have stored it with its answer lost.
-			if m.storedByUs(c) {
-				m.dropPending(p)
-				return
-			}
 			m.dropPending(p)
-			m.cfg.Logger.Warn("idempotency: held response not stored, the key was taken over or deleted", "key", c.Key)
+			m.cfg.Logger.Warn("idempotency: held response not stored: "+lostWhy(err), "key", c.Key)
 			return
 		}
 		wait = min(2*wait, time.Second, m.cfg.Lease/4)
@@ -88,12 +88,11 @@ func (m *Middleware) dropPending(p *pending) {
 	m.mu.Unlock()
 }
 
-// storedByUs reports whether the record of c is done under c's token.
-func (m *Middleware) storedByUs(c *Claim) bool {
-	var rec *Record
-	err := m.storeCall(m.flushCtx, StoreGet, func(ctx context.Context) (err error) {
-		rec, err = m.cfg.Store.Get(ctx, c.Scope, c.Key)
-		return err
-	})
-	return err == nil && rec.State == StateDone && rec.Token == c.Token
+// lostWhy says why a store refused an owner's write with ErrLeaseLost: its record
+// vanished, or another request holds its key.
+func lostWhy(err error) string {
+	if errors.Is(err, ErrRecordGone) {
+		return "the key's record vanished (deleted by an operator, expired, or evicted by the store)"
+	}
+	return "the key was taken over by another request"
 }

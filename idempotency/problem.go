@@ -24,6 +24,7 @@ const (
 	ProblemBodyTooLarge     = "urn:retrysafe:problem:body-too-large"
 	ProblemBodyUnreadable   = "urn:retrysafe:problem:body-unreadable"
 	ProblemStoreUnavailable = "urn:retrysafe:problem:store-unavailable"
+	ProblemStoreNotDurable  = "urn:retrysafe:problem:store-not-durable"
 	ProblemInvalidMethod    = "urn:retrysafe:problem:invalid-method"
 	ProblemBodyTimeout      = "urn:retrysafe:problem:body-timeout"
 	ProblemOverloaded       = "urn:retrysafe:problem:overloaded"

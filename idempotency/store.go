@@ -286,3 +286,41 @@ type Immediate interface {
 type Pinger interface {
 	Ping(ctx context.Context) error
 }
+
+// FindingLevel says what a store setting means for the promise that a keyed request runs
+// once.
+type FindingLevel string
+
+// Finding levels, from the least to the most serious.
+const (
+	// FindingOK: the setting keeps the promise.
+	FindingOK FindingLevel = "ok"
+	// FindingWarn: the setting narrows the promise; the Finding says how.
+	FindingWarn FindingLevel = "warn"
+	// FindingRefuse: the setting breaks the promise; a gateway refuses to run on it
+	// unless the operator allows it explicitly.
+	FindingRefuse FindingLevel = "refuse"
+)
+
+// Finding is what one setting of a store's backend means for the promise that a keyed
+// request runs once.
+type Finding struct {
+	Level FindingLevel
+	// Check names the check, stably, for flags and tests: "redis.eviction",
+	// "postgres.standby", "sqlite.synchronous".
+	Check string
+	// Setting is the setting as the backend reports it: "maxmemory-policy=allkeys-lru",
+	// "standby s1: sync_state=async".
+	Setting string
+	// Detail says in one sentence what can happen: "a failover can lose the last
+	// completed keys; they would run again".
+	Detail string
+}
+
+// Inspector is implemented by stores that can report what their backend's settings —
+// persistence, replication, eviction — mean for the promise that a keyed request runs
+// once. Inspect reads settings only; what it cannot read (a role without the privilege)
+// it reports as a warning, not an error. Its error is for a backend that did not answer.
+type Inspector interface {
+	Inspect(ctx context.Context) ([]Finding, error)
+}

@@ -20,6 +20,7 @@ import (
 	"github.com/retrysafe/retrysafe/gateway"
 	"github.com/retrysafe/retrysafe/gateway/configfile"
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/idempotency/redisstore"
 	"github.com/retrysafe/retrysafe/internal/durfmt"
 )
 
@@ -56,13 +57,16 @@ flags (each can also be set from the environment: --max-body from RETRYSAFE_MAX_
 
 const gatewayOutro = `
 Sizes: bytes, or 512KiB, 4MiB, 1GiB (also KB, MB, GB in powers of 1000).
-Bad flags, an unreachable store or an unparsable upstream: one line on stderr, exit 2.
+Bad flags, an unreachable store, a Redis that may evict records (unless allowed) or an
+unparsable upstream: one line on stderr, exit 2.
 
 examples:
   retrysafe gateway --upstream http://127.0.0.1:3000
   RETRYSAFE_ADMIN_TOKEN=… retrysafe gateway --upstream http://api:3000 --listen :8080 --admin :9090 \
       --store 'postgres://retrysafe@db:5432/app?schema=retrysafe' --log-format json
   RETRYSAFE_UPSTREAM=http://api:3000 RETRYSAFE_STORE=redis://cache:6379/0 retrysafe gateway
+  retrysafe gateway --upstream http://api:3000 \
+      --store 'redis://sentinel-1:26379/0?master_name=retrysafe&addr=sentinel-2:26379&wait=1'
   curl -i -X POST http://127.0.0.1:8080/payments -H 'Idempotency-Key: 7c0e…' -d '{"amount":100}'
 `
 
@@ -71,7 +75,7 @@ type gatewayFlags struct {
 	config                                                                              string
 	keyHeader, keyPointer, fingerprintIgnore, scopeCookie                               string
 	ttl, lease, upstreamTimeout, shutdownTimeout, bodyTimeout, waitTimeout              time.Duration
-	requireKey, failOpen, scopeNone, otel                                               bool
+	requireKey, failOpen, scopeNone, otel, allowEvicting                                bool
 	maxBody, maxResponse, maxBodyMemory                                                 byteSize
 	adminToken, consoleMode                                                             string
 	amqpURL, natsURL                                                                    string // the console's dead letters
@@ -96,6 +100,7 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 	fs.StringVar(&f.natsURL, "nats", "", "")
 	fs.Var(&f.queues, "queue", "")
 	fs.StringVar(&f.store, "store", storedsn.Default, "")
+	fs.BoolVar(&f.allowEvicting, "allow-evicting-store", false, "")
 	fs.DurationVar(&f.ttl, "ttl", idempotency.DefaultTTL, "")
 	fs.DurationVar(&f.lease, "lease", idempotency.DefaultLease, "")
 	fs.StringVar(&f.methods, "methods", strings.Join(idempotency.DefaultMethods(), ","), "")
@@ -128,7 +133,8 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 		{name: "amqp", arg: "URL", help: "RabbitMQ (amqp://, amqps://) whose dead letters the console shows: the DLQ NAME.dlq of each --queue", def: "-"},
 		{name: "nats", arg: "URL", help: "NATS JetStream (nats://, tls://) whose dead letters the console shows: the DLQ stream of each --queue", def: "-"},
 		{name: "queue", arg: "NAME", help: "a redeliver work queue (RabbitMQ) or subject (JetStream) whose dead letters the console lists, replays and purges (repeatable; needs --amqp or --nats)", def: "-"},
-		{name: "store", arg: "DSN", help: "sqlite:PATH, postgres://… (optional ?schema=NAME), redis://… (optional ?prefix=P), memory: — what is missing of the schema is applied at start (PostgreSQL: a role without CREATE may run the gateway once `retrysafe migrate` ran as the schema's owner). SQLite and PostgreSQL batch the writes of concurrent requests into shared commits (group commit); ?batch=false turns it off. PostgreSQL: several hosts (postgres://u@h1:5432,h2:5432/db) follow a promotion (target_session_attrs=read-write); the pool holds at most pool_max_conns=" + strconv.Itoa(storedsn.DefaultPoolMaxConns) + " connections and closes those idle for pool_max_conn_idle_time=" + durfmt.Format(storedsn.DefaultPoolMaxConnIdleTime) + " (pgx's pool_* parameters set them)"},
+		{name: "store", arg: "DSN", help: "sqlite:PATH, postgres://… (optional ?schema=NAME), redis://… (optional ?prefix=P), memory: — what is missing of the schema is applied at start (PostgreSQL: a role without CREATE may run the gateway once `retrysafe migrate` ran as the schema's owner). SQLite and PostgreSQL batch the writes of concurrent requests into shared commits (group commit); ?batch=false turns it off. PostgreSQL: several hosts (postgres://u@h1:5432,h2:5432/db) follow a promotion (target_session_attrs=read-write); the pool holds at most pool_max_conns=" + strconv.Itoa(storedsn.DefaultPoolMaxConns) + " connections and closes those idle for pool_max_conn_idle_time=" + durfmt.Format(storedsn.DefaultPoolMaxConnIdleTime) + " (pgx's pool_* parameters set them). Redis Sentinel: redis://SENTINEL:PORT/DB?master_name=NAME&addr=OTHER_SENTINEL:PORT, followed through failovers. Redis ?wait=N&wait_timeout=DUR: a claim or a completion counts only once N replicas acknowledged it (WAIT); short of that, claims get 503 and answers are held until they do. A Redis whose maxmemory-policy is not noeviction is refused (see --allow-evicting-store)"},
+		{name: "allow-evicting-store", help: "run on a Redis whose maxmemory-policy may evict records (anything but noeviction): a retry of a key whose record was evicted runs again. Without it such a Redis is refused at start, and a policy changed at run time turns /readyz 503; with it, a warning at every start", def: "false"},
 		{name: "ttl", arg: "DURATION", field: "TTL", help: "how long responses are kept for replay"},
 		{name: "lease", arg: "DURATION", field: "Lease", help: "how long a key stays in progress without its owner, e.g. after a crash or an upstream timeout"},
 		{name: "methods", arg: "LIST", field: "Methods", help: "methods that need a key"},
@@ -220,7 +226,14 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 	}
 
-	store, err := storedsn.Open(ctx, s.store, logger)
+	eviction := redisstore.EvictionRefuse
+	if f.allowEvicting {
+		eviction = redisstore.EvictionAllow
+	}
+	store, err := storedsn.OpenWith(ctx, s.store, storedsn.Options{Logger: logger, Eviction: eviction})
+	if errors.Is(err, storedsn.ErrEvicting) {
+		return fail(stderr, cmd, fmt.Errorf("%w; set maxmemory-policy noeviction, or start with --allow-evicting-store (RETRYSAFE_ALLOW_EVICTING_STORE=true) to accept that", err), exitUsage)
+	}
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}
@@ -229,6 +242,9 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return fail(stderr, cmd, fmt.Errorf("applying the schema of %s: %w", store.Name, err), exitUsage)
 	}
 	cfg.Idempotency.Store = store.Store
+	if reg := storeRegistry(store.Store); reg != nil {
+		cfg.Registerer = reg
+	}
 	stopTracing, err := startTracing(ctx, f.otel || s.file != nil && s.file.Otel, &cfg, logger)
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
@@ -463,7 +479,7 @@ func flagOverrides(fs *flag.FlagSet) []configfile.Override {
 	fs.Visit(func(fl *flag.Flag) {
 		o := configfile.Override{Key: overrideKeys[fl.Name], Value: fl.Value.String(), Source: "--" + fl.Name}
 		switch fl.Name {
-		case "config", "otel", "amqp", "nats", "queue": // not keys of the file
+		case "config", "otel", "amqp", "nats", "queue", "allow-evicting-store": // not keys of the file
 			return
 		case "require-key":
 			o.Key, o.Value = "defaults.mode", map[bool]string{true: "required", false: "optional"}[fl.Value.String() == "true"]

@@ -95,8 +95,9 @@ func ClassOf(outcome string) (Class, bool) {
 		"too-large":    // 413
 		return ClassOther4xx, true
 	case "store-error", // 503, fail closed: nothing forwarded
-		"failed-open",  // the store failed; forwarded unprotected
-		"stored-later": // forwarded; the store could not take the answer yet
+		"store-not-durable", // 503: the store cannot make writes durable now; nothing forwarded
+		"failed-open",       // the store failed; forwarded unprotected
+		"stored-later":      // forwarded; the store could not take the answer yet
 		return ClassStoreError, true
 	case "released", // 502 upstream unreachable, or its own 429/503: key released
 		"abandoned": // 504 timeout or 502 broken connection after sending: key left to its lease

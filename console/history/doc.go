@@ -40,8 +40,10 @@
 //	                  hop-by-hop, no-route,
 //	                  body-timeout, too-large
 //	store error       store-error, failed-open,         the store failed: 503 (fail closed), or
-//	                  stored-later                      forwarded unprotected (fail open), or the
-//	                                                    answer is held until the store answers
+//	                  stored-later, store-not-durable   forwarded unprotected (fail open), or the
+//	                                                    answer is held until the store answers,
+//	                                                    or the store cannot make writes durable
+//	                                                    now: 503, nothing forwarded
 //	upstream failure  released, abandoned               the upstream was not reached (502) or said
 //	                                                    it did not do the work (its 429 or 503):
 //	                                                    key released; or it timed out (504) or

@@ -114,6 +114,8 @@ func (l GatewayLine) ownerLine() bool {
 		return false
 	case "store-error":
 		return l.Status != 503
+	case "store-not-durable":
+		return false
 	}
 	return l.Status != 409 && l.Status != 422
 }
