@@ -39,6 +39,28 @@ import (
 // (bench/README.md, "PostgreSQL CPU per new key").
 const batchInFlight = 1
 
+// waitTaken returns err, the error of batch.Group.Do for c, unless it is the end of
+// the caller's context after c was taken into a batch: then it waits for the batch's
+// statement to finish, and returns nil, c's result being set. The statement's context
+// ends with its callers' (batch.Context), and the server's answer to the cancel request
+// that pgx then sends (see ConfigurePool) says whether the call was applied and durable
+// — above all that its commit is on the primary alone (ErrNotDurable), which its caller
+// would otherwise take for a mere timeout. pgx gives the connection up after
+// CancelGrace when the server does not answer.
+func waitTaken(c *batch.Call, err error) error {
+	if err == nil || !c.Taken() {
+		return err
+	}
+	t := time.NewTimer(CancelGrace + time.Second)
+	defer t.Stop()
+	select {
+	case <-c.Done():
+		return nil
+	case <-t.C:
+		return err
+	}
+}
+
 // rejected reports whether the server refused a batch's statement, so that each call
 // is worth trying alone.
 func rejected(err error) bool {
@@ -174,7 +196,7 @@ func (c *completeCall) ID() string { return batch.RowID(c.c.Scope, c.c.Key) }
 // completeBatched completes c through the completion group.
 func (s *Store) completeBatched(ctx context.Context, c idempotency.Completion) error {
 	cc := &completeCall{c: c, headers: headercodec.Encode(c.Response.Header, c.Response.Trailer), now: s.now()}
-	if err := s.completes.Do(ctx, cc); err != nil {
+	if err := waitTaken(&cc.Call, s.completes.Do(ctx, cc)); err != nil {
 		return fmt.Errorf("pgstore: complete: %w", err)
 	}
 	switch {

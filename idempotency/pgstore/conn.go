@@ -9,10 +9,16 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/retrysafe/idempotency"
 )
+
+// CancelGrace is how long a connection of a pool prepared by ConfigurePool waits for
+// the server's answer to the cancel request it sends when a call's context ends, before
+// it gives the connection up.
+const CancelGrace = time.Second
 
 // DefaultProbeTimeout is Config.ProbeTimeout's default: how long Ping waits for its
 // write to be acknowledged before it reports the store not durable.
@@ -40,17 +46,32 @@ type durability struct {
 	warned bool
 }
 
-// ConfigurePool prepares the configuration of a Store's pool; NewPool applies it. It
-// installs a notice handler (calling the one cfg has, if any) that catches the warning
-// PostgreSQL sends instead of an error when a commit's wait for a synchronous standby
-// is cancelled — by a cancel request, pg_cancel_backend or a shutdown — after the
-// transaction committed on the primary alone: the statement then reports success, and
-// only this warning tells that a failover may lose the write. With it, such a write
-// returns an error wrapping idempotency.ErrNotDurable. A Store on a pool without it
-// still reports a write as failed when its own deadline or cancellation interrupts it
-// (pgx then closes the connection, and its cancel request ends the server's wait), but
+// ConfigurePool prepares the configuration of a Store's pool; NewPool applies it.
+//
+// It installs a notice handler (calling the one cfg has, if any) that catches the
+// warning PostgreSQL sends instead of an error when a commit's wait for a synchronous
+// standby is cancelled — by a cancel request, pg_cancel_backend or a shutdown — after
+// the transaction committed on the primary alone: the statement then reports success,
+// and only this warning tells that a failover may lose the write. With it, such a write
+// returns an error wrapping idempotency.ErrNotDurable.
+//
+// It also makes a call whose context ends while the server works send a cancel request
+// first (pgconn.CancelRequestContextWatcherHandler), and close the connection only when
+// the server has not answered within CancelGrace, rather than close it at once (pgx's
+// default). The server's answer then says what happened: a commit waiting for a
+// synchronous standby that is away ends with the warning above (ErrNotDurable: the
+// store knows at once that it cannot make writes durable, and the connection stays
+// usable), a statement waiting for anything else is cancelled and rolled back (an error:
+// nothing was written). Either way the server's backend stops waiting, so that
+// backends stuck on a lost standby do not pile up.
+//
+// A Store on a pool without it still reports a write as failed when its own deadline
+// interrupts it (pgx closes the connection, and sends a cancel request as it does), but
 // cannot tell a write whose wait someone else cancelled from an acknowledged one.
 func ConfigurePool(cfg *pgxpool.Config) {
+	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: CancelGrace}
+	}
 	notice := cfg.ConnConfig.OnNotice
 	cfg.ConnConfig.OnNotice = func(c *pgconn.PgConn, n *pgconn.Notice) {
 		if notDurableNotice(n) {
@@ -122,7 +143,7 @@ func (s *Store) do(ctx context.Context, fn func(conn *pgx.Conn) error) error {
 func (s *Store) doOnce(ctx context.Context, fn func(conn *pgx.Conn) error) (broke bool, err error) {
 	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("no connection: %w", err)
 	}
 	defer pc.Release()
 	conn := pc.Conn()

@@ -608,7 +608,7 @@ func (s *Store) claimRow(ctx context.Context, c *claimCall) error {
 		s.claimAlone(ctx, c)
 		return c.err
 	}
-	if err := s.claims.Do(ctx, c); err != nil {
+	if err := waitTaken(&c.Call, s.claims.Do(ctx, c)); err != nil {
 		return err
 	}
 	return c.err

@@ -14,19 +14,28 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // Call is what every batched call embeds: its caller's context, and a channel closed
 // when the call's result is set.
 type Call struct {
-	ctx  context.Context
-	id   string // Item.ID, computed once
-	done chan struct{}
+	ctx   context.Context
+	id    string // Item.ID, computed once
+	done  chan struct{}
+	taken atomic.Bool // taken into a batch, or to run alone
 }
 
 // Ctx is the context the call was made with.
 func (c *Call) Ctx() context.Context { return c.ctx }
+
+// Taken reports whether the call was taken into a batch (or to run alone): its result
+// will be set, and Done closed, even when its caller's context has ended.
+func (c *Call) Taken() bool { return c.taken.Load() }
+
+// Done is closed when the call's result is set.
+func (c *Call) Done() <-chan struct{} { return c.done }
 
 func (c *Call) call() *Call { return c }
 
@@ -60,9 +69,8 @@ type Group[C Item] struct {
 }
 
 // Do runs c in a batch (or alone, see Group.Alone) and returns when its result is set,
-// or when ctx ends (then it returns ctx's error; if c's batch had started, its result
-// is lost, as a single statement's would be when its context ends after the server ran
-// it).
+// or when ctx ends (then it returns ctx's error; if a batch had taken c (Call.Taken),
+// its result is still set, and Call.Done closed then, for a caller that waits for it).
 func (g *Group[C]) Do(ctx context.Context, c C) error {
 	b := c.call()
 	b.ctx, b.id, b.done = ctx, c.ID(), make(chan struct{})
@@ -133,11 +141,13 @@ func (g *Group[C]) take() (batch, dups []C) {
 		switch id := c.call().id; {
 		case c.call().ctx.Err() != nil: // its caller has gone
 		case seen[id] && g.Alone != nil:
+			c.call().taken.Store(true)
 			dups = append(dups, c)
 		case len(batch) == limit || seen[id]:
 			rest = append(rest, c)
 		default:
 			seen[id] = true
+			c.call().taken.Store(true)
 			batch = append(batch, c)
 		}
 	}

@@ -145,6 +145,52 @@ func TestCancelledWhileWaiting(t *testing.T) {
 	})
 }
 
+// A caller whose context ends while a batch that another goroutine leads runs its call
+// gets the context's error at once; the call was taken (Taken), and Done says when its
+// result is set, so that the caller may still learn it. A call dropped before a batch
+// took it is not taken.
+func TestCancelledWhileRunning(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := recorder{block: make(chan struct{})}
+		g := &batch.Group[*item]{Run: r.run, InFlight: 1}
+		var wg sync.WaitGroup
+		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "first"}) }) // leads, and is held
+		settled(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.batches) == 1 })
+		ctx, cancel := context.WithCancel(t.Context())
+		c := &item{id: "a"}
+		errc := make(chan error, 1)
+		go func() { errc <- g.Do(ctx, c) }()
+		settled(t, func() bool { return g.Pending() == 1 })
+		// The first batch ends; the next, a's, is led by another goroutine and held.
+		r.block <- struct{}{}
+		settled(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.batches) == 2 })
+		dropped := &item{id: "dropped"}
+		waiting, cancelWaiting := context.WithCancel(t.Context())
+		go func() { _ = g.Do(waiting, dropped) }()
+		settled(t, func() bool { return g.Pending() == 1 })
+		cancelWaiting()
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) || !c.Taken() {
+			t.Fatalf("Do = %v, taken %v; want context.Canceled, taken", err, c.Taken())
+		}
+		select {
+		case <-c.Done():
+			t.Fatal("Done before the batch finished")
+		default:
+		}
+		close(r.block)
+		<-c.Done()
+		if c.result != "A" {
+			t.Errorf("result %q after Done", c.result)
+		}
+		wg.Wait()
+		synctest.Wait()
+		if dropped.Taken() {
+			t.Error("a call whose caller left before a batch took it is taken")
+		}
+	})
+}
+
 // Many callers at once: everyone gets an answer, never more than InFlight batches run.
 func TestManyCallers(t *testing.T) {
 	var r recorder
