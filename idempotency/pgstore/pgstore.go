@@ -173,13 +173,13 @@
 // only once the standby has flushed it, so a standby promoted after the primary is lost
 // has every claim and completion that returned: a key never runs twice across the
 // failover. Writes whose outcome is unknown are errors, never taken as stored: a
-// connection lost during the commit; the call's deadline, which closes the connection
-// (and pgx's cancel request ends the server's wait); and a commit whose wait for the
-// standby someone cancelled (pg_cancel_backend, a cancel request, a fast shutdown), which
-// PostgreSQL reports as a success with a warning that the transaction is committed on
-// the primary but perhaps on no standby: on a pool prepared by ConfigurePool (or made by
-// NewPool) the store catches that warning and returns an error wrapping
-// idempotency.ErrNotDurable. A completion sent again after such an error finds the
+// connection lost during the commit; a call whose deadline ended; and a commit whose
+// wait for the standby was cancelled (by the cancel request pgx sends when the call's
+// deadline ends, pg_cancel_backend, a fast shutdown), which PostgreSQL reports as a
+// success with a warning that the transaction is committed on the primary but perhaps
+// on no standby: on a pool prepared by ConfigurePool (or made by NewPool) the store
+// catches that warning and returns an error wrapping idempotency.ErrNotDurable, so that
+// a write that timed out waiting for a lost standby says so. A completion sent again after such an error finds the
 // record done under its token, and writes it again, unchanged: that write waits for the
 // standby like any other, so its acknowledgement confirms the first; a claim sent again
 // with its ID is granted its own record the same way. Nothing is confirmed by reading a
@@ -190,8 +190,8 @@
 // idempotency.ErrNotDurable when it is not acknowledged within Config.ProbeTimeout while
 // the server answers; the middleware then fails new claims at once with 503, and a
 // gateway's /readyz answers 503, until the standby is back. The backends of writes whose
-// deadline ended while they waited do not pile up: pgx sends a cancel request as it
-// closes such a connection, which ends the server's wait.
+// deadline ended while they waited do not pile up: the cancel request ends the
+// server's wait.
 //
 // With asynchronous standbys only, a commit returns before any standby has it: a
 // failover may lose the claims and completions acknowledged last, and their keys may
