@@ -25,14 +25,15 @@ import (
 	"github.com/retrysafe/retrysafe/idempotency/pgstore"
 )
 
-// newPool returns a pool on rawURL, closed when t ends. edit, if not nil, adjusts the
-// configuration first.
+// newPool returns a pool on rawURL prepared by pgstore.ConfigurePool, as the gateway's
+// is, closed when t ends. edit, if not nil, adjusts the configuration first.
 func newPool(t *testing.T, rawURL string, edit func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(rawURL)
 	if err != nil {
 		t.Fatal(err)
 	}
+	pgstore.ConfigurePool(cfg)
 	if edit != nil {
 		edit(cfg)
 	}
