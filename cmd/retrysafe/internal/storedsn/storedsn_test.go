@@ -220,7 +220,7 @@ func TestRedisSentinel(t *testing.T) {
 	g := redisha.Start(t, redisha.Options{})
 	ctx := context.Background()
 	var log strings.Builder
-	o, err := storedsn.OpenWith(ctx, g.URL("wait", "1", "wait_timeout", "300ms"), storedsn.Options{Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	o, err := storedsn.OpenWith(ctx, g.URL("wait", "1", "wait_timeout", "1m"), storedsn.Options{Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
