@@ -17,6 +17,7 @@ import (
 	"github.com/retrysafe/retrysafe/console/history"
 	"github.com/retrysafe/retrysafe/gateway"
 	"github.com/retrysafe/retrysafe/gateway/configfile"
+	"github.com/retrysafe/retrysafe/idempotency/redisstore"
 	"github.com/retrysafe/retrysafe/redeliver"
 )
 
@@ -190,7 +191,7 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return fail(stderr, cmd, err, exitUsage)
 	}
 
-	store, err := storedsn.Open(ctx, dsn, logger)
+	store, err := storedsn.OpenWith(ctx, dsn, storedsn.Options{Logger: logger, Eviction: redisstore.EvictionIgnore})
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/retrysafe/retrysafe/gateway"
 	"github.com/retrysafe/retrysafe/gateway/configfile"
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/idempotency/redisstore"
 	"github.com/retrysafe/retrysafe/internal/durfmt"
 )
 
@@ -70,7 +71,7 @@ type gatewayFlags struct {
 	config                                                                              string
 	keyHeader, keyPointer, fingerprintIgnore, scopeCookie                               string
 	ttl, lease, upstreamTimeout, shutdownTimeout, bodyTimeout, waitTimeout              time.Duration
-	requireKey, failOpen, scopeNone, otel                                               bool
+	requireKey, failOpen, scopeNone, otel, allowEvicting                                bool
 	maxBody, maxResponse, maxBodyMemory                                                 byteSize
 	adminToken, consoleMode                                                             string
 	amqpURL, natsURL                                                                    string // the console's dead letters
@@ -95,6 +96,7 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 	fs.StringVar(&f.natsURL, "nats", "", "")
 	fs.Var(&f.queues, "queue", "")
 	fs.StringVar(&f.store, "store", storedsn.Default, "")
+	fs.BoolVar(&f.allowEvicting, "allow-evicting-store", false, "")
 	fs.DurationVar(&f.ttl, "ttl", idempotency.DefaultTTL, "")
 	fs.DurationVar(&f.lease, "lease", idempotency.DefaultLease, "")
 	fs.StringVar(&f.methods, "methods", strings.Join(idempotency.DefaultMethods(), ","), "")
@@ -127,7 +129,8 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 		{name: "amqp", arg: "URL", help: "RabbitMQ (amqp://, amqps://) whose dead letters the console shows: the DLQ NAME.dlq of each --queue", def: "-"},
 		{name: "nats", arg: "URL", help: "NATS JetStream (nats://, tls://) whose dead letters the console shows: the DLQ stream of each --queue", def: "-"},
 		{name: "queue", arg: "NAME", help: "a redeliver work queue (RabbitMQ) or subject (JetStream) whose dead letters the console lists, replays and purges (repeatable; needs --amqp or --nats)", def: "-"},
-		{name: "store", arg: "DSN", help: "sqlite:PATH, postgres://… (optional ?schema=NAME), redis://… (optional ?prefix=P), memory: — the schema is applied at start. SQLite and PostgreSQL batch the writes of concurrent requests into shared commits (group commit); ?batch=false turns it off"},
+		{name: "store", arg: "DSN", help: "sqlite:PATH, postgres://… (optional ?schema=NAME), redis://… (optional ?prefix=P), memory: — the schema is applied at start. SQLite and PostgreSQL batch the writes of concurrent requests into shared commits (group commit); ?batch=false turns it off. Redis Sentinel: redis://SENTINEL:PORT/DB?master_name=NAME&addr=OTHER_SENTINEL:PORT, followed through failovers. Redis ?wait=N&wait_timeout=DUR: a claim or a completion counts only once N replicas acknowledged it (WAIT); short of that, claims get 503 and answers are held until they do. A Redis whose maxmemory-policy is not noeviction is refused (see --allow-evicting-store)"},
+		{name: "allow-evicting-store", help: "run on a Redis whose maxmemory-policy may evict records (anything but noeviction): a retry of a key whose record was evicted runs again. Without it such a Redis is refused at start, and a policy changed at run time turns /readyz 503; with it, a warning at every start", def: "false"},
 		{name: "ttl", arg: "DURATION", field: "TTL", help: "how long responses are kept for replay"},
 		{name: "lease", arg: "DURATION", field: "Lease", help: "how long a key stays in progress without its owner, e.g. after a crash or an upstream timeout"},
 		{name: "methods", arg: "LIST", field: "Methods", help: "methods that need a key"},
@@ -219,7 +222,14 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 	}
 
-	store, err := storedsn.Open(ctx, s.store, logger)
+	eviction := redisstore.EvictionRefuse
+	if f.allowEvicting {
+		eviction = redisstore.EvictionAllow
+	}
+	store, err := storedsn.OpenWith(ctx, s.store, storedsn.Options{Logger: logger, Eviction: eviction})
+	if errors.Is(err, storedsn.ErrEvicting) {
+		return fail(stderr, cmd, fmt.Errorf("%w; set maxmemory-policy noeviction, or start with --allow-evicting-store (RETRYSAFE_ALLOW_EVICTING_STORE=true) to accept that", err), exitUsage)
+	}
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}
@@ -228,6 +238,9 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return fail(stderr, cmd, fmt.Errorf("applying the schema of %s: %w", store.Name, err), exitUsage)
 	}
 	cfg.Idempotency.Store = store.Store
+	if reg := storeRegistry(store.Store); reg != nil {
+		cfg.Registerer = reg
+	}
 	stopTracing, err := startTracing(ctx, f.otel || s.file != nil && s.file.Otel, &cfg, logger)
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
@@ -462,7 +475,7 @@ func flagOverrides(fs *flag.FlagSet) []configfile.Override {
 	fs.Visit(func(fl *flag.Flag) {
 		o := configfile.Override{Key: overrideKeys[fl.Name], Value: fl.Value.String(), Source: "--" + fl.Name}
 		switch fl.Name {
-		case "config", "otel", "amqp", "nats", "queue": // not keys of the file
+		case "config", "otel", "amqp", "nats", "queue", "allow-evicting-store": // not keys of the file
 			return
 		case "require-key":
 			o.Key, o.Value = "defaults.mode", map[bool]string{true: "required", false: "optional"}[fl.Value.String() == "true"]

@@ -15,6 +15,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/idempotency/redisstore"
 )
 
 const migrateHelp = `usage: retrysafe migrate --store DSN
@@ -38,7 +39,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if ok, status := parse(fs, args, migrateHelp, []string{"store"}, false, stdout, stderr); !ok {
 		return status
 	}
-	store, err := storedsn.Open(ctx, *dsn, nil)
+	store, err := storedsn.OpenWith(ctx, *dsn, storedsn.Options{Eviction: redisstore.EvictionIgnore})
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}
@@ -126,7 +127,7 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case f.limit < 0:
 		return fail(stderr, cmd, errors.New("--limit must not be negative"), exitUsage)
 	}
-	store, err := storedsn.Open(ctx, f.store, nil)
+	store, err := storedsn.OpenWith(ctx, f.store, storedsn.Options{Eviction: redisstore.EvictionIgnore})
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}

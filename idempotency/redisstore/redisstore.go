@@ -120,6 +120,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -148,10 +149,49 @@ type Config struct {
 	// clocks agree on when a lease ends; tests set it to drive time. Fencing tokens come
 	// from the server's clock either way.
 	Clock func() time.Time
+	// Wait is the number of replicas that must acknowledge a claim, a renewal (Extend)
+	// and a completion before the store reports it done: each of those scripts is sent
+	// in one pipeline with WAIT Wait WaitTimeout, on one connection, and a write fewer
+	// replicas acknowledged is an error wrapping idempotency.ErrNotDurable (see
+	// Durability). Ping then writes a probe key and waits for it too. Default 0: no
+	// WAIT. Not on a Ring.
+	Wait int
+	// WaitTimeout bounds each WAIT. It must be shorter than the client's ReadTimeout
+	// (go-redis's default 3s), which bounds the whole pipeline. Default
+	// DefaultWaitTimeout.
+	WaitTimeout time.Duration
+	// Eviction is what the store does about a Redis whose maxmemory-policy may evict
+	// records (anything but noeviction). Default EvictionRefuse.
+	Eviction Eviction
+	// Logger receives one line each time a check finds the store's condition changed:
+	// an evicting maxmemory-policy, or replicas that stop or resume acknowledging
+	// writes (Config.Wait). Default slog.Default().
+	Logger *slog.Logger
 }
 
-// DefaultPrefix is the key prefix used when Config.Prefix is empty.
-const DefaultPrefix = "retrysafe:idem:"
+// Defaults of Config.
+const (
+	// DefaultPrefix is the key prefix used when Config.Prefix is empty.
+	DefaultPrefix = "retrysafe:idem:"
+	// DefaultWaitTimeout is Config.WaitTimeout's default.
+	DefaultWaitTimeout = time.Second
+)
+
+// Eviction is what a Store does about a Redis whose maxmemory-policy may evict records.
+type Eviction int
+
+const (
+	// EvictionRefuse: Ping fails with an *EvictionError, which wraps
+	// idempotency.ErrNotDurable, while the policy is not noeviction, and logs an error
+	// when it changes to one. Check the policy before serving with EvictionPolicy.
+	EvictionRefuse Eviction = iota
+	// EvictionAllow: the operator accepts that records may be evicted. Ping does not
+	// fail for it, and a change of policy is logged as a warning.
+	EvictionAllow
+	// EvictionIgnore: the policy is never read, for tools that claim nothing (listing or
+	// deleting records).
+	EvictionIgnore
+)
 
 // Store is an idempotency.Store on Redis. It is safe for concurrent use.
 type Store struct {
@@ -159,6 +199,7 @@ type Store struct {
 	prefix                                    string
 	clock                                     func() time.Time
 	claim, extend, abandon, complete, release *redis.Script
+	health
 }
 
 var (
@@ -176,6 +217,17 @@ func New(cfg Config) (*Store, error) {
 	if strings.ContainsAny(prefix, "{}") {
 		return nil, fmt.Errorf("redisstore: Config.Prefix %q contains '{' or '}'", prefix)
 	}
+	switch {
+	case cfg.Wait < 0 || cfg.WaitTimeout < 0:
+		return nil, errors.New("redisstore: Config.Wait and Config.WaitTimeout must not be negative")
+	case cfg.Eviction < EvictionRefuse || cfg.Eviction > EvictionIgnore:
+		return nil, fmt.Errorf("redisstore: Config.Eviction %d is none of EvictionRefuse, EvictionAllow and EvictionIgnore", cfg.Eviction)
+	}
+	if _, ring := cfg.Client.(*redis.Ring); ring && cfg.Wait > 0 {
+		// A Ring has no way to send a script and WAIT to the shard of a key on one
+		// connection.
+		return nil, errors.New("redisstore: Config.Wait is not supported on a Ring")
+	}
 	return &Store{
 		client:   cfg.Client,
 		prefix:   prefix,
@@ -183,8 +235,14 @@ func New(cfg Config) (*Store, error) {
 		claim:    redis.NewScript(prelude + claimScript),
 		extend:   redis.NewScript(prelude + ownerCheck + extendScript),
 		abandon:  redis.NewScript(ownerCheck + abandonScript),
-		complete: redis.NewScript(prelude + ownerCheck + completeScript),
+		complete: redis.NewScript(prelude + completeCheck + completeScript),
 		release:  redis.NewScript(ownerCheck + releaseScript),
+		health: health{
+			wait:        cfg.Wait,
+			waitTimeout: cmp.Or(cfg.WaitTimeout, DefaultWaitTimeout),
+			eviction:    cfg.Eviction,
+			logger:      cmp.Or(cfg.Logger, slog.Default()),
+		},
 	}, nil
 }
 
@@ -212,11 +270,18 @@ local function ms(us) return int(math.max(1, math.ceil(us / 1000))) end
 
 // claimScript: KEYS[1] record; ARGV scope, key, fingerprint, now (µs, or empty for
 // TIME), lease (µs), ttl (µs), the takeover limit (µs: a record is taken over only at a
-// now not after it), route. Returns {1, now, token, tookOver} or,
+// now not after it), route, claim ID. Returns {1, now, token, tookOver} or,
 // when the claim is lost, {0, now, {state, fp, token, lease, expires}, {scope, key,
 // created, abandoned}, response}, where response is {status, hdr, body, omitted,
 // header-when-hdr-is-absent} for a replay (done, same fingerprint) and nil otherwise:
 // a 409 or a 422 reads no part of the stored response.
+//
+// An in-progress record whose claim field is its token and the claim's ID (not empty)
+// was written by this claim's earlier attempt: it is granted again, unchanged but for
+// that field, written again so that a WAIT after the script covers the record (WAIT
+// counts the replication offset of the connection's own last write, and the earlier
+// attempt may have written on another connection). The token in the field makes a
+// record taken over by a binary that does not know the field nobody's own.
 const claimScript = `
 local k = KEYS[1]
 local t = redis.call('TIME')
@@ -226,6 +291,10 @@ if ARGV[4] ~= '' then now = tonumber(ARGV[4]) end
 local cur = redis.call('HMGET', k, 'state', 'fp', 'token', 'lease', 'expires')
 local took = 0
 if cur[1] then
+  if cur[1] == 'in_progress' and ARGV[9] ~= '' and redis.call('HGET', k, 'claim') == cur[3] .. ':' .. ARGV[9] then
+    redis.call('HSET', k, 'claim', cur[3] .. ':' .. ARGV[9])
+    return {1, now, tonumber(cur[3]), 0}
+  end
   local expired = tonumber(cur[5]) <= now
   local free = false
   if cur[1] == 'done' then
@@ -253,16 +322,44 @@ if took == 0 then
   redis.call('HSET', k, 'scope', ARGV[1], 'key', ARGV[2], 'fp', ARGV[3], 'created', int(now))
 end
 redis.call('HSET', k, 'state', 'in_progress', 'token', int(tok), 'lease', int(lease),
-  'expires', int(expires), 'route', ARGV[8])
+  'expires', int(expires), 'route', ARGV[8], 'claim', int(tok) .. ':' .. ARGV[9])
 redis.call('PEXPIRE', k, ms(math.max(lease, expires) - now))
 return {1, now, tok, took}
 `
 
-// ownerCheck starts the scripts below: it returns 0 unless KEYS[1] is in progress with
-// token ARGV[1]. cur[3] is the record's expires field.
+// The scripts' answers about the record they were to change: changed (replyOK); the
+// record is another token's, or no longer in progress (replyLeaseLost); there is no
+// record (replyGone); the completion had been stored already under its token
+// (replyAgain).
+const (
+	replyGone      = -1
+	replyLeaseLost = 0
+	replyOK        = 1
+	replyAgain     = 2
+)
+
+// ownerCheck starts the scripts below: it returns -1 when KEYS[1] does not exist, and 0
+// unless it is in progress with token ARGV[1]. cur[3] is the record's expires field.
 const ownerCheck = `
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'expires')
+if not cur[1] then return -1 end
 if cur[1] ~= 'in_progress' or cur[2] ~= ARGV[1] then return 0 end
+`
+
+// completeCheck starts completeScript: ownerCheck, but a record already done under token
+// ARGV[1] is written again (its state, unchanged) and the script returns 2. That write
+// changes nothing, but it is a write: Redis replicates it, and a WAIT after the script,
+// on the same connection, waits for the replicas to have it and so everything before it,
+// the first completion included.
+const completeCheck = `
+local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'expires')
+if not cur[1] then return -1 end
+if cur[2] ~= ARGV[1] then return 0 end
+if cur[1] == 'done' then
+  redis.call('HSET', KEYS[1], 'state', 'done')
+  return 2
+end
+if cur[1] ~= 'in_progress' then return 0 end
 `
 
 // extendScript: ARGV token, now (µs, or empty for TIME), lease (µs). Returns 1, or 0
@@ -320,19 +417,28 @@ func (s *Store) now() string {
 
 // Claim implements idempotency.Store in one round trip: a lost claim returns the
 // existing record, with its response only for a replay.
+//
+// With Config.Wait, a claim granted is reported only once the replicas acknowledged it;
+// otherwise Claim returns an error wrapping idempotency.ErrNotDurable (the record may
+// exist on the master alone: send the claim again with the same ID to learn its token).
+// A claim lost to an existing record is reported whatever WAIT said: it wrote nothing.
 func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
-	res, err := s.claim.Run(ctx, s.client, []string{s.recordKey(req.Scope, req.Key)},
+	reply, durable, err := s.write(ctx, s.claim, s.recordKey(req.Scope, req.Key),
 		req.Scope, req.Key, req.Fingerprint, s.now(), req.Lease.Microseconds(),
-		req.TTL.Microseconds(), micros(req.TakeoverLimit()), req.Route).Slice()
+		req.TTL.Microseconds(), micros(req.TakeoverLimit()), req.Route, req.ID)
 	if err != nil {
 		return idempotency.ClaimResult{}, wrap("claim", err)
 	}
-	if len(res) < 2 {
-		return idempotency.ClaimResult{}, fmt.Errorf("redisstore: claim: unexpected reply %v", res)
+	res, ok := reply.([]any)
+	if !ok || len(res) < 2 {
+		return idempotency.ClaimResult{}, fmt.Errorf("redisstore: claim: unexpected reply %v", reply)
 	}
 	now, _ := res[1].(int64)
 	out := idempotency.ClaimResult{Now: time.UnixMicro(now).UTC()}
 	if len(res) == 4 && res[0] == int64(1) {
+		if durable != nil {
+			return idempotency.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", durable)
+		}
 		out.Claimed = true
 		out.Token, _ = res[2].(int64)
 		out.TookOver = res[3] == int64(1)
@@ -370,17 +476,23 @@ func collect(m map[string]string, reply any, names ...string) {
 }
 
 // Extend implements idempotency.Store. ExpiresAt moves to the end of the new lease when
-// that is later, and the Redis TTL with it.
+// that is later, and the Redis TTL with it. With Config.Wait it waits for the replicas:
+// a renewal a failover loses shortens the lease on the promoted replica, where a retry
+// could then take over a request that still runs.
 func (s *Store) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
-	return s.owned(ctx, "extend", s.extend, scope, key, token, s.now(), lease.Microseconds())
+	return s.owned(ctx, "extend", s.extend, true, scope, key, token, s.now(), lease.Microseconds())
 }
 
-// Abandon implements idempotency.Store.
+// Abandon implements idempotency.Store. It does not wait for replicas (Config.Wait):
+// losing the mark in a failover only leaves the key to its lease.
 func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) error {
-	return s.owned(ctx, "abandon", s.abandon, scope, key, token)
+	return s.owned(ctx, "abandon", s.abandon, false, scope, key, token)
 }
 
-// Complete implements idempotency.Store. It sets the record's Redis TTL to c.TTL.
+// Complete implements idempotency.Store. It sets the record's Redis TTL to c.TTL. A
+// record already done under c.Token is written again, unchanged (see completeCheck),
+// and Complete returns nil once that write is acknowledged as Config.Wait asks, which
+// confirms the first.
 func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 	header, err := json.Marshal(c.Response.Header)
 	if err != nil {
@@ -390,27 +502,48 @@ func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 	if c.Response.BodyOmitted {
 		omitted = "1"
 	}
-	return s.owned(ctx, "complete", s.complete, c.Scope, c.Key, c.Token,
+	return s.owned(ctx, "complete", s.complete, true, c.Scope, c.Key, c.Token,
 		s.now(), c.TTL.Microseconds(), c.Response.Status,
 		headercodec.Encode(c.Response.Header, c.Response.Trailer), header, c.Response.Body, omitted)
 }
 
-// Release implements idempotency.Store.
+// Release implements idempotency.Store. It does not wait for replicas (Config.Wait): a
+// release a failover loses leaves the key in progress until its lease ends, when a
+// retry takes it over.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
-	return s.owned(ctx, "release", s.release, scope, key, token)
+	return s.owned(ctx, "release", s.release, false, scope, key, token)
 }
 
-// owned runs a script that starts with ownerCheck and maps its 0 to ErrLeaseLost.
-func (s *Store) owned(ctx context.Context, op string, script *redis.Script, scope, key string, token int64, args ...any) error {
-	n, err := script.Run(ctx, s.client, []string{s.recordKey(scope, key)},
-		append([]any{strconv.FormatInt(token, 10)}, args...)...).Int()
+// owned runs a script that starts with ownerCheck (or completeCheck) and maps its
+// answer to ErrRecordGone, ErrLeaseLost or success; with waits, a success counts only
+// when the replicas acknowledged it (Config.Wait).
+func (s *Store) owned(ctx context.Context, op string, script *redis.Script, waits bool, scope, key string, token int64, args ...any) error {
+	args = append([]any{strconv.FormatInt(token, 10)}, args...)
+	var (
+		reply   any
+		durable error
+		err     error
+	)
+	if waits {
+		reply, durable, err = s.write(ctx, script, s.recordKey(scope, key), args...)
+	} else {
+		reply, err = script.Run(ctx, s.client, []string{s.recordKey(scope, key)}, args...).Result()
+	}
 	if err != nil {
 		return wrap(op, err)
 	}
-	if n != 1 {
-		return idempotency.ErrLeaseLost
+	switch reply {
+	case int64(replyOK), int64(replyAgain):
+		if durable != nil {
+			return fmt.Errorf("redisstore: %s: %w", op, durable)
+		}
+		return nil
+	case int64(replyLeaseLost):
+		return fmt.Errorf("redisstore: %s: %w", op, idempotency.ErrLeaseLost)
+	case int64(replyGone):
+		return fmt.Errorf("redisstore: %s: %w", op, idempotency.ErrRecordGone)
 	}
-	return nil
+	return fmt.Errorf("redisstore: %s: unexpected reply %v", op, reply)
 }
 
 // Get implements idempotency.Store.
@@ -429,14 +562,6 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	if err := s.client.Del(ctx, s.recordKey(scope, key)).Err(); err != nil {
 		return wrap("delete", err)
-	}
-	return nil
-}
-
-// Ping implements idempotency.Pinger.
-func (s *Store) Ping(ctx context.Context) error {
-	if err := s.client.Ping(ctx).Err(); err != nil {
-		return wrap("ping", err)
 	}
 	return nil
 }

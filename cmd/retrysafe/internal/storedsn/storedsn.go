@@ -18,10 +18,20 @@
 //	                            connection.
 //	redis://…, rediss://…       Redis through go-redis (redis.ParseURL: user, password, db
 //	                            number in the path, client options as query parameters).
-//	                            One more, prefix=P, sets the key prefix (default
-//	                            "retrysafe:idem:"); it is removed before parsing. Extra
-//	                            addr=HOST:PORT parameters make it a Redis Cluster client
-//	                            (redis.ParseClusterURL).
+//	                            With master_name=NAME it is Redis Sentinel: the host is
+//	                            a Sentinel, extra addr=HOST:PORT parameters name more
+//	                            Sentinels, the user info is the Sentinels' and password=
+//	                            the master's (redis.ParseFailoverURL); the store follows
+//	                            a failover to the master the Sentinels name, without a
+//	                            restart. Without master_name, extra addr=HOST:PORT
+//	                            parameters make it a Redis Cluster client
+//	                            (redis.ParseClusterURL). Three more parameters, removed
+//	                            before go-redis parses the URL: prefix=P sets the key
+//	                            prefix (default "retrysafe:idem:"); wait=N makes a
+//	                            claim, a renewal or a completion count only once N
+//	                            replicas acknowledged it (WAIT), and wait_timeout=DUR
+//	                            bounds that wait (default 1s; redisstore.Config.Wait
+//	                            and WaitTimeout). Not with a Ring.
 //	memory:                     the in-process memstore: nothing survives the process.
 //
 // The PostgreSQL and Redis forms are URLs with a host part ("//" after the scheme);
@@ -32,6 +42,16 @@
 // errors on one line, with any password redacted: the user info's, and the value of any
 // query parameter or keyword whose name holds "password" (PostgreSQL's password and
 // sslpassword). The same goes for Opened.Name.
+//
+// A Redis whose maxmemory-policy may evict records (anything but noeviction: every
+// record has a TTL, so volatile-* policies evict them too) loses keys, and the retry of
+// an evicted key runs again. Open reads the policy (CONFIG GET, or INFO memory where
+// CONFIG is disabled, as on managed Redis) and refuses such a Redis with an error
+// matching ErrEvicting, unless Options.Eviction allows it (then it logs a warning) or
+// ignores it (tools that claim nothing). The store's Ping reads the policy again, so a
+// policy changed at run time makes it fail (redisstore.EvictionError). A Redis with
+// wait=N whose replicas do not acknowledge at start is opened: its store answers
+// claims with errors wrapping idempotency.ErrNotDurable until they do.
 package storedsn
 
 import (
@@ -72,7 +92,21 @@ var (
 	ErrInvalid = errors.New("storedsn: invalid store")
 	// ErrUnreachable: the backend did not answer the ping.
 	ErrUnreachable = errors.New("storedsn: store unreachable")
+	// ErrEvicting: the store is a Redis whose maxmemory-policy may evict records, and
+	// Options.Eviction does not allow it. The error wraps a *redisstore.EvictionError.
+	ErrEvicting = errors.New("storedsn: store may evict records")
 )
+
+// Options are what OpenWith takes beside the DSN.
+type Options struct {
+	// Logger receives the store's log lines. Default slog.Default().
+	Logger *slog.Logger
+	// Eviction is what a Redis store does about a maxmemory-policy that may evict
+	// records: redisstore.EvictionRefuse (the default) fails OpenWith with ErrEvicting,
+	// and the store's Ping should the policy change later; EvictionAllow opens it with
+	// a warning; EvictionIgnore reads no policy, for tools that claim nothing.
+	Eviction redisstore.Eviction
+}
 
 // Kinds of store, in Opened.Kind.
 const (
@@ -118,9 +152,15 @@ func (o *Opened) Close() error {
 	return c()
 }
 
-// Open opens the store named by dsn (see the package doc) and checks that it answers.
-// logger nil means slog.Default().
+// Open opens the store named by dsn (see the package doc) and checks that it answers,
+// refusing a Redis that may evict records. logger nil means slog.Default().
 func Open(ctx context.Context, dsn string, logger *slog.Logger) (*Opened, error) {
+	return OpenWith(ctx, dsn, Options{Logger: logger})
+}
+
+// OpenWith is Open with opt.
+func OpenWith(ctx context.Context, dsn string, opt Options) (*Opened, error) {
+	logger := opt.Logger
 	if logger == nil {
 		logger = slog.Default()
 	}
@@ -135,7 +175,7 @@ func Open(ctx context.Context, dsn string, logger *slog.Logger) (*Opened, error)
 	case KindPostgres:
 		o, err = openPostgres(ctx, sp)
 	case KindRedis:
-		o, err = openRedis(ctx, sp)
+		o, err = openRedis(ctx, sp, opt.Eviction, logger)
 	default:
 		s := memstore.New()
 		o = &Opened{Store: s, Kind: KindMemory, Name: sp.name, Janitor: s, close: s.Close}
@@ -160,6 +200,10 @@ type spec struct {
 	redis  *redis.Options
 	// cluster, when set, replaces redis: a Redis Cluster client.
 	cluster *redis.ClusterOptions
+	// failover, when set, replaces redis: a Sentinel failover client.
+	failover    *redis.FailoverOptions
+	wait        int           // redis: replicas to wait for
+	waitTimeout time.Duration // redis: bound on each wait
 }
 
 // Check reports whether Open would accept dsn, without opening or connecting to
@@ -196,6 +240,9 @@ func parse(dsn string) (*spec, error) {
 			return nil, fmt.Errorf("%w %q: memory: takes no argument", ErrInvalid, redactRaw(dsn))
 		}
 		return &spec{kind: KindMemory, name: "memory:"}, nil
+	}
+	if strings.HasPrefix(strings.ToLower(scheme), "redis+") || strings.HasPrefix(strings.ToLower(scheme), "rediss+") {
+		return nil, fmt.Errorf("%w %q: for Redis Sentinel, want redis://SENTINEL:PORT/DB?master_name=NAME&addr=OTHER_SENTINEL:PORT", ErrUnknownScheme, redactRaw(dsn))
 	}
 	return nil, fmt.Errorf("%w %q: want sqlite:PATH, postgres://…, redis://… or memory:", ErrUnknownScheme, redactRaw(dsn))
 }
@@ -297,38 +344,92 @@ func parseRedis(dsn string) (*spec, error) {
 	}
 	q := u.Query()
 	prefix := q.Get("prefix")
-	q.Del("prefix")
-	cluster := q.Has("addr")
-	u.RawQuery = q.Encode()
-	sp := &spec{kind: KindRedis, name: redactURL(u), prefix: prefix}
-	if cluster {
-		if sp.cluster, err = redis.ParseClusterURL(u.String()); err != nil {
-			return nil, fmt.Errorf("%w %s: %s", ErrInvalid, sp.name, oneLine(driverErr(err)))
+	sentinel, cluster := q.Has("master_name"), q.Has("addr")
+	wait, waitTimeout := 0, redisstore.DefaultWaitTimeout
+	if v := q.Get("wait"); q.Has("wait") {
+		if wait, err = strconv.Atoi(v); err != nil || wait < 0 {
+			return nil, fmt.Errorf("%w: redis URL: wait=%q: want the number of replicas (0 or more)", ErrInvalid, v)
 		}
-		return sp, nil
 	}
-	if sp.redis, err = redis.ParseURL(u.String()); err != nil {
+	if v := q.Get("wait_timeout"); q.Has("wait_timeout") {
+		if waitTimeout, err = time.ParseDuration(v); err != nil || waitTimeout <= 0 {
+			return nil, fmt.Errorf("%w: redis URL: wait_timeout=%q: want a positive duration (500ms, 2s)", ErrInvalid, v)
+		}
+	}
+	// The name keeps wait and wait_timeout, which say what the store promises.
+	q.Del("prefix")
+	u.RawQuery = q.Encode()
+	sp := &spec{kind: KindRedis, name: redactURL(u), prefix: prefix, wait: wait, waitTimeout: waitTimeout}
+	q.Del("wait")
+	q.Del("wait_timeout")
+	u.RawQuery = q.Encode()
+	var readTimeout *time.Duration
+	switch {
+	case sentinel:
+		if sp.failover, err = redis.ParseFailoverURL(u.String()); err == nil {
+			readTimeout = &sp.failover.ReadTimeout
+		}
+	case cluster:
+		if sp.cluster, err = redis.ParseClusterURL(u.String()); err == nil {
+			readTimeout = &sp.cluster.ReadTimeout
+		}
+	default:
+		if sp.redis, err = redis.ParseURL(u.String()); err == nil {
+			readTimeout = &sp.redis.ReadTimeout
+		}
+	}
+	if err != nil {
 		return nil, fmt.Errorf("%w %s: %s", ErrInvalid, sp.name, oneLine(driverErr(err)))
+	}
+	if wait > 0 {
+		// WAIT runs in a pipeline, whose reply go-redis waits for no longer than the
+		// read timeout: it must outlast wait_timeout.
+		switch rt := *readTimeout; {
+		case rt == 0: // go-redis's default, 3s
+			*readTimeout = max(3*time.Second, waitTimeout+time.Second)
+		case rt > 0 && rt <= waitTimeout:
+			return nil, fmt.Errorf("%w %s: read_timeout (%s) must be longer than wait_timeout (%s)", ErrInvalid, sp.name, rt, waitTimeout)
+		}
 	}
 	return sp, nil
 }
 
-func openRedis(ctx context.Context, sp *spec) (*Opened, error) {
+func openRedis(ctx context.Context, sp *spec, eviction redisstore.Eviction, logger *slog.Logger) (*Opened, error) {
 	name := sp.name
 	var client redis.UniversalClient
-	if sp.cluster != nil {
+	switch {
+	case sp.failover != nil:
+		client = redis.NewFailoverClient(sp.failover)
+	case sp.cluster != nil:
 		client = redis.NewClusterClient(sp.cluster)
-	} else {
+	default:
 		client = redis.NewClient(sp.redis)
 	}
-	s, err := redisstore.New(redisstore.Config{Client: client, Prefix: sp.prefix})
+	s, err := redisstore.New(redisstore.Config{Client: client, Prefix: sp.prefix, Wait: sp.wait,
+		WaitTimeout: sp.waitTimeout, Eviction: eviction, Logger: logger})
 	if err != nil {
 		_ = client.Close()
 		return nil, fmt.Errorf("%w %s: %w", ErrInvalid, name, err)
 	}
 	pctx, cancel := context.WithTimeout(ctx, PingTimeout)
 	defer cancel()
-	if err := s.Ping(pctx); err != nil {
+	if eviction != redisstore.EvictionIgnore {
+		var ee *redisstore.EvictionError
+		switch err := s.EvictionPolicy(pctx); {
+		case errors.As(err, &ee) && eviction == redisstore.EvictionRefuse:
+			_ = client.Close()
+			return nil, fmt.Errorf("%w: %s: %w", ErrEvicting, name, err)
+		case errors.As(err, &ee):
+			logger.Warn("the store may evict idempotency records, as allowed by the configuration: a retry of a key whose record was evicted runs again",
+				"store", name, "maxmemory_policy", ee.Policy, "node", ee.Node)
+		case err != nil:
+			_ = client.Close()
+			return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, name, err)
+		}
+	}
+	// A store whose replicas do not acknowledge now (wait=N) serves all the same: its
+	// claims fail until they do, and it logs so.
+	if err := s.Ping(pctx); err != nil && !errors.Is(err, idempotency.ErrNotDurable) {
 		_ = client.Close()
 		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, name, err)
 	}

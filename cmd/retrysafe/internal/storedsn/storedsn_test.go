@@ -3,6 +3,7 @@ package storedsn_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -11,8 +12,10 @@ import (
 	"time"
 
 	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
+	"github.com/retrysafe/retrysafe/harness/redisha"
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/idempotency/redisstore"
 )
 
 // roundTrip claims, completes and reads back one key.
@@ -205,6 +208,58 @@ func TestErrors(t *testing.T) {
 		// Bounded by the ping timeout; twice that leaves a loaded machine its slack.
 		if time.Since(start) > 2*storedsn.PingTimeout {
 			t.Errorf("%s: took %v", c.dsn, time.Since(start))
+		}
+	}
+}
+
+// TestRedisSentinel: a failover URL opens a store on the master the Sentinel names,
+// waiting for its replica (wait=1); after a failover the same store works on the
+// promoted replica, once that has a replica of its own.
+func TestRedisSentinel(t *testing.T) {
+	t.Parallel()
+	g := redisha.Start(t, redisha.Options{})
+	ctx := context.Background()
+	o, err := storedsn.Open(ctx, g.URL("wait", "1", "wait_timeout", "300ms"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = o.Close() })
+	if o.Kind != storedsn.KindRedis || !strings.Contains(o.Name, "master_name="+g.MasterName()) || !strings.Contains(o.Name, "wait=1") {
+		t.Fatalf("%+v", o)
+	}
+	roundTrip(t, o.Store)
+	g.Failover()
+	g.AddReplica()
+	roundTrip(t, o.Store)
+}
+
+// TestRedisEviction: a Redis whose maxmemory-policy may evict records is refused, with
+// an error naming the policy; allowed, it opens with a warning; ignored (the tools), it
+// opens without a word.
+func TestRedisEviction(t *testing.T) {
+	t.Parallel()
+	g := redisha.Start(t, redisha.Options{Replicas: -1, NoSentinel: true, Args: []string{"--maxmemory-policy", "volatile-lru"}})
+	ctx := context.Background()
+	_, err := storedsn.Open(ctx, g.Master().URL(), nil)
+	var ee *redisstore.EvictionError
+	if !errors.Is(err, storedsn.ErrEvicting) || !errors.As(err, &ee) || ee.Policy != "volatile-lru" ||
+		!strings.Contains(err.Error(), "volatile-lru") || !strings.Contains(err.Error(), "noeviction") {
+		t.Fatalf("Open = %v, want ErrEvicting naming volatile-lru and noeviction", err)
+	}
+	for _, c := range []struct {
+		eviction redisstore.Eviction
+		warns    int
+	}{{redisstore.EvictionAllow, 1}, {redisstore.EvictionIgnore, 0}} {
+		var log strings.Builder
+		o, err := storedsn.OpenWith(ctx, g.Master().URL(), storedsn.Options{Eviction: c.eviction,
+			Logger: slog.New(slog.NewTextHandler(&log, nil))})
+		if err != nil {
+			t.Fatalf("eviction %d: %v", c.eviction, err)
+		}
+		roundTrip(t, o.Store)
+		_ = o.Close()
+		if n := strings.Count(log.String(), "level=WARN"); n != c.warns || c.warns > 0 && !strings.Contains(log.String(), "volatile-lru") {
+			t.Errorf("eviction %d: %d warnings, want %d:\n%s", c.eviction, n, c.warns, log.String())
 		}
 	}
 }
