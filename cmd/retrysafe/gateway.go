@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -129,7 +130,7 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 		{name: "amqp", arg: "URL", help: "RabbitMQ (amqp://, amqps://) whose dead letters the console shows: the DLQ NAME.dlq of each --queue", def: "-"},
 		{name: "nats", arg: "URL", help: "NATS JetStream (nats://, tls://) whose dead letters the console shows: the DLQ stream of each --queue", def: "-"},
 		{name: "queue", arg: "NAME", help: "a redeliver work queue (RabbitMQ) or subject (JetStream) whose dead letters the console lists, replays and purges (repeatable; needs --amqp or --nats)", def: "-"},
-		{name: "store", arg: "DSN", help: "sqlite:PATH, postgres://… (optional ?schema=NAME), redis://… (optional ?prefix=P), memory: — the schema is applied at start. SQLite and PostgreSQL batch the writes of concurrent requests into shared commits (group commit); ?batch=false turns it off. Redis Sentinel: redis://SENTINEL:PORT/DB?master_name=NAME&addr=OTHER_SENTINEL:PORT, followed through failovers. Redis ?wait=N&wait_timeout=DUR: a claim or a completion counts only once N replicas acknowledged it (WAIT); short of that, claims get 503 and answers are held until they do. A Redis whose maxmemory-policy is not noeviction is refused (see --allow-evicting-store)"},
+		{name: "store", arg: "DSN", help: "sqlite:PATH, postgres://… (optional ?schema=NAME), redis://… (optional ?prefix=P), memory: — what is missing of the schema is applied at start (PostgreSQL: a role without CREATE may run the gateway once `retrysafe migrate` ran as the schema's owner). SQLite and PostgreSQL batch the writes of concurrent requests into shared commits (group commit); ?batch=false turns it off. PostgreSQL: several hosts (postgres://u@h1:5432,h2:5432/db) follow a promotion (target_session_attrs=read-write); the pool holds at most pool_max_conns=" + strconv.Itoa(storedsn.DefaultPoolMaxConns) + " connections and closes those idle for pool_max_conn_idle_time=" + durfmt.Format(storedsn.DefaultPoolMaxConnIdleTime) + " (pgx's pool_* parameters set them). Redis Sentinel: redis://SENTINEL:PORT/DB?master_name=NAME&addr=OTHER_SENTINEL:PORT, followed through failovers. Redis ?wait=N&wait_timeout=DUR: a claim or a completion counts only once N replicas acknowledged it (WAIT); short of that, claims get 503 and answers are held until they do. A Redis whose maxmemory-policy is not noeviction is refused (see --allow-evicting-store)"},
 		{name: "allow-evicting-store", help: "run on a Redis whose maxmemory-policy may evict records (anything but noeviction): a retry of a key whose record was evicted runs again. Without it such a Redis is refused at start, and a policy changed at run time turns /readyz 503; with it, a warning at every start", def: "false"},
 		{name: "ttl", arg: "DURATION", field: "TTL", help: "how long responses are kept for replay"},
 		{name: "lease", arg: "DURATION", field: "Lease", help: "how long a key stays in progress without its owner, e.g. after a crash or an upstream timeout"},

@@ -21,7 +21,10 @@ import (
 const migrateHelp = `usage: retrysafe migrate --store DSN
 
 Applies the store's schema (tables, index, sequence), idempotently; the gateway also does
-it as it starts. Redis and memory stores have no schema.
+it as it starts. Redis and memory stores have no schema. On PostgreSQL, nothing is
+created when the schema is complete, so run this as the schema's owner and the gateway
+as a role with only USAGE on the schema, SELECT, INSERT, UPDATE and DELETE on the table
+and USAGE on its sequence.
 
 flags:
   --store DSN    sqlite:PATH (default sqlite:retrysafe.db), postgres://…[?schema=NAME],

@@ -55,26 +55,35 @@ type claimCall struct {
 	// pointer, which pgx encodes without boxing or reflection, so that the route costs
 	// the claim no allocation.
 	route pgtype.Text
+	// id is req.ID as the statement's parameter, NULL when empty, like route.
+	id pgtype.Text
 	// The result: found is false when the statement returned no row for the call (a
-	// concurrent insert after its snapshot); at is the instant of the decision.
-	found, claimed, claimable bool
-	at                        time.Time
-	rec                       *idempotency.Record
-	err                       error
+	// concurrent insert after its snapshot); own is true when the record is the claim's
+	// own (claimed before under its ID); at is the instant of the decision.
+	found, claimed, claimable, own bool
+	at                             time.Time
+	rec                            *idempotency.Record
+	err                            error
 }
 
 func (c *claimCall) ID() string { return batch.RowID(c.req.Scope, c.req.Key) }
 
 // newClaimCall returns the claim statement's call for req at now.
 func newClaimCall(req idempotency.ClaimRequest, now *time.Time) *claimCall {
-	return &claimCall{req: req, now: now, route: pgtype.Text{String: req.Route, Valid: req.Route != ""}}
+	return &claimCall{req: req, now: now, route: pgtype.Text{String: req.Route, Valid: req.Route != ""},
+		id: pgtype.Text{String: req.ID, Valid: req.ID != ""}}
 }
 
-// args are the parameters of the single-key claim statement (and the first eight of
+// args are the parameters of the single-key claim statement (and the first nine of
 // the takeover).
 func (c *claimCall) args() []any {
 	r := c.req
-	return []any{[]byte(r.Scope), []byte(r.Key), []byte(r.Fingerprint), c.now, r.Lease, r.TTL, r.TakeoverLimit(), &c.route}
+	return []any{[]byte(r.Scope), []byte(r.Key), []byte(r.Fingerprint), c.now, r.Lease, r.TTL, r.TakeoverLimit(), &c.route, &c.id}
+}
+
+// reset clears c's result before its statement runs (again).
+func (c *claimCall) reset() {
+	c.found, c.claimed, c.claimable, c.own, c.rec, c.err = false, false, false, false, nil, nil
 }
 
 // runClaims runs the batched claim statement for calls, sorted by row.
@@ -88,23 +97,27 @@ func (s *Store) runClaims(calls []*claimCall) {
 	n := len(calls)
 	scopes, keys, fps := make([][]byte, n), make([][]byte, n), make([][]byte, n)
 	nows, leases, ttls, limits := make([]*time.Time, n), make([]time.Duration, n), make([]time.Duration, n), make([]time.Time, n)
-	routes := make([]string, n)
+	routes, ids := make([]string, n), make([]string, n)
+	resend := true // a claim without an ID may not be sent again once it may have been applied
 	for i, c := range calls {
-		c.found, c.claimed, c.claimable, c.rec, c.err = false, false, false, nil, nil
 		scopes[i], keys[i], fps[i] = []byte(c.req.Scope), []byte(c.req.Key), []byte(c.req.Fingerprint)
-		nows[i], leases[i], ttls[i], limits[i], routes[i] = c.now, c.req.Lease, c.req.TTL, c.req.TakeoverLimit(), c.req.Route
+		nows[i], leases[i], ttls[i], limits[i], routes[i], ids[i] = c.now, c.req.Lease, c.req.TTL, c.req.TakeoverLimit(), c.req.Route, c.req.ID
+		resend = resend && c.req.ID != ""
 	}
-	err := func() error {
-		rows, err := s.pool.Query(ctx, s.sql.claimBatch, scopes, keys, fps, nows, leases, ttls, limits, routes)
+	err := s.do(ctx, resend, func(conn *pgx.Conn) error {
+		for _, c := range calls {
+			c.reset()
+		}
+		rows, err := conn.Query(ctx, s.sql.claimBatch, scopes, keys, fps, nows, leases, ttls, limits, routes, ids)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
 			var ord int64
-			var claimed, claimable bool
+			var claimed, claimable, own bool
 			var at time.Time
-			rec, err := scanRecord(rows, &ord, &claimed, &claimable, &at)
+			rec, err := scanRecord(rows, &ord, &claimed, &claimable, &own, &at)
 			if err != nil {
 				return err
 			}
@@ -112,10 +125,10 @@ func (s *Store) runClaims(calls []*claimCall) {
 				return fmt.Errorf("batched claim returned row %d of %d", ord, n)
 			}
 			c := calls[ord-1]
-			c.found, c.claimed, c.claimable, c.at, c.rec = true, claimed, claimable, at, rec
+			c.found, c.claimed, c.claimable, c.own, c.at, c.rec = true, claimed, claimable, own, at, rec
 		}
 		return rows.Err()
-	}()
+	})
 	if err == nil {
 		return
 	}
@@ -132,14 +145,19 @@ func (s *Store) runClaims(calls []*claimCall) {
 
 // claimAlone runs the single-key claim statement for c.
 func (s *Store) claimAlone(ctx context.Context, c *claimCall) {
-	c.found, c.claimed, c.claimable, c.rec, c.err = false, false, false, nil, nil
-	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.claim, c.args()...), &c.claimed, &c.claimable, &c.at)
+	c.reset()
+	err := s.do(ctx, c.req.ID != "", func(conn *pgx.Conn) error {
+		rec, err := scanRecord(conn.QueryRow(ctx, s.sql.claim, c.args()...), &c.claimed, &c.claimable, &c.own, &c.at)
+		c.rec = rec
+		return err
+	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
+		c.rec = nil
 	case err != nil:
-		c.err = err
+		c.err, c.rec = err, nil
 	default:
-		c.found, c.rec = true, rec
+		c.found = true
 	}
 }
 
@@ -165,7 +183,7 @@ func (s *Store) completeBatched(ctx context.Context, c idempotency.Completion) e
 	case cc.err != nil:
 		return fmt.Errorf("pgstore: complete: %w", cc.err)
 	case !cc.wrote:
-		return fmt.Errorf("pgstore: complete: %w", idempotency.ErrLeaseLost)
+		return s.completeAgain(ctx, c.Scope, c.Key, c.Token)
 	}
 	return nil
 }
@@ -188,8 +206,11 @@ func (s *Store) runCompletes(calls []*completeCall) {
 		statuses[i], headers[i], bodies[i], omitted[i] = int32(c.Response.Status), cc.headers, c.Response.Body, c.Response.BodyOmitted
 		nows[i], ttls[i] = cc.now, c.TTL
 	}
-	err := func() error {
-		rows, err := s.pool.Query(ctx, s.sql.completeBatch, scopes, keys, tokens, statuses, headers, bodies, omitted, nows, ttls)
+	err := s.do(ctx, true, func(conn *pgx.Conn) error {
+		for _, cc := range calls {
+			cc.wrote, cc.err = false, nil
+		}
+		rows, err := conn.Query(ctx, s.sql.completeBatch, scopes, keys, tokens, statuses, headers, bodies, omitted, nows, ttls)
 		if err != nil {
 			return err
 		}
@@ -205,7 +226,7 @@ func (s *Store) runCompletes(calls []*completeCall) {
 			calls[ord-1].wrote = true
 		}
 		return rows.Err()
-	}()
+	})
 	if err == nil {
 		return
 	}
@@ -222,8 +243,13 @@ func (s *Store) runCompletes(calls []*completeCall) {
 
 // completeAlone runs the completion statement for cc alone.
 func (s *Store) completeAlone(ctx context.Context, cc *completeCall) {
-	tag, err := s.pool.Exec(ctx, s.sql.complete, completeArgs(cc.c, cc.headers, cc.now)...)
-	cc.wrote, cc.err = err == nil && tag.RowsAffected() > 0, err
+	var n int64
+	err := s.do(ctx, true, func(conn *pgx.Conn) error {
+		tag, err := conn.Exec(ctx, s.sql.complete, completeArgs(cc.c, cc.headers, cc.now)...)
+		n = tag.RowsAffected()
+		return err
+	})
+	cc.wrote, cc.err = err == nil && n > 0, err
 }
 
 // qualify prefixes each of the comma-separated columns with alias and a dot.

@@ -4,7 +4,9 @@ import (
 	"context"
 	_ "embed"
 	"encoding/json"
+	"errors"
 	"net/http"
+	"net/url"
 	"reflect"
 	"strings"
 	"testing"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/idempotency/pgstore"
 )
 
 //go:embed testdata/schema_v1.sql
@@ -73,7 +76,7 @@ func TestMigrateFromJSONBHeader(t *testing.T) {
 	}
 	var columns []string
 	rows, err := pool.Query(ctx, `SELECT column_name || ' ' || data_type || ' ' || is_nullable || ' ' || coalesce(column_default, '-')
-		FROM information_schema.columns WHERE table_schema = $1 AND column_name IN ('header', 'headers', 'abandoned', 'route')
+		FROM information_schema.columns WHERE table_schema = $1 AND column_name IN ('header', 'headers', 'abandoned', 'route', 'claim_id')
 		ORDER BY column_name`, schema)
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +84,7 @@ func TestMigrateFromJSONBHeader(t *testing.T) {
 	if columns, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"abandoned boolean NO false", "header jsonb YES -", "headers bytea YES -", "route text YES -"}; !reflect.DeepEqual(columns, want) {
+	if want := []string{"abandoned boolean NO false", "claim_id text YES -", "header jsonb YES -", "headers bytea YES -", "route text YES -"}; !reflect.DeepEqual(columns, want) {
 		t.Errorf("columns after Migrate = %q, want %q", columns, want)
 	}
 
@@ -180,5 +183,83 @@ func TestMigrateDoesNotWaitForWriters(t *testing.T) {
 	defer cancel()
 	if err := st.Migrate(mctx); err != nil {
 		t.Errorf("Migrate beside an open write transaction: %v", err)
+	}
+}
+
+// A role with only the privileges the store serves with — USAGE on the schema, SELECT,
+// INSERT, UPDATE and DELETE on the table, USAGE on the sequence — starts the store once
+// the schema's owner has migrated: its Migrate creates nothing and needs no privilege to
+// create anything. Without the schema, or without one of the privileges, Migrate says
+// what is missing.
+func TestMigrateLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	admin := newPool(t, testenv.PostgresURL(t), nil)
+	owned, schema := newStore(t, admin) // migrated by the owner
+	role := testenv.Name("app")
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	exec("CREATE ROLE " + role + " LOGIN")
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, _ = admin.Exec(ctx, "DROP OWNED BY "+role)
+		_, _ = admin.Exec(ctx, "DROP ROLE "+role)
+	})
+	table := pgx.Identifier{schema, "retrysafe_idempotency"}.Sanitize()
+	exec("GRANT USAGE ON SCHEMA " + schema + " TO " + role)
+	exec("GRANT SELECT, INSERT, UPDATE, DELETE ON " + table + " TO " + role)
+	exec("GRANT USAGE ON SEQUENCE " + pgx.Identifier{schema, "retrysafe_idempotency_token_seq"}.Sanitize() + " TO " + role)
+
+	u, err := url.Parse(testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	pool := newPool(t, u.String(), nil)
+	st, err := pgstore.New(pgstore.Config{Pool: pool, Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate by the serving role of a migrated schema: %v", err)
+	}
+	res, err := st.Claim(ctx, idempotency.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", ID: "c", Lease: time.Minute, TTL: time.Hour})
+	if err != nil || !res.Claimed {
+		t.Fatalf("claim by the serving role: %+v %v", res, err)
+	}
+	if err := st.Complete(ctx, idempotency.Completion{Scope: "s", Key: "k", Token: res.Token, TTL: time.Hour,
+		Response: idempotency.Response{Status: 201}}); err != nil {
+		t.Fatalf("completion by the serving role: %v", err)
+	}
+	if err := st.Ping(ctx); err != nil {
+		t.Errorf("Ping by the serving role: %v", err)
+	}
+
+	// A privilege missing: named.
+	exec("REVOKE DELETE ON " + table + " FROM " + role)
+	var se *pgstore.SchemaError
+	if err := st.Migrate(ctx); !errors.As(err, &se) || !reflect.DeepEqual(se.Denied, []string{"DELETE on table " + table}) {
+		t.Errorf("Migrate without DELETE: %v, want a SchemaError naming DELETE on %s", err, table)
+	}
+	// A column missing, which the role may not add: named, with the server's refusal.
+	exec("ALTER TABLE " + table + " DROP COLUMN claim_id")
+	if err := st.Migrate(ctx); !errors.As(err, &se) || !se.PermissionDenied() ||
+		!reflect.DeepEqual(se.Missing, []string{"column " + table + `."claim_id"`}) {
+		t.Errorf("Migrate of a table without claim_id by the serving role: %v, want a SchemaError naming the column, permission denied", err)
+	}
+	if err := owned.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate by the owner: %v", err)
+	}
+	// No schema at all.
+	fresh, err := pgstore.New(pgstore.Config{Pool: pool, Schema: testenv.Name("none")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fresh.Migrate(ctx); !errors.As(err, &se) || !se.PermissionDenied() || len(se.Missing) != 1 {
+		t.Errorf("Migrate of a missing schema by the serving role: %v, want a SchemaError, permission denied", err)
 	}
 }

@@ -148,7 +148,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/retrysafe/idempotency"
@@ -187,6 +186,11 @@ type Config struct {
 	// otherwise disagree on when a lease ends, and take over a live owner's key. Tests
 	// set it to move time.
 	Clock func() time.Time
+	// ProbeTimeout is how long Ping waits for its write to be acknowledged before it
+	// reports the store not durable (idempotency.ErrNotDurable): with synchronous
+	// replication, a commit waits for the synchronous standby. Negative: Ping does not
+	// write, it only checks that the server answers. Default DefaultProbeTimeout.
+	ProbeTimeout time.Duration
 }
 
 // Store is an idempotency.Store on PostgreSQL. It also implements idempotency.Janitor,
@@ -195,6 +199,8 @@ type Store struct {
 	pool  *pgxpool.Pool
 	table string // quoted, schema-qualified
 	clock func() time.Time
+	probe time.Duration // Config.ProbeTimeout
+	names struct{ schema, table, sequence, index string }
 	sql   statements
 
 	claims    *batch.Group[*claimCall]    // nil without Config.Batch
@@ -202,8 +208,8 @@ type Store struct {
 }
 
 type statements struct {
-	schema, claim, takeover, complete, completeTx, extend, abandon, release, get, delete, deleteExpired string
-	claimBatch, completeBatch                                                                           string
+	schema, claim, takeover, reclaim, complete, completeTx, extend, abandon, release, exists, again string
+	get, delete, deleteExpired, claimBatch, completeBatch                                           string
 }
 
 var (
@@ -258,6 +264,20 @@ func gone(now string) string {
 	return `(r.expires_at <= ` + now + ` AND (r.state = 'done' OR r.lease_until <= ` + now + `))`
 }
 
+// claimMark is what the claim_id column holds for a record claimed by the claim with
+// ID id under token: '<token>:<ID>', or NULL for a claim without an ID. The token is
+// part of it so that a record taken over by a store that predates the column, which
+// leaves the column as it was, is not the first claim's own any more.
+func claimMark(token, id string) string {
+	return `(` + token + ` || ':' || ` + id + `)`
+}
+
+// ownClaim is whether the row r is the own record of the claim with ID id (NULL: none):
+// in progress, and claimed by that claim under its current token.
+func ownClaim(id string) string {
+	return `((r.state = 'in_progress' AND r.claim_id = ` + claimMark("r.token", id) + `) IS TRUE)`
+}
+
 // New returns a Store on cfg.Pool. Schema and Table must be lowercase SQL identifiers
 // (letters, digits and underscores, not starting with a digit), the schema at most 63
 // bytes and the table at most 48, so that the names derived from it fit PostgreSQL's
@@ -274,7 +294,9 @@ func New(cfg Config) (*Store, error) {
 	if !sqlname.Valid(table, 48) {
 		return nil, fmt.Errorf("pgstore: invalid table name %q", table)
 	}
-	s := &Store{pool: cfg.Pool, table: pgx.Identifier{schema, table}.Sanitize(), clock: cfg.Clock}
+	s := &Store{pool: cfg.Pool, table: pgx.Identifier{schema, table}.Sanitize(), clock: cfg.Clock,
+		probe: cmp.Or(cfg.ProbeTimeout, DefaultProbeTimeout)}
+	s.names.schema, s.names.table, s.names.sequence, s.names.index = schema, table, table+"_token_seq", table+"_expires_at_idx"
 	r := strings.NewReplacer(
 		"{schema}", pgx.Identifier{schema}.Sanitize(),
 		"{table}", s.table,
@@ -285,40 +307,53 @@ func New(cfg Config) (*Store, error) {
 	s.sql = statements{
 		schema: r.Replace(schemaSQL),
 		// $1 scope, $2 key, $3 fingerprint, $4 clock, $5 lease, $6 TTL, $7 takeover limit,
-		// $8 route. A replay, a 409 or a 422 is answered by this one statement without
-		// locking or writing anything: the INSERT runs only when the snapshot has no row.
-		// The route is written, never read back: only Get and List read it.
+		// $8 route, $9 claim ID (NULL: none). A replay, a 409 or a 422 is answered by this
+		// one statement without locking or writing anything: the INSERT runs only when the
+		// snapshot has no row. The route is written, never read back: only Get and List
+		// read it. own is whether the record is the claimer's: in progress, held under the
+		// claim's ID and with the token it was claimed under (see claimMark).
 		claim: r.Replace(`WITH clock AS (
 	SELECT ` + now4 + ` AS now
 ), existing AS (
 	SELECT ` + claimable("c.now", "$3", "$7::timestamptz") + ` AS claimable,
+	` + ownClaim("$9::text") + ` AS own,
 	` + leanColumns("c.now", "$3") + `
 	FROM {table} AS r, clock AS c WHERE r.scope = $1 AND r.key = $2
 ), claimed AS (
-	INSERT INTO {table} (scope, key, fingerprint, state, token, created_at, lease_until, expires_at, route)
-	SELECT $1, $2, $3, 'in_progress', nextval('{sequence}'), c.now, c.now + $5::interval, c.now + $6::interval, $8::text
-	FROM clock AS c
+	INSERT INTO {table} (scope, key, fingerprint, state, token, created_at, lease_until, expires_at, route, claim_id)
+	SELECT $1, $2, $3, 'in_progress', n.token, c.now, c.now + $5::interval, c.now + $6::interval, $8::text,
+		` + claimMark("n.token", "$9::text") + `
+	FROM clock AS c, (SELECT nextval('{sequence}') AS token) AS n
 	WHERE NOT EXISTS (SELECT FROM existing)
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING ` + recordColumns + `
 )
-SELECT true, false, c.now, ` + qualify("k", recordColumns) + ` FROM claimed AS k, clock AS c
+SELECT true, false, false, c.now, ` + qualify("k", recordColumns) + ` FROM claimed AS k, clock AS c
 UNION ALL
-SELECT false, e.claimable, c.now, ` + qualify("e", recordColumns) + ` FROM existing AS e, clock AS c`),
-		// The claim's parameters and $9, the token of the claimable record it read.
+SELECT false, e.claimable AND NOT e.own, e.own, c.now, ` + qualify("e", recordColumns) + ` FROM existing AS e, clock AS c`),
+		// The claim's parameters and $10, the token of the claimable record it read.
 		// Under READ COMMITTED the WHERE is re-checked on the latest row after its lock,
-		// so of concurrent takeovers one wins, a renewal that committed first keeps the
-		// record, and the winner's token, drawn after the lock, exceeds the one it
-		// replaces. The route is written again: the record is filed under the route the
-		// request now runs under.
-		takeover: r.Replace(`UPDATE {table} AS r SET
-	fingerprint = $3, state = 'in_progress', token = nextval('{sequence}'), abandoned = false, route = $8::text,
+		// so of concurrent takeovers one wins, and a renewal that committed first keeps
+		// the record. The new token, drawn from the sequence after the record was read,
+		// exceeds the one it replaces, which was drawn before. The route is written
+		// again: the record is filed under the route the request now runs under.
+		takeover: r.Replace(`WITH n AS (SELECT nextval('{sequence}') AS token)
+UPDATE {table} AS r SET
+	fingerprint = $3, state = 'in_progress', token = n.token, abandoned = false, route = $8::text,
+	claim_id = ` + claimMark("n.token", "$9::text") + `,
 	attempts = CASE WHEN r.expires_at <= ` + now4 + ` THEN 1 ELSE r.attempts + 1 END,
 	created_at = CASE WHEN r.expires_at <= ` + now4 + ` THEN ` + now4 + ` ELSE r.created_at END,
 	lease_until = ` + now4 + ` + $5::interval, expires_at = ` + now4 + ` + $6::interval, completed_at = NULL,
 	status = NULL, header = NULL, headers = NULL, body = NULL, body_omitted = false
-WHERE r.scope = $1 AND r.key = $2 AND r.token = $9 AND ` + claimable(now4, "$3", "$7::timestamptz") + `
+FROM n
+WHERE r.scope = $1 AND r.key = $2 AND r.token = $10 AND ` + claimable(now4, "$3", "$7::timestamptz") + `
 RETURNING r.token, r.attempts > 1, ` + now4),
+		// The claimer's own record found again (a claim sent again): a write that changes
+		// nothing, so that the grant is acknowledged as a write is (see Durability), never
+		// read from a server that may be lost. $3 is the record's token, $4 the claim ID.
+		reclaim: r.Replace(`UPDATE {table} AS r SET claim_id = r.claim_id
+WHERE r.scope = $1 AND r.key = $2 AND r.token = $3 AND ` + ownClaim("$4::text") + `
+RETURNING ` + clockParam(5)),
 		// $4 status, $5 headers, $6 body, $7 body omitted, $8 clock, $9 TTL.
 		complete: r.Replace(`UPDATE {table} SET state = 'done', abandoned = false, status = $4,
 	header = ` + headerMarker + `, headers = $5, body = $6, body_omitted = $7,
@@ -333,6 +368,16 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'`),
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'`),
 		release: r.Replace(`DELETE FROM {table}
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'`),
+		// A fenced write that changed nothing: is there a record at all? (ErrRecordGone
+		// or ErrLeaseLost.)
+		exists: r.Replace(`SELECT EXISTS (SELECT FROM {table} WHERE scope = $1 AND key = $2)`),
+		// A completion that changed nothing: when the record is done under its token (the
+		// completion sent again), write it again, changing nothing, so that this write's
+		// acknowledgement confirms the first; and say whether there is a record at all.
+		again: r.Replace(`WITH again AS (
+	UPDATE {table} SET state = 'done' WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'done' RETURNING 1
+)
+SELECT EXISTS (SELECT FROM again), EXISTS (SELECT FROM {table} WHERE scope = $1 AND key = $2)`),
 		get:    r.Replace(`SELECT ` + countedColumns + ` FROM {table} WHERE scope = $1 AND key = $2`),
 		delete: r.Replace(`DELETE FROM {table} WHERE scope = $1 AND key = $2`),
 		// $1 clock, $2 limit. SKIP LOCKED: janitors never wait for each other nor for a
@@ -347,25 +392,29 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'`),
 		// Each call has its own clock reading (NULL: the server's clock).
 		claimBatch: r.Replace(`WITH input AS (
 	SELECT i.ord, i.scope, i.key, i.fingerprint, coalesce(i.now, statement_timestamp()) AS now,
-		i.lease, i.ttl, i.takeover_limit, nullif(i.route, '') AS route
-	FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::timestamptz[], $5::interval[], $6::interval[], $7::timestamptz[], $8::text[])
-		WITH ORDINALITY AS i(scope, key, fingerprint, now, lease, ttl, takeover_limit, route, ord)
+		i.lease, i.ttl, i.takeover_limit, nullif(i.route, '') AS route, nullif(i.id, '') AS id
+	FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::timestamptz[], $5::interval[], $6::interval[], $7::timestamptz[],
+		$8::text[], $9::text[])
+		WITH ORDINALITY AS i(scope, key, fingerprint, now, lease, ttl, takeover_limit, route, id, ord)
 ), existing AS (
 	SELECT i.ord, i.now, ` + claimable("i.now", "i.fingerprint", "i.takeover_limit") + ` AS claimable,
+	` + ownClaim("i.id") + ` AS own,
 	` + leanColumns("i.now", "i.fingerprint") + `
 	FROM input AS i JOIN {table} AS r ON r.scope = i.scope AND r.key = i.key
 ), claimed AS (
-	INSERT INTO {table} (scope, key, fingerprint, state, token, created_at, lease_until, expires_at, route)
-	SELECT i.scope, i.key, i.fingerprint, 'in_progress', nextval('{sequence}'), i.now, i.now + i.lease, i.now + i.ttl, i.route
-	FROM input AS i WHERE NOT EXISTS (SELECT FROM existing AS e WHERE e.ord = i.ord)
-	ORDER BY i.ord
+	INSERT INTO {table} (scope, key, fingerprint, state, token, created_at, lease_until, expires_at, route, claim_id)
+	SELECT n.scope, n.key, n.fingerprint, 'in_progress', n.token, n.now, n.now + n.lease, n.now + n.ttl, n.route,
+		` + claimMark("n.token", "n.id") + `
+	FROM (SELECT i.*, nextval('{sequence}') AS token FROM input AS i
+		WHERE NOT EXISTS (SELECT FROM existing AS e WHERE e.ord = i.ord)) AS n
+	ORDER BY n.ord
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING ` + recordColumns + `
 )
-SELECT i.ord, true, false, i.now, ` + qualify("c", recordColumns) + `
+SELECT i.ord, true, false, false, i.now, ` + qualify("c", recordColumns) + `
 FROM claimed AS c JOIN input AS i ON i.scope = c.scope AND i.key = c.key
 UNION ALL
-SELECT e.ord, false, e.claimable, e.now, ` + qualify("e", recordColumns) + ` FROM existing AS e`),
+SELECT e.ord, false, e.claimable AND NOT e.own, e.own, e.now, ` + qualify("e", recordColumns) + ` FROM existing AS e`),
 		completeBatch: r.Replace(`UPDATE {table} AS r SET state = 'done', abandoned = false, status = u.status,
 	header = ` + headerMarker + `, headers = u.headers, body = u.body, body_omitted = u.body_omitted,
 	completed_at = coalesce(u.now, statement_timestamp()), expires_at = coalesce(u.now, statement_timestamp()) + u.ttl
@@ -390,11 +439,31 @@ RETURNING u.ord`),
 
 // Migrate creates the schema, the token sequence, the table and its index when they do
 // not exist, and adds the columns a table created without them lacks (see "Migration"
-// in the package doc). It is idempotent, and concurrent calls (from several replicas)
-// are safe: they run one at a time under a transaction-level advisory lock.
+// in the package doc). It first reads the catalogs: when nothing is missing it changes
+// nothing and needs no privilege to create anything, so that a role with only the
+// privileges the store serves with (see "Privileges" in the package doc) may call it as
+// it starts, once the schema's owner has migrated; it then checks that the role has those
+// privileges. Its errors that say the schema is not ready are a *SchemaError. It is
+// idempotent, and concurrent calls (from several replicas) are safe: the DDL runs one at
+// a time under a transaction-level advisory lock.
 func (s *Store) Migrate(ctx context.Context) error {
-	if err := pgddl.Apply(ctx, s.pool, s.sql.schema); err != nil {
-		return fmt.Errorf("pgstore: migrate: %w", err)
+	missing, denied, err := s.inspect(ctx)
+	if err != nil {
+		return fmt.Errorf("pgstore: migrate: reading the catalogs: %w", err)
+	}
+	if len(missing) > 0 {
+		if err := pgddl.Apply(ctx, s.pool, s.sql.schema); err != nil {
+			return &SchemaError{Missing: missing, Err: err}
+		}
+		if missing, denied, err = s.inspect(ctx); err != nil {
+			return fmt.Errorf("pgstore: migrate: reading the catalogs: %w", err)
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("pgstore: migrate: the schema still lacks %s after it was applied", list(missing))
+		}
+	}
+	if len(denied) > 0 {
+		return &SchemaError{Denied: denied}
 	}
 	return nil
 }
@@ -423,13 +492,24 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 			continue // inserted by another transaction after this statement's snapshot
 		case c.claimed:
 			return idempotency.ClaimResult{Claimed: true, Token: c.rec.Token, Now: c.at}, nil
+		case c.own:
+			res, err := s.reclaim(ctx, c)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+				continue // changed since the claim statement read it
+			case err != nil:
+				return idempotency.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+			}
+			return res, nil
 		case !c.claimable:
 			return idempotency.ClaimResult{Existing: c.rec, Now: c.at}, nil
 		}
 		// Expired, or in progress with its lease run out: replace it, unless another
 		// claim or a renewal got there first (then look again).
 		res := idempotency.ClaimResult{Claimed: true}
-		err := s.pool.QueryRow(ctx, s.sql.takeover, append(c.args(), c.rec.Token)...).Scan(&res.Token, &res.TookOver, &res.Now)
+		err := s.do(ctx, req.ID != "", func(conn *pgx.Conn) error {
+			return conn.QueryRow(ctx, s.sql.takeover, append(c.args(), c.rec.Token)...).Scan(&res.Token, &res.TookOver, &res.Now)
+		})
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue
@@ -439,6 +519,17 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 		return res, nil
 	}
 	return idempotency.ClaimResult{}, fmt.Errorf("pgstore: claim: the record kept changing under %d attempts", claimTries)
+}
+
+// reclaim grants c its own record, which the claim statement found (c.own), by a write
+// that changes nothing: its acknowledgement, not the read, is what the grant rests on.
+// pgx.ErrNoRows: the record is no longer the claim's own.
+func (s *Store) reclaim(ctx context.Context, c *claimCall) (idempotency.ClaimResult, error) {
+	res := idempotency.ClaimResult{Claimed: true, Token: c.rec.Token}
+	err := s.do(ctx, true, func(conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, s.sql.reclaim, []byte(c.req.Scope), []byte(c.req.Key), c.rec.Token, c.req.ID, c.now).Scan(&res.Now)
+	})
+	return res, err
 }
 
 // claimRow runs the claim statement for c, alone or in a batch, and leaves its result
@@ -454,22 +545,47 @@ func (s *Store) claimRow(ctx context.Context, c *claimCall) error {
 	return c.err
 }
 
-// Complete implements idempotency.Store.
+// Complete implements idempotency.Store. A completion that changes no row (the record
+// is not in progress under its token) is looked at again by a second statement: done
+// under its token (the completion sent again), it is written again, so that this
+// write's acknowledgement confirms the first, and Complete returns nil; otherwise
+// ErrRecordGone or ErrLeaseLost.
 func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 	if s.completes != nil {
 		return s.completeBatched(ctx, c)
 	}
-	return s.complete(ctx, s.pool, c)
-}
-
-// execer is a pool, a connection or a transaction.
-type execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
-func (s *Store) complete(ctx context.Context, db execer, c idempotency.Completion) error {
 	headers := headercodec.Encode(c.Response.Header, c.Response.Trailer)
-	return fenced(ctx, db, "complete", s.sql.complete, completeArgs(c, headers, s.now())...)
+	var n int64
+	err := s.do(ctx, true, func(conn *pgx.Conn) error {
+		tag, err := conn.Exec(ctx, s.sql.complete, completeArgs(c, headers, s.now())...)
+		n = tag.RowsAffected()
+		return err
+	})
+	switch {
+	case err != nil:
+		return fmt.Errorf("pgstore: complete: %w", err)
+	case n == 0:
+		return s.completeAgain(ctx, c.Scope, c.Key, c.Token)
+	}
+	return nil
+}
+
+// completeAgain is the second statement of a completion that changed no row (see
+// Complete).
+func (s *Store) completeAgain(ctx context.Context, scope, key string, token int64) error {
+	var again, exists bool
+	err := s.do(ctx, true, func(conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, s.sql.again, []byte(scope), []byte(key), token).Scan(&again, &exists)
+	})
+	switch {
+	case err != nil:
+		return fmt.Errorf("pgstore: complete: %w", err)
+	case again:
+		return nil
+	case exists:
+		return fmt.Errorf("pgstore: complete: %w", idempotency.ErrLeaseLost)
+	}
+	return fmt.Errorf("pgstore: complete: %w", idempotency.ErrRecordGone)
 }
 
 // completeArgs are the completion statement's parameters: headers is the encoded
@@ -481,35 +597,57 @@ func completeArgs(c idempotency.Completion, headers []byte, now *time.Time) []an
 
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
-	return fenced(ctx, s.pool, "extend", s.sql.extend, []byte(scope), []byte(key), token, lease, s.now())
+	return s.fenced(ctx, "extend", s.sql.extend, []byte(scope), []byte(key), token, lease, s.now())
 }
 
 // Abandon implements idempotency.Store.
 func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) error {
-	return fenced(ctx, s.pool, "abandon", s.sql.abandon, []byte(scope), []byte(key), token)
+	return s.fenced(ctx, "abandon", s.sql.abandon, []byte(scope), []byte(key), token)
 }
 
-// Release implements idempotency.Store.
+// Release implements idempotency.Store. A release sent again on a fresh connection,
+// after its first attempt deleted the record and the connection broke before the
+// answer, reports ErrRecordGone.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
-	return fenced(ctx, s.pool, "release", s.sql.release, []byte(scope), []byte(key), token)
+	return s.fenced(ctx, "release", s.sql.release, []byte(scope), []byte(key), token)
 }
 
-// fenced runs a statement conditioned on the caller's token; no row means the caller
-// lost the lease.
-func fenced(ctx context.Context, db execer, op, sql string, args ...any) error {
-	tag, err := db.Exec(ctx, sql, args...)
-	if err != nil {
+// fenced runs a statement conditioned on the caller's token, whose first parameters are
+// the scope and the key. When it changes no row, a second statement tells a missing
+// record (ErrRecordGone) from one that is done or another token's (ErrLeaseLost).
+func (s *Store) fenced(ctx context.Context, op, sql string, args ...any) error {
+	var n int64
+	err := s.do(ctx, true, func(conn *pgx.Conn) error {
+		tag, err := conn.Exec(ctx, sql, args...)
+		n = tag.RowsAffected()
+		return err
+	})
+	switch {
+	case err != nil:
+		return fmt.Errorf("pgstore: %s: %w", op, err)
+	case n > 0:
+		return nil
+	}
+	var exists bool
+	if err := s.do(ctx, true, func(conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, s.sql.exists, args[0], args[1]).Scan(&exists)
+	}); err != nil {
 		return fmt.Errorf("pgstore: %s: %w", op, err)
 	}
-	if tag.RowsAffected() == 0 {
+	if exists {
 		return fmt.Errorf("pgstore: %s: %w", op, idempotency.ErrLeaseLost)
 	}
-	return nil
+	return fmt.Errorf("pgstore: %s: %w", op, idempotency.ErrRecordGone)
 }
 
 // Get implements idempotency.Store.
 func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
-	rec, err := scanCounted(s.pool.QueryRow(ctx, s.sql.get, []byte(scope), []byte(key)))
+	var rec *idempotency.Record
+	err := s.do(ctx, true, func(conn *pgx.Conn) error {
+		var err error
+		rec, err = scanCounted(conn.QueryRow(ctx, s.sql.get, []byte(scope), []byte(key)))
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, idempotency.ErrNotFound
 	}
@@ -521,7 +659,10 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 
 // Delete implements idempotency.Store.
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if _, err := s.pool.Exec(ctx, s.sql.delete, []byte(scope), []byte(key)); err != nil {
+	if err := s.do(ctx, true, func(conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, s.sql.delete, []byte(scope), []byte(key))
+		return err
+	}); err != nil {
 		return fmt.Errorf("pgstore: delete: %w", err)
 	}
 	return nil
@@ -538,11 +679,15 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if limit == 0 {
 		return 0, nil
 	}
-	tag, err := s.pool.Exec(ctx, s.sql.deleteExpired, s.now(), limit)
-	if err != nil {
+	var n int64
+	if err := s.do(ctx, true, func(conn *pgx.Conn) error {
+		tag, err := conn.Exec(ctx, s.sql.deleteExpired, s.now(), limit)
+		n = tag.RowsAffected()
+		return err
+	}); err != nil {
 		return 0, fmt.Errorf("pgstore: delete expired: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	return int(n), nil
 }
 
 // List implements idempotency.Lister: pages in (scope, key) order (bytewise, as Go
@@ -580,24 +725,20 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 	}
 	q += " ORDER BY scope, key LIMIT " + arg(limit+1)
 
-	rows, err := s.pool.Query(ctx, q, args...)
-	if err != nil {
-		return idempotency.ListPage{}, fmt.Errorf("pgstore: list: %w", err)
-	}
-	defer rows.Close()
-	page, err := listcursor.Page(rows, limit, func(r pgx.Rows) (*idempotency.Record, error) { return scanCounted(r) })
+	var page idempotency.ListPage
+	err := s.do(ctx, true, func(conn *pgx.Conn) error {
+		rows, err := conn.Query(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		page, err = listcursor.Page(rows, limit, func(r pgx.Rows) (*idempotency.Record, error) { return scanCounted(r) })
+		return err
+	})
 	if err != nil {
 		return idempotency.ListPage{}, fmt.Errorf("pgstore: list: %w", err)
 	}
 	return page, nil
-}
-
-// Ping implements idempotency.Pinger.
-func (s *Store) Ping(ctx context.Context) error {
-	if err := s.pool.Ping(ctx); err != nil {
-		return fmt.Errorf("pgstore: ping: %w", err)
-	}
-	return nil
 }
 
 // scanCounted scans countedColumns: the operators' reads, with the attempts and the

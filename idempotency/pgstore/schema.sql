@@ -38,10 +38,13 @@ CREATE TABLE IF NOT EXISTS {table} (
     body_omitted boolean     NOT NULL DEFAULT false,
     abandoned    boolean     NOT NULL DEFAULT false, -- the owner gave up (Store.Abandon)
     route        text,                           -- claimed under, for operators; NULL: none
+    -- The claim that holds the record (ClaimRequest.ID) with the token it holds it under,
+    -- '<token>:<ID>'; NULL: a claim without an ID.
+    claim_id     text,
     PRIMARY KEY (scope, key)
 );
 
--- Tables created without the headers, abandoned and route columns get them in place:
+-- Tables created without the headers, abandoned, route and claim_id columns get them in place:
 -- adding a column that is NULL or has a constant default rewrites nothing. Each step runs only
 -- when needed, because ALTER TABLE and CREATE INDEX lock the table even when they turn
 -- out to have nothing to do, and would wait for (and hold up) every open transaction
@@ -59,6 +62,10 @@ BEGIN
     IF NOT EXISTS (SELECT FROM pg_attribute
                    WHERE attrelid = '{table}'::regclass AND attname = 'route' AND NOT attisdropped) THEN
         ALTER TABLE {table} ADD COLUMN IF NOT EXISTS route text;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_attribute
+                   WHERE attrelid = '{table}'::regclass AND attname = 'claim_id' AND NOT attisdropped) THEN
+        ALTER TABLE {table} ADD COLUMN IF NOT EXISTS claim_id text;
     END IF;
     -- The janitor's scan.
     IF to_regclass('{schema}.{index}') IS NULL THEN

@@ -119,11 +119,17 @@ func (s *Store) WithTx(ctx context.Context, fn func(ctx context.Context, tx pgx.
 
 	c := claim.Completion(resp)
 	headers := headercodec.Encode(c.Response.Header, c.Response.Trailer)
+	d, _ := tx.conn.PgConn().CustomData()[durabilityKey].(*durability)
+	if d != nil {
+		d.warned = false
+	}
 	stale, err := tx.completeAndCommit(ctx, s.sql.completeTx, completeArgs(c, headers, s.now()))
 	switch {
-	case err == nil:
+	case err == nil && (d == nil || !d.warned):
 		claim.MarkCompleted()
 		return resp, nil
+	case err == nil:
+		err = errNotDurable // committed on the primary; maybe on no standby
 	case stale:
 		release()
 		return resp, fmt.Errorf("pgstore: complete: %w", idempotency.ErrLeaseLost)
@@ -131,7 +137,7 @@ func (s *Store) WithTx(ctx context.Context, fn func(ctx context.Context, tx pgx.
 		release()
 		return resp, fmt.Errorf("pgstore: commit: %w", err)
 	}
-	if s.committed(ctx, claim) {
+	if s.confirmed(ctx, claim) {
 		claim.MarkCompleted()
 		return resp, nil
 	}
@@ -148,18 +154,16 @@ func rolledBack(err error) bool {
 		errors.Is(err, pgx.ErrTxClosed)
 }
 
-// committed settles an interrupted commit by reading the claimed record: done with the
-// claim's token, the transaction committed. A transaction that ran the completion holds
-// the row's lock until it ends; FOR SHARE NOWAIT does not wait for it (a locked row is
-// not known to be done).
-func (s *Store) committed(ctx context.Context, claim *idempotency.Claim) bool {
+// confirmed settles a commit whose outcome is unknown by a write, never by a read (a
+// read from a primary that may be lost confirms nothing): the completion sent again,
+// which, when the record is done under the claim's token, writes it again, changing
+// nothing. Acknowledged, that write confirms the transaction, which committed before it
+// in the same server's WAL. It waits for the record's row lock, which the transaction
+// holds until it ends, for at most 5 s.
+func (s *Store) confirmed(ctx context.Context, claim *idempotency.Claim) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
 	defer cancel()
-	var done bool
-	err := s.pool.QueryRow(ctx, "SELECT state = 'done' FROM "+s.table+
-		" WHERE scope = $1 AND key = $2 AND token = $3 FOR SHARE NOWAIT",
-		[]byte(claim.Scope), []byte(claim.Key), claim.Token).Scan(&done)
-	return err == nil && done // locked, gone, taken over or unreachable: not known to be done
+	return s.completeAgain(ctx, claim.Scope, claim.Key, claim.Token) == nil
 }
 
 // lazyTx is the pgx.Tx that WithTx gives fn. Its BEGIN goes to the server in one round

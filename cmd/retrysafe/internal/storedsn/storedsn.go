@@ -9,10 +9,10 @@
 //	                            that off (a '?' always starts parameters).
 //	postgres://…, postgresql://…
 //	                            PostgreSQL through a pgxpool. Every pgx and pgxpool parameter
-//	                            works (sslmode, pool_max_conns, …). One more, schema=NAME,
-//	                            puts the table in that schema (default public), and
-//	                            batch=false turns off pgstore's batching of concurrent claims
-//	                            and completions (group commit; on by default); both are
+//	                            works (sslmode, connect_timeout, pool_max_conns, …). One more,
+//	                            schema=NAME, puts the table in that schema (default public),
+//	                            and batch=false turns off pgstore's batching of concurrent
+//	                            claims and completions (group commit; on by default); both are
 //	                            removed from the URL before connecting, because PostgreSQL
 //	                            would take them for run-time parameters and refuse the
 //	                            connection.
@@ -52,6 +52,44 @@
 // policy changed at run time makes it fail (redisstore.EvictionError). A Redis with
 // wait=N whose replicas do not acknowledge at start is opened: its store answers
 // claims with errors wrapping idempotency.ErrNotDurable until they do.
+//
+// # PostgreSQL: connections
+//
+// The pool opens connections as requests need them and closes them when they have been
+// idle a while, so that gateways at rest leave a small server's connection slots to its
+// other clients. Unless the URL sets them: pool_max_conns=DefaultPoolMaxConns (4: with
+// batching, the claims and the completions of any number of concurrent requests take one
+// connection each), pool_min_conns=0, pool_max_conn_idle_time=DefaultPoolMaxConnIdleTime
+// (10s) and pool_health_check_period=DefaultPoolHealthCheckPeriod (1s: how often idle
+// connections are looked at, and those idle too long closed). Size max_connections for
+// pool_max_conns times the gateway replicas, plus the other clients.
+//
+// # PostgreSQL: replication and failover
+//
+// A URL may name several hosts, postgres://user@primary:5432,standby:5432/app?…; with
+// target_session_attrs=read-write (the default here when there are several hosts) pgx
+// connects to the first that accepts writes, so that after a standby is promoted the
+// store reconnects to it: a store call whose connection the failover broke runs once
+// more on a fresh connection (pgstore), which finds the new primary. Set connect_timeout
+// (seconds) so that a host that does not answer at all is given up soon.
+//
+// What a failover keeps is what the replication promised when the store's writes were
+// acknowledged (see pgstore's "Durability and replication"). With a synchronous standby
+// (synchronous_standby_names naming it, synchronous_commit on) a claim or a completion
+// counts only once the standby has it, so a promoted standby holds every one: no key runs
+// twice. While that standby is away, writes cannot be acknowledged: the store says so
+// (idempotency.ErrNotDurable), /readyz answers 503, and new keys get 503
+// store-not-durable without being forwarded, until it is back. With asynchronous
+// standbys only, a failover may lose the last acknowledged claims and completions, and
+// their keys may run again.
+//
+// # PostgreSQL: privileges
+//
+// Opened.Migrate (retrysafe migrate, and the gateway as it starts) creates nothing when
+// the schema is complete: the gateway may then run as a role with only USAGE on the
+// schema, SELECT, INSERT, UPDATE and DELETE on its table and USAGE on its sequence, once
+// the schema's owner has run retrysafe migrate. When something is missing and the role
+// may not create it, the error says to run retrysafe migrate as the owner.
 package storedsn
 
 import (
@@ -62,6 +100,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -83,6 +122,13 @@ const Default = "sqlite:retrysafe.db"
 
 // PingTimeout bounds the reachability check of Open.
 const PingTimeout = 5 * time.Second
+
+// The PostgreSQL pool's settings when the URL does not set them (see the package doc).
+const (
+	DefaultPoolMaxConns          = 4                // pool_max_conns
+	DefaultPoolMaxConnIdleTime   = 10 * time.Second // pool_max_conn_idle_time
+	DefaultPoolHealthCheckPeriod = time.Second      // pool_health_check_period
+)
 
 // Sentinel errors of Open. Match them with errors.Is.
 var (
@@ -304,6 +350,12 @@ func parsePostgres(dsn string) (*spec, error) {
 	}
 	q.Del("schema")
 	q.Del("batch")
+	// Several hosts: the store must write, so it connects to the one that accepts writes
+	// (the primary, which a promotion may change), unless told otherwise.
+	if (strings.Contains(u.Host, ",") || strings.Contains(q.Get("host"), ",")) && !q.Has("target_session_attrs") &&
+		os.Getenv("PGTARGETSESSIONATTRS") == "" {
+		q.Set("target_session_attrs", "read-write")
+	}
 	u.RawQuery = q.Encode()
 	// No fragment: it means nothing to PostgreSQL, and pgx's own URL parser does not
 	// read it as one (a "#?batch=false" would reach the server as a parameter).
@@ -313,6 +365,19 @@ func parsePostgres(dsn string) (*spec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w %s: %s", ErrInvalid, name, oneLine(driverErr(err)))
 	}
+	if !q.Has("pool_max_conns") {
+		cfg.MaxConns = DefaultPoolMaxConns
+	}
+	if !q.Has("pool_max_conn_idle_time") {
+		cfg.MaxConnIdleTime = DefaultPoolMaxConnIdleTime
+	}
+	if !q.Has("pool_health_check_period") {
+		cfg.HealthCheckPeriod = DefaultPoolHealthCheckPeriod
+	}
+	if cfg.MinConns > cfg.MaxConns {
+		return nil, fmt.Errorf("%w %s: pool_min_conns=%d is more than pool_max_conns=%d", ErrInvalid, name, cfg.MinConns, cfg.MaxConns)
+	}
+	pgstore.ConfigurePool(cfg)
 	return &spec{kind: KindPostgres, name: name, schema: schema, batch: batch, pg: cfg}, nil
 }
 
@@ -333,7 +398,20 @@ func openPostgres(ctx context.Context, sp *spec) (*Opened, error) {
 		pool.Close()
 		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, name, err)
 	}
-	return &Opened{Store: s, Kind: KindPostgres, Name: name, Janitor: s, migrate: s.Migrate,
+	migrate := func(ctx context.Context) error {
+		err := s.Migrate(ctx)
+		var se *pgstore.SchemaError
+		switch {
+		case !errors.As(err, &se):
+			return err
+		case se.PermissionDenied():
+			return fmt.Errorf("%w; the role may not create it: run `retrysafe migrate --store %s` as the schema's owner (or a role that may create it), then start again", err, name)
+		case len(se.Denied) > 0:
+			return fmt.Errorf("%w; grant them to it, or run the gateway as a role that has them", err)
+		}
+		return err
+	}
+	return &Opened{Store: s, Kind: KindPostgres, Name: name, Janitor: s, migrate: migrate,
 		close: func() error { pool.Close(); return nil }}, nil
 }
 
