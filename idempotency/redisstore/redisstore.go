@@ -111,6 +111,12 @@
 // appendonly yes, appendfsync always and maxmemory-policy noeviction, and do not count
 // on a failover to a replica keeping the last writes — or use the PostgreSQL store,
 // which in transaction mode commits the business write and the completion together.
+//
+// Store.Inspect (idempotency.Inspector, behind `retrysafe doctor` and the gateway's
+// checks at start) reads these settings on every master and says what each means:
+// maxmemory-policy, appendonly, appendfsync and save, the role and replicas (with
+// Config.Wait), min-replicas-to-write, and Sentinel, Cluster or Ring. Where CONFIG is
+// disabled it reads INFO instead and says what it could not read.
 package redisstore
 
 import (
