@@ -157,11 +157,13 @@ func (st *pgSetup) findings() []idempotency.Finding {
 	hidden := false // a named setup whose standbys' sync_state the role cannot see
 	switch {
 	case len(st.standbys) == 0 && !named:
-		add(ok, CheckStandby, "no standby connected, "+namesSetting,
+		add(ok, CheckStandby, "no standby, "+namesSetting,
 			"acknowledged keys survive a crash of this server as long as its disk does; there is no standby to fail over to, and losing the disk loses them all")
 	case !named:
 		for _, sb := range st.standbys {
-			add(warn, CheckStandby, "standby "+sb.String()+": asynchronous, "+namesSetting,
+			// No standby is named: every one is asynchronous, whether or not the role
+			// may see its sync_state.
+			add(warn, CheckStandby, "standby "+sb.String()+": sync_state=async",
 				"asynchronous standby "+sb.name+": a failover to it can lose the last completed keys; they would run again")
 		}
 	default:

@@ -214,8 +214,8 @@ func TestInspectReplicated(t *testing.T) {
 
 	names("", "async", "async")
 	expect(t, "asynchronous", inspect(t, base), fsyncOff,
-		want{idempotency.FindingWarn, pgstore.CheckStandby, "standby standby1 (127.0.0.1): asynchronous", "asynchronous standby standby1: a failover to it can lose the last completed keys; they would run again"},
-		want{idempotency.FindingWarn, pgstore.CheckStandby, "standby standby2 (127.0.0.1): asynchronous", "can lose the last completed keys"})
+		want{idempotency.FindingWarn, pgstore.CheckStandby, "standby standby1 (127.0.0.1): sync_state=async", "asynchronous standby standby1: a failover to it can lose the last completed keys; they would run again"},
+		want{idempotency.FindingWarn, pgstore.CheckStandby, "standby standby2 (127.0.0.1): sync_state=async", "can lose the last completed keys"})
 
 	// The standby itself takes no writes.
 	expect(t, "a standby", inspect(t, s1.URL()), fsyncOff,
