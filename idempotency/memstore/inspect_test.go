@@ -1,7 +1,9 @@
 package memstore_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -25,4 +27,20 @@ func TestInspect(t *testing.T) {
 	if _, err := s.Inspect(t.Context()); !errors.Is(err, idempotency.ErrClosed) {
 		t.Errorf("Inspect on a closed store: %v, want ErrClosed", err)
 	}
+}
+
+// Inspect says what the store's setup means for the promise that a keyed request runs
+// once; every store implements it (idempotency.Inspector).
+func ExampleStore_Inspect() {
+	s := memstore.New()
+	defer s.Close()
+	found, err := s.Inspect(context.Background())
+	if err != nil {
+		panic(err)
+	}
+	for _, f := range found {
+		fmt.Printf("%s %s: %s\n", f.Level, f.Check, f.Detail)
+	}
+	// Output:
+	// warn memory.persistence: nothing survives the process: after a restart every key would run again, and a retry that reaches another process runs again
 }
