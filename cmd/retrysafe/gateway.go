@@ -58,15 +58,18 @@ flags (each can also be set from the environment: --max-body from RETRYSAFE_MAX_
 const gatewayOutro = `
 Sizes: bytes, or 512KiB, 4MiB, 1GiB (also KB, MB, GB in powers of 1000).
 Bad flags, an unreachable store or an unparsable upstream: one line on stderr, exit 2.
-A store whose settings break the promise that a keyed request runs once (retrysafe
-doctor lists what is checked): one line on stderr per such setting, exit 2; a setting
-that narrows the promise: a WARN line of the log at every start.
+A store whose settings break the promise that a keyed request runs once (a Redis that
+may evict records, a PostgreSQL standby…, unless allowed; retrysafe doctor lists what
+is checked): one line on stderr per such setting, exit 2; a setting that narrows the
+promise: a WARN line of the log at every start.
 
 examples:
   retrysafe gateway --upstream http://127.0.0.1:3000
   RETRYSAFE_ADMIN_TOKEN=… retrysafe gateway --upstream http://api:3000 --listen :8080 --admin :9090 \
       --store 'postgres://retrysafe@db:5432/app?schema=retrysafe' --log-format json
   RETRYSAFE_UPSTREAM=http://api:3000 RETRYSAFE_STORE=redis://cache:6379/0 retrysafe gateway
+  retrysafe gateway --upstream http://api:3000 \
+      --store 'redis://sentinel-1:26379/0?master_name=retrysafe&addr=sentinel-2:26379&wait=1'
   curl -i -X POST http://127.0.0.1:8080/payments -H 'Idempotency-Key: 7c0e…' -d '{"amount":100}'
 `
 

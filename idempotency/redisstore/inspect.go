@@ -245,9 +245,13 @@ func (s *Store) replicaFindings(label string, conf, repl map[string]string) []id
 				fmt.Sprintf("writes count once %d replica(s) acknowledged them (wait=%d): a failover to one that did keeps every completed key", s.wait, s.wait))
 		}
 	}
-	if s.wait > online {
+	switch {
+	case s.wait > online:
 		add(idempotency.FindingWarn, CheckReplication, fmt.Sprintf("wait=%d, %d replica(s) online", s.wait, online),
 			"fewer replicas than the store waits for can acknowledge writes: every claim is refused (503 store-not-durable) until enough are back")
+	case s.wait > 0 && s.wait < online:
+		add(idempotency.FindingWarn, CheckReplication, fmt.Sprintf("wait=%d, %d replicas online", s.wait, online),
+			fmt.Sprintf("WAIT is not consensus: a failover may promote a replica that was not among those that acknowledged a write, and lose it; wait=%d (every replica) closes that", online))
 	}
 
 	minReplicas, known := conf["min-replicas-to-write"]

@@ -108,9 +108,9 @@ func TestInspectPersistence(t *testing.T) {
 }
 
 // TestInspectReplicas: a master's replicas are asynchronous unless the store waits for
-// them; waiting for more than are online refuses claims; min-replicas-to-write bounds a
-// cut-off master; a store on the replica is refused; a Sentinel failover client is
-// recognised.
+// them; waiting for more than are online refuses claims, and for fewer leaves a failover
+// to one that did not acknowledge; min-replicas-to-write bounds a cut-off master; a
+// store on the replica is refused; a Sentinel failover client is recognised.
 func TestInspectReplicas(t *testing.T) {
 	t.Parallel()
 	g := redisha.Start(t, redisha.Options{Args: []string{"--appendonly", "yes", "--appendfsync", "always"}})
@@ -155,6 +155,13 @@ func TestInspectReplicas(t *testing.T) {
 		want{idempotency.FindingOK, CheckTopology, "Sentinel (failover client)", "follows the master the Sentinels name"},
 		want{idempotency.FindingOK, CheckReplication, "state=online", "writes count once 1 replica(s)"},
 		want{idempotency.FindingOK, CheckMinReplicas, "min-replicas-to-write=1", ""})
+
+	// Waiting for one of two replicas: a failover may promote the other.
+	g.AddReplica()
+	inspected(t, "wait=1 of two", waiting, durable, noEvictionOK(), oneServer(),
+		want{idempotency.FindingOK, CheckReplication, "state=online", "writes count once 1 replica(s)"},
+		want{idempotency.FindingOK, CheckMinReplicas, "min-replicas-to-write=1", ""},
+		want{idempotency.FindingWarn, CheckReplication, "wait=1, 2 replicas online", "WAIT is not consensus"})
 }
 
 // TestInspectCluster: each master of a Cluster is inspected, its findings labelled with

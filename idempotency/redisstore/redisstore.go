@@ -30,6 +30,10 @@
 //	                  field, and read only when hdr is absent
 //	route             what the claim was filed under (ClaimRequest.Route), for
 //	                  operators; written by every claim and takeover, read by Get and List
+//	claim             the token and the ID of the claim that holds the record
+//	                  (ClaimRequest.ID), "token:ID": a claim sent again with its ID finds
+//	                  its own record by it; a takeover by a binary that does not know the
+//	                  field leaves a stale token in it, which matches nobody
 //
 // # Time
 //
@@ -89,28 +93,79 @@
 //
 // # Durability
 //
-// The store is only as durable as Redis's own persistence. A record Redis loses is a
-// claim or a completion that never happened: a retry of that request executes again. A
-// lost Extend shortens a lease: once the shorter lease ends a retry may take over a
-// request that is still running, whose owner then gets idempotency.ErrLeaseLost.
+// The store is only as durable as Redis. A record Redis loses is a claim or a completion
+// that never happened: a retry of that request executes again. A lost Extend shortens a
+// lease: once the shorter lease ends a retry may take over a request that is still
+// running, whose owner then gets idempotency.ErrLeaseLost. An owner whose record is gone
+// (evicted, expired, deleted) gets idempotency.ErrRecordGone from Extend, Abandon,
+// Complete and Release, apart from one whose key another request took over
+// (idempotency.ErrLeaseLost).
+//
+// Persistence, on a Redis crash or restart:
 //
 //   - AOF with appendfsync everysec (the usual AOF setting) can lose up to about one
 //     second of claims and completions when the Redis host crashes.
 //   - AOF with appendfsync always loses none, at the cost of an fsync per write.
 //   - RDB snapshots alone lose every write since the last snapshot: minutes.
 //   - No persistence loses everything on a restart.
-//   - Replication is asynchronous: after a failover (Sentinel or Cluster) the promoted
-//     replica may lack writes the old master had acknowledged. WAIT narrows that window
-//     but does not close it. The promoted replica's clock then decides leases, expiry
-//     and tokens: a clock behind the old master's lengthens leases and may reissue a
-//     token (see above), one ahead ends leases early.
-//   - Eviction: every record has a TTL, so any maxmemory-policy other than noeviction
-//     (volatile-* and allkeys-* alike) may delete live records when memory runs out.
+//
+// Eviction. Every record has a TTL, so any maxmemory-policy other than noeviction
+// (volatile-* and allkeys-* alike) deletes live records when memory runs out — records in
+// progress and done alike — and with them the promise: a retry of an evicted key runs
+// again, even while its first execution still runs. EvictionPolicy reads the policy
+// (CONFIG GET, or INFO memory where CONFIG is disabled, as on managed Redis services)
+// so that a server can refuse to start on such a Redis; Ping reads it again each time,
+// and fails (an *EvictionError, wrapping idempotency.ErrNotDurable) while it is not
+// noeviction, unless Config.Eviction allows it. Under noeviction a full Redis refuses
+// writes instead: claims fail, and nothing is lost.
+//
+// Replication and failover. Redis replicates asynchronously: the master acknowledges a
+// write before any replica has it, and a failover (Sentinel, or Cluster) promotes a
+// replica that may lack the last writes the old master acknowledged — claims (a retry
+// then runs beside the first execution) and completions (a retry runs again). The store
+// follows a failover as its client does: a Sentinel failover client
+// (redis.NewFailoverClient) asks the Sentinels for the master and drops its connections
+// to the old one when they switch.
+//
+// Config.Wait narrows that window. Each claim, renewal and completion is sent in one
+// pipeline with WAIT, on one connection, and counts only when WAIT reports Config.Wait
+// replicas have it; short of that (or when WAIT fails), the call returns an error
+// wrapping idempotency.ErrNotDurable: the write may exist on the master alone. The
+// middleware then answers such a claim 503 without running the request (and releases it
+// once it can), and keeps such a completion's answer held and sends it again until one
+// is acknowledged. A completion sent again under its token, and a claim sent again with
+// its ID, write again (their record unchanged), so that their WAIT also covers the first
+// attempt's write, made on whichever connection. Ping writes a probe key (Prefix +
+// "ping") and waits for it too, so that a store whose replicas stopped acknowledging is
+// not ready. Abandon and Release do not wait: losing one only leaves a key in progress
+// until its lease ends.
+//
+// What WAIT cannot close:
+//
+//   - WAIT is not consensus. A write acknowledged by N replicas survives a failover only if
+//     the replica promoted is one of those N. Sentinel and Cluster prefer the replica with
+//     the most data (the greatest replication offset), but a replica that lagged, or the
+//     only one left, may be promoted: run Wait as the number of replicas, or accept that
+//     window.
+//   - Replicas acknowledge what they received, not what they persisted: a replica that
+//     restarts without AOF (appendfsync always) loses it too.
+//   - The master keeps writes WAIT did not confirm. A claim that failed with ErrNotDurable
+//     may still hold its key on the master (409 to a retry until it is released, or its
+//     lease ends); a completion that failed so is stored there, and replays, but may be
+//     lost by a failover, which is why its owner sends it again.
+//   - Writes keep going to a master that lost its replicas: configure min-replicas-to-write
+//     (with min-replicas-max-lag) on the master so that it refuses them, and a master cut
+//     off from its Sentinels and replicas stops accepting writes that a failover would
+//     lose.
+//   - The promoted replica's clock then decides leases, expiry and tokens: a clock behind
+//     the old master's lengthens leases and may reissue a token (see above), one ahead
+//     ends leases early.
 //
 // For payments and anything else that must not execute twice, run Redis with
-// appendonly yes, appendfsync always and maxmemory-policy noeviction, and do not count
-// on a failover to a replica keeping the last writes — or use the PostgreSQL store,
-// which in transaction mode commits the business write and the completion together.
+// appendonly yes, appendfsync always, maxmemory-policy noeviction and, with replicas,
+// Wait equal to the number of replicas and min-replicas-to-write — or use the PostgreSQL
+// store with synchronous replication, which in transaction mode commits the business
+// write and the completion together.
 //
 // Store.Inspect (idempotency.Inspector, behind `retrysafe doctor` and the gateway's
 // checks at start) reads these settings on every master and says what each means:
@@ -159,8 +214,9 @@ type Config struct {
 	// and a completion before the store reports it done: each of those scripts is sent
 	// in one pipeline with WAIT Wait WaitTimeout, on one connection, and a write fewer
 	// replicas acknowledged is an error wrapping idempotency.ErrNotDurable (see
-	// Durability). Ping then writes a probe key and waits for it too. Default 0: no
-	// WAIT. Not on a Ring.
+	// Durability). Ping then writes a probe key and waits for it too. On a Cluster the
+	// pipeline goes to the master of the record's slot. Default 0: no WAIT. Not on a
+	// Ring.
 	Wait int
 	// WaitTimeout bounds each WAIT. It must be shorter than the client's ReadTimeout
 	// (go-redis's default 3s), which bounds the whole pipeline. Default

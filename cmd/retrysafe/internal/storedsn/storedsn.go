@@ -31,7 +31,7 @@
 //	                            claim, a renewal or a completion count only once N
 //	                            replicas acknowledged it (WAIT), and wait_timeout=DUR
 //	                            bounds that wait (default 1s; redisstore.Config.Wait
-//	                            and WaitTimeout). Not with a Ring.
+//	                            and WaitTimeout).
 //	memory:                     the in-process memstore: nothing survives the process.
 //
 // The PostgreSQL and Redis forms are URLs with a host part ("//" after the scheme);
@@ -51,7 +51,9 @@
 // ignores it (tools that claim nothing). The store's Ping reads the policy again, so a
 // policy changed at run time makes it fail (redisstore.EvictionError). A Redis with
 // wait=N whose replicas do not acknowledge at start is opened: its store answers
-// claims with errors wrapping idempotency.ErrNotDurable until they do.
+// claims with errors wrapping idempotency.ErrNotDurable until they do. What the rest of
+// a store's settings mean for "runs once" is not Open's to say: the stores' Inspect
+// (idempotency.Inspector) reads them, for retrysafe doctor and the gateway's start.
 //
 // # PostgreSQL: connections
 //
