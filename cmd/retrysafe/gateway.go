@@ -57,8 +57,11 @@ flags (each can also be set from the environment: --max-body from RETRYSAFE_MAX_
 
 const gatewayOutro = `
 Sizes: bytes, or 512KiB, 4MiB, 1GiB (also KB, MB, GB in powers of 1000).
-Bad flags, an unreachable store, a Redis that may evict records (unless allowed) or an
-unparsable upstream: one line on stderr, exit 2.
+Bad flags, an unreachable store or an unparsable upstream: one line on stderr, exit 2.
+A store whose settings break the promise that a keyed request runs once (a Redis that
+may evict records, a PostgreSQL standby…, unless allowed; retrysafe doctor lists what
+is checked): one line on stderr per such setting, exit 2; a setting that narrows the
+promise: a WARN line of the log at every start.
 
 examples:
   retrysafe gateway --upstream http://127.0.0.1:3000
@@ -80,6 +83,7 @@ type gatewayFlags struct {
 	adminToken, consoleMode                                                             string
 	amqpURL, natsURL                                                                    string // the console's dead letters
 	queues                                                                              queueNames
+	allowRisks                                                                          allowedRisks
 }
 
 // newGatewayFlags defines retrysafe gateway's flags, their defaults taken from the
@@ -101,6 +105,7 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 	fs.Var(&f.queues, "queue", "")
 	fs.StringVar(&f.store, "store", storedsn.Default, "")
 	fs.BoolVar(&f.allowEvicting, "allow-evicting-store", false, "")
+	fs.Var(&f.allowRisks, "allow-store-risk", "")
 	fs.DurationVar(&f.ttl, "ttl", idempotency.DefaultTTL, "")
 	fs.DurationVar(&f.lease, "lease", idempotency.DefaultLease, "")
 	fs.StringVar(&f.methods, "methods", strings.Join(idempotency.DefaultMethods(), ","), "")
@@ -133,8 +138,9 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 		{name: "amqp", arg: "URL", help: "RabbitMQ (amqp://, amqps://) whose dead letters the console shows: the DLQ NAME.dlq of each --queue", def: "-"},
 		{name: "nats", arg: "URL", help: "NATS JetStream (nats://, tls://) whose dead letters the console shows: the DLQ stream of each --queue", def: "-"},
 		{name: "queue", arg: "NAME", help: "a redeliver work queue (RabbitMQ) or subject (JetStream) whose dead letters the console lists, replays and purges (repeatable; needs --amqp or --nats)", def: "-"},
-		{name: "store", arg: "DSN", help: "sqlite:PATH, postgres://… (optional ?schema=NAME), redis://… (optional ?prefix=P), memory: — what is missing of the schema is applied at start (PostgreSQL: a role without CREATE may run the gateway once `retrysafe migrate` ran as the schema's owner). SQLite and PostgreSQL batch the writes of concurrent requests into shared commits (group commit); ?batch=false turns it off. PostgreSQL: several hosts (postgres://u@h1:5432,h2:5432/db) follow a promotion (target_session_attrs=read-write); the pool holds at most pool_max_conns=" + strconv.Itoa(storedsn.DefaultPoolMaxConns) + " connections and closes those idle for pool_max_conn_idle_time=" + durfmt.Format(storedsn.DefaultPoolMaxConnIdleTime) + " (pgx's pool_* parameters set them). Redis Sentinel: redis://SENTINEL:PORT/DB?master_name=NAME&addr=OTHER_SENTINEL:PORT, followed through failovers. Redis ?wait=N&wait_timeout=DUR: a claim or a completion counts only once N replicas acknowledged it (WAIT); short of that, claims get 503 and answers are held until they do. A Redis whose maxmemory-policy is not noeviction is refused (see --allow-evicting-store)"},
-		{name: "allow-evicting-store", help: "run on a Redis whose maxmemory-policy may evict records (anything but noeviction): a retry of a key whose record was evicted runs again. Without it such a Redis is refused at start, and a policy changed at run time turns /readyz 503; with it, a warning at every start", def: "false"},
+		{name: "store", arg: "DSN", help: "sqlite:PATH, postgres://… (optional ?schema=NAME), redis://… (optional ?prefix=P), memory: — what is missing of the schema is applied at start (PostgreSQL: a role without CREATE may run the gateway once `retrysafe migrate` ran as the schema's owner). SQLite and PostgreSQL batch the writes of concurrent requests into shared commits (group commit); ?batch=false turns it off. PostgreSQL: several hosts (postgres://u@h1:5432,h2:5432/db) follow a promotion (target_session_attrs=read-write); the pool holds at most pool_max_conns=" + strconv.Itoa(storedsn.DefaultPoolMaxConns) + " connections and closes those idle for pool_max_conn_idle_time=" + durfmt.Format(storedsn.DefaultPoolMaxConnIdleTime) + " (pgx's pool_* parameters set them). Redis Sentinel: redis://SENTINEL:PORT/DB?master_name=NAME&addr=OTHER_SENTINEL:PORT, followed through failovers. Redis ?wait=N&wait_timeout=DUR: a claim or a completion counts only once N replicas acknowledged it (WAIT); short of that, claims get 503 and answers are held until they do. What the store's settings mean for the promise that a keyed request runs once is checked at start, as retrysafe doctor does: each risk is a WARN line, and a setting that breaks the promise (an evicting Redis, a PostgreSQL standby, SQLite on a network file system…) is refused, exit 2 (see --allow-store-risk)"},
+		{name: "allow-evicting-store", help: "run on a Redis whose maxmemory-policy may evict records (anything but noeviction): a retry of a key whose record was evicted runs again. Without it such a Redis is refused at start, and a policy changed at run time turns /readyz 503; with it, a warning at every start; the same as --allow-store-risk redis.eviction", def: "false"},
+		allowRiskDoc(),
 		{name: "ttl", arg: "DURATION", field: "TTL", help: "how long responses are kept for replay"},
 		{name: "lease", arg: "DURATION", field: "Lease", help: "how long a key stays in progress without its owner, e.g. after a crash or an upstream timeout"},
 		{name: "methods", arg: "LIST", field: "Methods", help: "methods that need a key"},
@@ -226,18 +232,31 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 	}
 
-	eviction := redisstore.EvictionRefuse
+	allowed := f.allowRisks
 	if f.allowEvicting {
+		allowed = append(allowed, redisstore.CheckEviction)
+	}
+	eviction := redisstore.EvictionRefuse
+	if allowed.allows(redisstore.CheckEviction) {
 		eviction = redisstore.EvictionAllow
 	}
 	store, err := storedsn.OpenWith(ctx, s.store, storedsn.Options{Logger: logger, Eviction: eviction})
 	if errors.Is(err, storedsn.ErrEvicting) {
-		return fail(stderr, cmd, fmt.Errorf("%w; set maxmemory-policy noeviction, or start with --allow-evicting-store (RETRYSAFE_ALLOW_EVICTING_STORE=true) to accept that", err), exitUsage)
+		return fail(stderr, cmd, fmt.Errorf("%w; set maxmemory-policy noeviction, or start with --allow-evicting-store or --allow-store-risk %s to accept that", err, redisstore.CheckEviction), exitUsage)
 	}
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}
 	defer store.Close()
+	// What the store's settings mean for the promise, before anything is written. The
+	// eviction a Redis store was opened with (allowed) was logged as it opened.
+	var logged []string
+	if eviction == redisstore.EvictionAllow {
+		logged = append(logged, redisstore.CheckEviction)
+	}
+	if !checkStoreSetup(ctx, cmd, store, allowed, logger, stderr, logged...) {
+		return exitUsage
+	}
 	if err := store.Migrate(ctx); err != nil {
 		return fail(stderr, cmd, fmt.Errorf("applying the schema of %s: %w", store.Name, err), exitUsage)
 	}
@@ -479,7 +498,7 @@ func flagOverrides(fs *flag.FlagSet) []configfile.Override {
 	fs.Visit(func(fl *flag.Flag) {
 		o := configfile.Override{Key: overrideKeys[fl.Name], Value: fl.Value.String(), Source: "--" + fl.Name}
 		switch fl.Name {
-		case "config", "otel", "amqp", "nats", "queue", "allow-evicting-store": // not keys of the file
+		case "config", "otel", "amqp", "nats", "queue", "allow-evicting-store", "allow-store-risk": // not keys of the file
 			return
 		case "require-key":
 			o.Key, o.Value = "defaults.mode", map[bool]string{true: "required", false: "optional"}[fl.Value.String() == "true"]

@@ -49,6 +49,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	commands := map[string]func(context.Context, []string, io.Writer, io.Writer) int{
 		"gateway": runGateway, "migrate": runMigrate, "keys": runKeys, "demo": runDemo,
 		"check": runCheck, "sim": runSim, "dlq": runDLQ, "config": runConfig, "console": runConsole,
+		"doctor": runDoctor,
 	}
 	if run, ok := commands[cmd]; ok {
 		return run(ctx, rest, stdout, stderr)
@@ -71,7 +72,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				fmt.Fprint(stdout, h)
 				return exitOK
 			}
-			fmt.Fprintf(stderr, "retrysafe help: unknown command %q (commands: gateway, config, console, demo, keys, check, sim, dlq, migrate, version, help)\n", rest[0])
+			fmt.Fprintf(stderr, "retrysafe help: unknown command %q (commands: gateway, config, console, doctor, demo, keys, check, sim, dlq, migrate, version, help)\n", rest[0])
 			return exitUsage
 		}
 		fmt.Fprint(stdout, usage)
@@ -85,6 +86,7 @@ func helps() map[string]string {
 	return map[string]string{
 		"gateway": gatewayHelp(), "migrate": migrateHelp, "keys": keysHelp, "demo": demoHelp,
 		"check": checkHelp, "sim": simHelp, "dlq": dlqHelp, "config": configHelp, "console": consoleHelp,
+		"doctor":  doctorHelp(),
 		"version": "usage: retrysafe version\n\nPrints the module version the binary was built from (\"dev\" for a\nbuild from a work tree), and the Go version and platform.\n\nexamples:\n  retrysafe version\n",
 		"help":    usage,
 	}
@@ -103,6 +105,7 @@ commands:
   sim       simulate what backoff, jitter and retry budgets buy (virtual time)
   dlq       inspect, replay and purge dead letters on RabbitMQ or NATS (list|show|replay|purge)
   console   the operator console (keys, dead letters) in a browser, without a gateway
+  doctor    say what the store's setup guarantees: persistence, replication, eviction
   migrate   apply the store's schema
   version   print the version
   help      this text, or "retrysafe help <command>"
@@ -113,6 +116,7 @@ examples:
   retrysafe gateway --upstream http://api:3000 --store postgres://app@db/app --listen :8080
   retrysafe config check examples/gateway.yaml
   retrysafe keys list --store sqlite:retrysafe.db --state in_progress
+  retrysafe doctor --store postgres://app@db/app
   retrysafe migrate --store postgres://app@db/app
 
 Every command takes --help.

@@ -5,7 +5,9 @@
 // keeps its response encoded in one byte slice, without pointers, so that a store of
 // many records gives the garbage collector little to scan. Nothing survives the process: use it where losing every key on a restart is acceptable (tests,
 // single-process tools), never in front of payments. Fencing tokens come from one
-// counter per Store, so they are never reused, even after Delete or expiry.
+// counter per Store, so they are never reused, even after Delete or expiry. Inspect
+// (idempotency.Inspector) says so as a warning, for `retrysafe doctor` and the
+// gateway's start.
 package memstore
 
 import (

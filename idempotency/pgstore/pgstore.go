@@ -203,6 +203,17 @@
 // (postgres://u@primary:5432,standby:5432/db?target_session_attrs=read-write): after a
 // promotion new connections reach the new primary, and a call whose connection the
 // failover broke runs once more on one of them (see "Round trips").
+//
+// # Inspecting the setup
+//
+// Store.Inspect (idempotency.Inspector, behind `retrysafe doctor` and the gateway's
+// checks at start) reads, without writing, what the server's settings mean for that
+// promise: whether it is a standby (refused: it takes no writes), fsync,
+// synchronous_commit, synchronous_standby_names and each standby's sync_state (an
+// asynchronous standby can lose the last completed keys to a failover), and a
+// synchronous standby named but not connected (commits wait). A role without
+// pg_read_all_stats (or pg_monitor) cannot see the standbys' sync_state; it gets a
+// warning naming the grant, not an error.
 package pgstore
 
 import (

@@ -466,69 +466,6 @@ func TestSentinel(t *testing.T) {
 	acked(t, "Ping", func() error { return s.Ping(ctx) })
 }
 
-// TestInspect: what the settings of the store's Redis mean for "runs once", as
-// idempotency.Findings: a Redis set up for it (AOF fsynced at every write, noeviction,
-// waiting for its one replica) has nothing to report; the defaults of a replicated Redis
-// (no AOF, asynchronous replication) warn; an evicting policy is refused; where CONFIG is
-// disabled, appendfsync is unknown.
-func TestInspect(t *testing.T) {
-	t.Parallel()
-	levels := func(t *testing.T, s *Store) map[string]idempotency.Finding {
-		t.Helper()
-		fs, err := s.Inspect(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]idempotency.Finding{}
-		for _, f := range fs {
-			m[f.Check] = f
-		}
-		if len(m) != 3 || len(fs) != 3 {
-			t.Fatalf("findings %+v, want one of each check", fs)
-		}
-		return m
-	}
-	want := func(t *testing.T, got map[string]idempotency.Finding, check string, level idempotency.FindingLevel, setting string) {
-		t.Helper()
-		if f := got[check]; f.Level != level || f.Setting != setting || f.Detail == "" {
-			t.Errorf("%s: %+v, want %s with setting %q", check, f, level, setting)
-		}
-	}
-	t.Run("safe", func(t *testing.T) {
-		t.Parallel()
-		g := redisha.Start(t, redisha.Options{NoSentinel: true, Args: []string{"--appendonly", "yes", "--appendfsync", "always"}})
-		s, _ := storeAt(t, g.Master().Addr, Config{Wait: 1})
-		got := levels(t, s)
-		want(t, got, "redis.eviction", idempotency.FindingOK, "maxmemory-policy=noeviction")
-		want(t, got, "redis.persistence", idempotency.FindingOK, "appendonly=yes appendfsync=always")
-		want(t, got, "redis.replication", idempotency.FindingOK, "replicas=1 wait=1")
-	})
-	t.Run("defaults", func(t *testing.T) {
-		t.Parallel()
-		g := redisha.Start(t, redisha.Options{NoSentinel: true, Args: []string{"--maxmemory-policy", "allkeys-lru"}})
-		s, _ := storeAt(t, g.Master().Addr, Config{Eviction: EvictionAllow})
-		got := levels(t, s)
-		want(t, got, "redis.eviction", idempotency.FindingRefuse, "maxmemory-policy=allkeys-lru")
-		want(t, got, "redis.persistence", idempotency.FindingWarn, "appendonly=no")
-		want(t, got, "redis.replication", idempotency.FindingWarn, "replicas=1 wait=0")
-		waiting, _ := storeAt(t, g.Master().Addr, Config{Wait: 2, Eviction: EvictionAllow})
-		want(t, levels(t, waiting), "redis.replication", idempotency.FindingWarn, "replicas=1 wait=2")
-	})
-	t.Run("no CONFIG", func(t *testing.T) {
-		t.Parallel()
-		g := redisha.Start(t, redisha.Options{Replicas: -1, NoSentinel: true,
-			Args: []string{"--appendonly", "yes", "--rename-command", "CONFIG", ""}})
-		s, _ := storeAt(t, g.Master().Addr, Config{})
-		if err := s.EvictionPolicy(context.Background()); err != nil { // learns that CONFIG is refused
-			t.Fatal(err)
-		}
-		got := levels(t, s)
-		want(t, got, "redis.eviction", idempotency.FindingOK, "maxmemory-policy=noeviction")
-		want(t, got, "redis.persistence", idempotency.FindingWarn, "appendonly=yes appendfsync unknown")
-		want(t, got, "redis.replication", idempotency.FindingOK, "replicas=0 wait=0")
-	})
-}
-
 // TestConformanceWait runs the suite on a store that waits for a replica (Config.Wait 1):
 // the scripts in a pipeline with WAIT keep the contract.
 func TestConformanceWait(t *testing.T) {

@@ -166,6 +166,12 @@
 // Wait equal to the number of replicas and min-replicas-to-write — or use the PostgreSQL
 // store with synchronous replication, which in transaction mode commits the business
 // write and the completion together.
+//
+// Store.Inspect (idempotency.Inspector, behind `retrysafe doctor` and the gateway's
+// checks at start) reads these settings on every master and says what each means:
+// maxmemory-policy, appendonly, appendfsync and save, the role and replicas (with
+// Config.Wait), min-replicas-to-write, and Sentinel, Cluster or Ring. Where CONFIG is
+// disabled it reads INFO instead and says what it could not read.
 package redisstore
 
 import (

@@ -63,6 +63,11 @@
 // throughput (a claim and its completion cost two fsyncs under FULL); choose it only
 // where running a request twice after a power loss is acceptable.
 //
+// Store.Inspect (idempotency.Inspector, behind `retrysafe doctor` and the gateway's
+// checks at start) reports synchronous and journal_mode as the committing connection
+// has them, and the file's file system: a network one (NFS, SMB, 9p…) is refused, FUSE
+// and tmpfs are warned about.
+//
 // # Time
 //
 // Lease and expiry instants come from the store's clock, Config.Clock, which is the

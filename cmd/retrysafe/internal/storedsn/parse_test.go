@@ -41,51 +41,6 @@ func TestParseSQLiteErrorIsStable(t *testing.T) {
 	}
 }
 
-// The pool's size and idle time default to what leaves a small server's slots to its
-// other clients, and the URL's pool_* parameters override them; several hosts connect to
-// the one that accepts writes unless told otherwise.
-func TestParsePostgresPool(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		dsn             string
-		maxConns        int32
-		minConns        int32
-		idle, health    time.Duration
-		readWrite, fail bool
-	}{
-		{dsn: "postgres://u@db/app", maxConns: DefaultPoolMaxConns, idle: DefaultPoolMaxConnIdleTime, health: DefaultPoolHealthCheckPeriod},
-		{dsn: "postgres://u@db/app?pool_max_conns=20&pool_min_conns=2&pool_max_conn_idle_time=1m&pool_health_check_period=5s",
-			maxConns: 20, minConns: 2, idle: time.Minute, health: 5 * time.Second},
-		{dsn: "postgres://u@db/app?pool_min_conns=5", fail: true}, // more than the default max
-		{dsn: "postgres://u@h1:5432,h2:5433/app", maxConns: DefaultPoolMaxConns, idle: DefaultPoolMaxConnIdleTime,
-			health: DefaultPoolHealthCheckPeriod, readWrite: true},
-		{dsn: "postgres://u@h1:5432,h2:5433/app?target_session_attrs=any", maxConns: DefaultPoolMaxConns,
-			idle: DefaultPoolMaxConnIdleTime, health: DefaultPoolHealthCheckPeriod},
-	} {
-		sp, err := parse(tc.dsn)
-		if tc.fail {
-			if !errors.Is(err, ErrInvalid) {
-				t.Errorf("%s: %v, want ErrInvalid", tc.dsn, err)
-			}
-			continue
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", tc.dsn, err)
-		}
-		c := sp.pg
-		if c.MaxConns != tc.maxConns || c.MinConns != tc.minConns || c.MaxConnIdleTime != tc.idle || c.HealthCheckPeriod != tc.health {
-			t.Errorf("%s: max %d min %d idle %v health %v, want %d %d %v %v", tc.dsn, c.MaxConns, c.MinConns,
-				c.MaxConnIdleTime, c.HealthCheckPeriod, tc.maxConns, tc.minConns, tc.idle, tc.health)
-		}
-		if rw := strings.Contains(sp.name, "target_session_attrs=read-write"); rw != tc.readWrite || (c.ConnConfig.ValidateConnect != nil) != tc.readWrite {
-			t.Errorf("%s: name %s, validated %v; want read-write %v", tc.dsn, sp.name, c.ConnConfig.ValidateConnect != nil, tc.readWrite)
-		}
-		if c.ConnConfig.OnNotice == nil || c.AfterConnect == nil {
-			t.Errorf("%s: the pool is not configured for pgstore (pgstore.ConfigurePool)", tc.dsn)
-		}
-	}
-}
-
 // A Redis URL is a Sentinel failover client when it names a master (master_name), its
 // addr parameters then naming more Sentinels; a Cluster client when it has addr
 // parameters and no master_name; a client of one server otherwise. wait and
@@ -131,5 +86,50 @@ func TestParseRedis(t *testing.T) {
 	}
 	if _, err := parse("redis+sentinel://s1:26379/mymaster"); !errors.Is(err, ErrUnknownScheme) || !strings.Contains(err.Error(), "master_name=NAME") {
 		t.Errorf("redis+sentinel: %v, want ErrUnknownScheme naming the failover URL", err)
+	}
+}
+
+// The pool's size and idle time default to what leaves a small server's slots to its
+// other clients, and the URL's pool_* parameters override them; several hosts connect to
+// the one that accepts writes unless told otherwise.
+func TestParsePostgresPool(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		dsn             string
+		maxConns        int32
+		minConns        int32
+		idle, health    time.Duration
+		readWrite, fail bool
+	}{
+		{dsn: "postgres://u@db/app", maxConns: DefaultPoolMaxConns, idle: DefaultPoolMaxConnIdleTime, health: DefaultPoolHealthCheckPeriod},
+		{dsn: "postgres://u@db/app?pool_max_conns=20&pool_min_conns=2&pool_max_conn_idle_time=1m&pool_health_check_period=5s",
+			maxConns: 20, minConns: 2, idle: time.Minute, health: 5 * time.Second},
+		{dsn: "postgres://u@db/app?pool_min_conns=5", fail: true}, // more than the default max
+		{dsn: "postgres://u@h1:5432,h2:5433/app", maxConns: DefaultPoolMaxConns, idle: DefaultPoolMaxConnIdleTime,
+			health: DefaultPoolHealthCheckPeriod, readWrite: true},
+		{dsn: "postgres://u@h1:5432,h2:5433/app?target_session_attrs=any", maxConns: DefaultPoolMaxConns,
+			idle: DefaultPoolMaxConnIdleTime, health: DefaultPoolHealthCheckPeriod},
+	} {
+		sp, err := parse(tc.dsn)
+		if tc.fail {
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("%s: %v, want ErrInvalid", tc.dsn, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tc.dsn, err)
+		}
+		c := sp.pg
+		if c.MaxConns != tc.maxConns || c.MinConns != tc.minConns || c.MaxConnIdleTime != tc.idle || c.HealthCheckPeriod != tc.health {
+			t.Errorf("%s: max %d min %d idle %v health %v, want %d %d %v %v", tc.dsn, c.MaxConns, c.MinConns,
+				c.MaxConnIdleTime, c.HealthCheckPeriod, tc.maxConns, tc.minConns, tc.idle, tc.health)
+		}
+		if rw := strings.Contains(sp.name, "target_session_attrs=read-write"); rw != tc.readWrite || (c.ConnConfig.ValidateConnect != nil) != tc.readWrite {
+			t.Errorf("%s: name %s, validated %v; want read-write %v", tc.dsn, sp.name, c.ConnConfig.ValidateConnect != nil, tc.readWrite)
+		}
+		if c.ConnConfig.OnNotice == nil || c.AfterConnect == nil {
+			t.Errorf("%s: the pool is not configured for pgstore (pgstore.ConfigurePool)", tc.dsn)
+		}
 	}
 }

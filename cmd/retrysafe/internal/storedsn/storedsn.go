@@ -51,10 +51,9 @@
 // ignores it (tools that claim nothing). The store's Ping reads the policy again, so a
 // policy changed at run time makes it fail (redisstore.EvictionError). A Redis with
 // wait=N whose replicas do not acknowledge at start is opened: its store answers
-// claims with errors wrapping idempotency.ErrNotDurable until they do. Unless the
-// policy is ignored, Open also logs what the Redis can lose and what it means for "runs
-// once" (redisstore.Store.Inspect): a Redis without AOF (a restart loses records), and
-// replicas without wait=N (a failover may lose the last acknowledged writes).
+// claims with errors wrapping idempotency.ErrNotDurable until they do. What the rest of
+// a store's settings mean for "runs once" is not Open's to say: the stores' Inspect
+// (idempotency.Inspector) reads them, for retrysafe doctor and the gateway's start.
 //
 // # PostgreSQL: connections
 //
@@ -514,27 +513,7 @@ func openRedis(ctx context.Context, sp *spec, eviction redisstore.Eviction, logg
 		_ = client.Close()
 		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, name, err)
 	}
-	if eviction != redisstore.EvictionIgnore {
-		reportRedis(pctx, s, name, logger)
-	}
 	return &Opened{Store: s, Kind: KindRedis, Name: name, close: client.Close}, nil
-}
-
-// reportRedis logs, at the start of a store that will take claims, what the settings
-// of its Redis mean for "runs once" (redisstore.Store.Inspect): each finding that
-// narrows the promise, as a warning. The eviction policy is Open's to refuse or allow.
-// It is a report: an inspection that fails is left out.
-func reportRedis(ctx context.Context, s *redisstore.Store, name string, logger *slog.Logger) {
-	findings, err := s.Inspect(ctx)
-	if err != nil {
-		return
-	}
-	for _, f := range findings {
-		if f.Level == idempotency.FindingOK || f.Check == "redis.eviction" {
-			continue
-		}
-		logger.Warn(f.Detail, "store", name, "check", f.Check, "setting", f.Setting)
-	}
 }
 
 // urlErr returns the message of a url.Parse error without the URL itself, which may

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
+	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/idempotency/memstore"
+	"github.com/retrysafe/retrysafe/idempotency/pgstore"
+	"github.com/retrysafe/retrysafe/idempotency/redisstore"
+	"github.com/retrysafe/retrysafe/idempotency/sqlitestore"
+)
+
+const doctorIntro = `usage: retrysafe doctor [--store DSN] [--allow-store-risk CHECK,…]
+
+Says what the store's setup guarantees for the promise that a keyed request runs once.
+It opens the store (no schema is applied), reads the backend's settings — persistence,
+replication, eviction, the file system — without writing anything, and prints one
+line per finding, then a summary:
+
+  LEVEL   CHECK   SETTING   — what can happen
+
+  OK      the setting keeps the promise
+  WARN    the setting narrows it, as the line says; the gateway starts, and logs the
+          line as a warning at every start
+  REFUSE  the setting breaks it; the gateway refuses to start (exit 2) unless
+          --allow-store-risk names the check, which makes it a warning
+
+What is read:
+  PostgreSQL  whether the server is a standby; fsync; synchronous_commit (as the
+              store's role has it); synchronous_standby_names and each standby's
+              sync_state in pg_stat_replication — a role without pg_read_all_stats or
+              pg_monitor cannot see that, and is told which role to grant; synchronous
+              standbys named but not connected
+  Redis       maxmemory-policy (anything but noeviction is refused); appendonly,
+              appendfsync and save; the role (a replica is refused), the replicas and
+              the store's wait=N, min-replicas-to-write; Sentinel, Cluster or Ring.
+              Where CONFIG is disabled (managed Redis) INFO stands in, and what it cannot
+              tell is said
+  SQLite      synchronous and journal_mode; the file's file system: a network one (NFS,
+              SMB, 9p…) is refused, FUSE and tmpfs are warned about
+  memory      nothing survives the process
+
+flags (each can also be set from the environment: RETRYSAFE_STORE, RETRYSAFE_ALLOW_STORE_RISK):
+`
+
+const doctorOutro = `
+exit status: 0 every finding is OK; 1 a warning and no refusal; 2 a refusal (one not
+allowed), bad flags, or a store that cannot be opened or read (one line on stderr).
+
+examples:
+  retrysafe doctor --store 'postgres://retrysafe@db:5432/app?schema=retrysafe'
+  retrysafe doctor --store 'redis://cache:6379/0?wait=1'
+  retrysafe doctor --store sqlite:/var/lib/retrysafe/keys.db --allow-store-risk sqlite.filesystem
+`
+
+// inspectTimeout bounds the reading of a store's settings.
+const inspectTimeout = 10 * time.Second
+
+// storeChecks are the checks the stores report (idempotency.Finding.Check), the names
+// --allow-store-risk takes.
+func storeChecks() []string {
+	return []string{
+		pgstore.CheckRecovery, pgstore.CheckFsync, pgstore.CheckSynchronousCommit, pgstore.CheckStandby, pgstore.CheckPrivileges,
+		redisstore.CheckEviction, redisstore.CheckPersistence, redisstore.CheckRole, redisstore.CheckReplication,
+		redisstore.CheckMinReplicas, redisstore.CheckTopology, redisstore.CheckConfig,
+		sqlitestore.CheckSynchronous, sqlitestore.CheckJournalMode, sqlitestore.CheckFilesystem,
+		memstore.CheckPersistence,
+	}
+}
+
+// allowedRisks is the repeatable --allow-store-risk flag: checks, comma-separated,
+// whose refusal becomes a warning.
+type allowedRisks []string
+
+func (a *allowedRisks) String() string { return strings.Join(*a, ",") }
+
+func (a *allowedRisks) Set(v string) error {
+	known := storeChecks()
+	for _, c := range splitList(v) {
+		if !slices.Contains(known, c) {
+			return fmt.Errorf("unknown check %q (retrysafe doctor prints the checks; they are %s)", c, strings.Join(known, ", "))
+		}
+		if !slices.Contains(*a, c) {
+			*a = append(*a, c)
+		}
+	}
+	return nil
+}
+
+func (a allowedRisks) allows(check string) bool { return slices.Contains(a, check) }
+
+// allowRiskDoc is --allow-store-risk's entry in the gateway's and doctor's --help.
+func allowRiskDoc() flagDoc {
+	return flagDoc{name: "allow-store-risk", arg: "CHECK,…",
+		help: "checks whose refusal the operator accepts, comma-separated or repeated (" + redisstore.CheckEviction + ", " +
+			sqlitestore.CheckFilesystem + ", " + pgstore.CheckRecovery + "…: the CHECK column of retrysafe doctor); each such finding becomes a warning, logged at every start",
+		def: "-"}
+}
+
+// judged is a store's finding as the command takes it: a refusal that --allow-store-risk
+// allows is a warning.
+type judged struct {
+	idempotency.Finding
+	allowed bool // a refusal, allowed: reported as a warning
+}
+
+func (j judged) level() idempotency.FindingLevel {
+	if j.allowed {
+		return idempotency.FindingWarn
+	}
+	return j.Level
+}
+
+// inspectStore reads what the store's setup means (nil for a store that cannot say)
+// and applies allowed to its refusals.
+func inspectStore(ctx context.Context, s idempotency.Store, allowed allowedRisks) ([]judged, error) {
+	in, ok := s.(idempotency.Inspector)
+	if !ok {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, inspectTimeout)
+	defer cancel()
+	found, err := in.Inspect(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the store's settings: %w", err)
+	}
+	out := make([]judged, len(found))
+	for i, f := range found {
+		out[i] = judged{Finding: f, allowed: f.Level == idempotency.FindingRefuse && allowed.allows(f.Check)}
+	}
+	return out, nil
+}
+
+// tally counts the findings by the level the command gives them.
+func tally(found []judged) (ok, warn, refuse int) {
+	for _, f := range found {
+		switch f.level() {
+		case idempotency.FindingRefuse:
+			refuse++
+		case idempotency.FindingWarn:
+			warn++
+		default:
+			ok++
+		}
+	}
+	return ok, warn, refuse
+}
+
+// detail is a finding's detail, with the allowance of a refusal said.
+func (j judged) detail() string {
+	if j.allowed {
+		return j.Detail + " (a refusal allowed by --allow-store-risk " + j.Check + ")"
+	}
+	return j.Detail
+}
+
+// newDoctorFlags defines retrysafe doctor's flags and returns them with their
+// documentation, from which --help is written.
+func newDoctorFlags() (*flag.FlagSet, *string, *allowedRisks, []flagDoc) {
+	fs := newFlagSet("retrysafe doctor")
+	dsn := fs.String("store", storedsn.Default, "")
+	allowed := &allowedRisks{}
+	fs.Var(allowed, "allow-store-risk", "")
+	docs := []flagDoc{
+		{name: "store", arg: "DSN", help: "sqlite:PATH, postgres://…, redis://…, memory: — as the gateway's --store (retrysafe gateway --help); an SQLite file that does not exist is created"},
+		allowRiskDoc(),
+	}
+	return fs, dsn, allowed, docs
+}
+
+// doctorHelp is retrysafe doctor --help.
+func doctorHelp() string {
+	fs, _, _, docs := newDoctorFlags()
+	return doctorIntro + flagHelp(fs, docs) + doctorOutro
+}
+
+func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	const cmd = "retrysafe doctor"
+	fs, dsn, allowedFlag, _ := newDoctorFlags()
+	if ok, status := parse(fs, args, doctorHelp(), nil, false, stdout, stderr); !ok {
+		return status
+	}
+	allowed := *allowedFlag
+	// The doctor reports an evicting Redis instead of refusing to open it.
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	store, err := storedsn.OpenWith(ctx, *dsn, storedsn.Options{Logger: logger, Eviction: redisstore.EvictionIgnore})
+	if err != nil {
+		return fail(stderr, cmd, err, exitUsage)
+	}
+	defer store.Close()
+	found, err := inspectStore(ctx, store.Store, allowed)
+	if err != nil {
+		return fail(stderr, cmd, fmt.Errorf("%s: %w", store.Name, err), exitUsage)
+	}
+	fmt.Fprintf(stdout, "store %s\n", store.Name)
+	writeFindings(stdout, found)
+	ok, warn, refuse := tally(found)
+	counts := fmt.Sprintf("%s, %s, %d ok", plural(refuse, "refusal"), plural(warn, "warning"), ok)
+	switch {
+	case refuse > 0:
+		fmt.Fprintf(stdout, "%s: the gateway refuses to start on this store (allow a check with --allow-store-risk CHECK); exit 2\n", counts)
+		return exitUsage
+	case warn > 0:
+		fmt.Fprintf(stdout, "%s: a keyed request runs once, except as the warnings say; exit 1\n", counts)
+		return exitFail
+	}
+	fmt.Fprintf(stdout, "%s: the setup keeps the promise that a keyed request runs once; exit 0\n", counts)
+	return exitOK
+}
+
+// writeFindings writes one line per finding: LEVEL CHECK SETTING — DETAIL, the first
+// three columns aligned (a setting longer than the column pushes its detail right).
+func writeFindings(w io.Writer, found []judged) {
+	const maxSetting = 44
+	checkW, settingW := 0, 0
+	for _, f := range found {
+		checkW = max(checkW, utf8.RuneCountInString(f.Check))
+		settingW = max(settingW, min(utf8.RuneCountInString(f.Setting), maxSetting))
+	}
+	pad := func(s string, n int) string { return s + strings.Repeat(" ", max(0, n-utf8.RuneCountInString(s))) }
+	for _, f := range found {
+		fmt.Fprintf(w, "%s  %s  %s  — %s\n", pad(strings.ToUpper(string(f.level())), len("REFUSE")),
+			pad(f.Check, checkW), pad(f.Setting, settingW), f.detail())
+	}
+}
+
+// checkStoreSetup runs the store's checks as the gateway starts: each warning (and each
+// refusal allowed) is a WARN line of the log with its check, setting and detail; OK
+// findings are debug lines. Refusals are written to stderr, one line each, and it
+// returns false: the gateway then exits with exitUsage. logged are the checks already
+// logged as warnings while the store was opened, not logged again.
+func checkStoreSetup(ctx context.Context, cmd string, store *storedsn.Opened, allowed allowedRisks, logger *slog.Logger,
+	stderr io.Writer, logged ...string,
+) bool {
+	found, err := inspectStore(ctx, store.Store, allowed)
+	if err != nil {
+		fail(stderr, cmd, fmt.Errorf("%s: %w", store.Name, err), exitUsage)
+		return false
+	}
+	var refused []judged
+	for _, f := range found {
+		attrs := []any{"store", store.Name, "check", f.Check, "setting", f.Setting, "detail", f.detail()}
+		switch f.level() {
+		case idempotency.FindingRefuse:
+			refused = append(refused, f)
+		case idempotency.FindingWarn:
+			if f.allowed && slices.Contains(logged, f.Check) {
+				continue
+			}
+			logger.WarnContext(ctx, "store setting narrows the promise that a keyed request runs once", attrs...)
+		default:
+			logger.DebugContext(ctx, "store setting", attrs...)
+		}
+	}
+	for _, f := range refused {
+		fail(stderr, cmd, fmt.Errorf("store refused: %s %s: %s (retrysafe doctor --store … says more; to accept it, --allow-store-risk %s)",
+			f.Check, f.Setting, f.Detail, f.Check), exitUsage)
+	}
+	return len(refused) == 0
+}
