@@ -21,8 +21,11 @@ import (
 const CancelGrace = time.Second
 
 // DefaultProbeTimeout is Config.ProbeTimeout's default: how long Ping waits for its
-// write to be acknowledged before it reports the store not durable.
-const DefaultProbeTimeout = time.Second
+// write to be acknowledged before it reports the store not durable. A commit on a
+// healthy server takes milliseconds; the bound is long enough that one slowed by a busy
+// disk is not taken for a lost standby (which would refuse requests until the next
+// ping), and short beside the store calls' own bound (5 s in the gateway).
+const DefaultProbeTimeout = 3 * time.Second
 
 // errNotDurable is what a write returns when the server reported success but warned
 // that the commit's wait for a synchronous standby was cancelled.
