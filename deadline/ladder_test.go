@@ -30,6 +30,7 @@ func TestLadderSlot(t *testing.T) {
 		{"last step gets the rest", LadderConfig{}, 300 * ms, true, 1, 300 * ms, true, false},
 		{"share floored at MinStep", LadderConfig{MinStep: 150 * ms}, 300 * ms, true, 3, 150 * ms, true, false},
 		{"below MinStep skips", LadderConfig{PerStep: 200 * ms, MinStep: 150 * ms}, 100 * ms, true, 2, 0, false, true},
+		{"no time left skips", LadderConfig{}, 0, true, 2, 0, false, true},
 		{"MinStep lowered to PerStep", LadderConfig{PerStep: 100 * ms, MinStep: time.Second}, 150 * ms, true, 2, 100 * ms, true, false},
 		{"negative fields are defaults", LadderConfig{PerStep: -ms, MinStep: -ms}, 300 * ms, true, 2, 150 * ms, true, false},
 		{"no deadline, per step", LadderConfig{PerStep: 200 * ms, MinStep: time.Hour}, 0, false, 3, 200 * ms, true, false},
