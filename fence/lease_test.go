@@ -168,7 +168,9 @@ func TestExpiry(t *testing.T) {
 	if a.Context().Err() != nil {
 		t.Error("the Context ended though the application's clock did not move")
 	}
-	l, err := b.Acquire(ctx, "job", "b", time.Second)
+	// A minute: the takeover must outlast the checks below even when a busy machine
+	// delays its renewals (its Release says whether it was still held).
+	l, err := b.Acquire(ctx, "job", "b", time.Minute)
 	if err != nil {
 		t.Fatalf("Acquire after expiry: %v", err)
 	}
