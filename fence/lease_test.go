@@ -211,9 +211,10 @@ func TestHeartbeat(t *testing.T) {
 	st := newStore(t, pool, schema, fence.Config{})
 	ctx := t.Context()
 
-	// Renewals every 500ms keep a 1.5s lease: a loaded machine may delay one by a
-	// second before the lease (and its Context) ends.
-	const ttl = 1500 * time.Millisecond
+	// Renewals every 2s keep a 6s lease: a loaded machine may delay one by 4s before the
+	// lease (and its Context) ends. The database's clock decides expiry, so the TTL is
+	// real time; 1.5s, a second's slack, was lost beside CPU hogs.
+	const ttl = 6 * time.Second
 	a, err := st.Acquire(ctx, "job", "a", ttl)
 	if err != nil {
 		t.Fatal(err)
