@@ -132,7 +132,10 @@ func (c LadderConfig) slot(left time.Duration, hasDeadline bool, stepsLeft int) 
 		return 0, false, false
 	}
 	minStep := c.minStep()
-	if left < minStep {
+	// No time left is never enough, whatever MinStep: the deadline has passed even
+	// when ctx does not say so yet (its timer has not fired), and a step started now
+	// gets a context that is already done.
+	if left <= 0 || left < minStep {
 		return 0, false, true
 	}
 	per := c.PerStep

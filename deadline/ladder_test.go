@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -29,6 +30,7 @@ func TestLadderSlot(t *testing.T) {
 		{"last step gets the rest", LadderConfig{}, 300 * ms, true, 1, 300 * ms, true, false},
 		{"share floored at MinStep", LadderConfig{MinStep: 150 * ms}, 300 * ms, true, 3, 150 * ms, true, false},
 		{"below MinStep skips", LadderConfig{PerStep: 200 * ms, MinStep: 150 * ms}, 100 * ms, true, 2, 0, false, true},
+		{"no time left skips", LadderConfig{}, 0, true, 2, 0, false, true},
 		{"MinStep lowered to PerStep", LadderConfig{PerStep: 100 * ms, MinStep: time.Second}, 150 * ms, true, 2, 100 * ms, true, false},
 		{"negative fields are defaults", LadderConfig{PerStep: -ms, MinStep: -ms}, 300 * ms, true, 2, 150 * ms, true, false},
 		{"no deadline, per step", LadderConfig{PerStep: 200 * ms, MinStep: time.Hour}, 0, false, 3, 200 * ms, true, false},
@@ -66,25 +68,30 @@ func fail(err error, calls *atomic.Int64) func(context.Context) (string, error) 
 	}
 }
 
+// The ladder tests that wait for deadlines run in a synctest bubble: the time is
+// virtual, passes only while every goroutine waits, and so is exact, whatever the
+// machine's load.
+
 func TestLadderCutsAHangingStep(t *testing.T) {
 	t.Parallel()
-	// Uncut, the first step would hang until the parent ends (30s), far past the
-	// upper bound; the bound itself leaves seconds of slack for a loaded machine.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var first, second atomic.Int64
-	start := time.Now()
-	v, err := Ladder(ctx, LadderConfig{PerStep: 50 * time.Millisecond}, hang(&first), answer("B", &second))
-	took := time.Since(start)
-	if err != nil || v != "B" {
-		t.Fatalf("Ladder = %q, %v; want B, nil", v, err)
-	}
-	if took < 50*time.Millisecond || took > 10*time.Second {
-		t.Errorf("took %v, want about 50ms (the first step's cut)", took)
-	}
-	if first.Load() != 1 || second.Load() != 1 {
-		t.Errorf("calls = %d, %d; want 1, 1", first.Load(), second.Load())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		// Uncut, the first step would hang until the parent ends (30s).
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var first, second atomic.Int64
+		start := time.Now()
+		v, err := Ladder(ctx, LadderConfig{PerStep: 50 * time.Millisecond}, hang(&first), answer("B", &second))
+		took := time.Since(start)
+		if err != nil || v != "B" {
+			t.Fatalf("Ladder = %q, %v; want B, nil", v, err)
+		}
+		if took != 50*time.Millisecond {
+			t.Errorf("took %v, want 50ms (the first step's cut)", took)
+		}
+		if first.Load() != 1 || second.Load() != 1 {
+			t.Errorf("calls = %d, %d; want 1, 1", first.Load(), second.Load())
+		}
+	})
 }
 
 func TestLadderFirstSuccessReturnsAtOnce(t *testing.T) {
@@ -134,21 +141,19 @@ func TestLadderAllFail(t *testing.T) {
 	}
 }
 
-// stepRun is what a step saw: when the one before it returned (or the ladder began),
-// when it was called, its context's deadline, and when it returned.
-type stepRun struct{ before, entered, deadline, ended time.Time }
+// stepRun is what a step saw: when it was called, its context's deadline, and when it
+// returned.
+type stepRun struct{ entered, deadline, ended time.Time }
 
 // recordingSteps returns a step that hangs until its context ends and records each of
 // its runs. Ladder calls steps one at a time, so no lock is needed.
-func recordingSteps(start time.Time) (step func(context.Context) (string, error), runs *[]stepRun) {
+func recordingSteps() (step func(context.Context) (string, error), runs *[]stepRun) {
 	runs = new([]stepRun)
-	before := start
 	step = func(ctx context.Context) (string, error) {
-		r := stepRun{before: before, entered: time.Now()}
+		r := stepRun{entered: time.Now()}
 		r.deadline, _ = ctx.Deadline()
 		<-ctx.Done()
 		r.ended = time.Now()
-		before = r.ended
 		*runs = append(*runs, r)
 		return "", ctx.Err()
 	}
@@ -156,79 +161,66 @@ func recordingSteps(start time.Time) (step func(context.Context) (string, error)
 }
 
 // Three steps of 900ms under a 1.5s budget: the second step's context ends with the
-// budget, the third step never runs, and the ladder says the budget ran out. The steps'
-// deadlines are checked, not the wall clock, so a loaded machine cannot fail the test.
+// budget, the third step never runs, and the ladder says the budget ran out.
 func TestLadderNeverExceedsTheTotal(t *testing.T) {
 	t.Parallel()
-	const budget, perStep = 1500 * time.Millisecond, 900 * time.Millisecond
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), budget)
-	defer cancel()
-	total, _ := ctx.Deadline()
-	step, runs := recordingSteps(start)
-	var c atomic.Int64
-	_, err := Ladder(ctx, LadderConfig{PerStep: perStep}, step, step, hang(&c))
-	took := time.Since(start)
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("err = %v, want DeadlineExceeded", err)
-	}
-	if len(*runs) != 2 || c.Load() != 0 {
-		t.Fatalf("calls = %d, %d; want 2 (the recording steps), 0", len(*runs), c.Load())
-	}
-	first, second := (*runs)[0], (*runs)[1]
-	if first.deadline.Sub(first.before) < perStep || first.deadline.Sub(first.entered) > perStep {
-		t.Errorf("first step's deadline %v after the ladder began, want PerStep (%v) after its call", first.deadline.Sub(start), perStep)
-	}
-	if !second.deadline.Equal(total) {
-		t.Errorf("second step's deadline %v after the ladder began, want the budget's end (%v)", second.deadline.Sub(start), total.Sub(start))
-	}
-	// Every step ended after its context, never past the budget's end by design; the
-	// bound below only catches a ladder that hangs.
-	if took < budget || took > budget+10*time.Second {
-		t.Errorf("took %v, want about %v", took, budget)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		const budget, perStep = 1500 * time.Millisecond, 900 * time.Millisecond
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		defer cancel()
+		total, _ := ctx.Deadline()
+		step, runs := recordingSteps()
+		var c atomic.Int64
+		_, err := Ladder(ctx, LadderConfig{PerStep: perStep}, step, step, hang(&c))
+		took := time.Since(start)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("err = %v, want DeadlineExceeded", err)
+		}
+		if len(*runs) != 2 || c.Load() != 0 {
+			t.Fatalf("calls = %d, %d; want 2 (the recording steps), 0", len(*runs), c.Load())
+		}
+		first, second := (*runs)[0], (*runs)[1]
+		if !first.entered.Equal(start) || !first.deadline.Equal(start.Add(perStep)) {
+			t.Errorf("first step called %v and due %v after the ladder began, want at once and PerStep (%v) later",
+				first.entered.Sub(start), first.deadline.Sub(start), perStep)
+		}
+		if !second.entered.Equal(start.Add(perStep)) || !second.deadline.Equal(total) {
+			t.Errorf("second step called %v and due %v after the ladder began, want when the first ended (%v), due at the budget's end (%v)",
+				second.entered.Sub(start), second.deadline.Sub(start), perStep, total.Sub(start))
+		}
+		if took != budget {
+			t.Errorf("took %v, want the budget, %v", took, budget)
+		}
+	})
 }
 
 // Without PerStep, the budget is shared equally among the steps not yet tried.
 func TestLadderEqualShares(t *testing.T) {
 	t.Parallel()
-	const budget = 1500 * time.Millisecond // 500ms a share
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), budget)
-	defer cancel()
-	total, _ := ctx.Deadline()
-	step, runs := recordingSteps(start)
-	_, err := Ladder(ctx, LadderConfig{}, step, step, step)
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("err = %v", err)
-	}
-	if len(*runs) != 3 {
-		t.Fatalf("%d steps ran, want 3 (one share each)", len(*runs))
-	}
-	for i, r := range *runs {
-		// Ladder reads the time left (total − t) at some t between r.before and
-		// r.entered and gives the step (time left)/(steps left) from then, capped at
-		// total: bounds that hold however slow the machine is.
-		n := time.Duration(3 - i)
-		share := total.Sub(r.before) / n
-		lo, hi := r.before.Add(share), r.entered.Add(share)
-		if lo.After(total) {
-			lo = total
+	synctest.Test(t, func(t *testing.T) {
+		const budget = 1500 * time.Millisecond // 500ms a share
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		defer cancel()
+		step, runs := recordingSteps()
+		_, err := Ladder(ctx, LadderConfig{}, step, step, step)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("err = %v", err)
 		}
-		if hi.After(total) {
-			hi = total
+		if len(*runs) != 3 {
+			t.Fatalf("%d steps ran, want 3 (one share each)", len(*runs))
 		}
-		if r.deadline.Before(lo) || r.deadline.After(hi) {
-			t.Errorf("step %d's deadline %v after the ladder began, want in [%v, %v]: 1/%d of the time left",
-				i, r.deadline.Sub(start), lo.Sub(start), hi.Sub(start), n)
+		// Each step gets 1/n of the time left among the n steps not yet tried: 1500/3,
+		// then 1000/2, then the last 500ms.
+		for i, r := range *runs {
+			entered, due := time.Duration(i)*budget/3, time.Duration(i+1)*budget/3
+			if r.entered.Sub(start) != entered || r.deadline.Sub(start) != due || r.ended.Sub(start) != due {
+				t.Errorf("step %d called %v, due %v, ended %v after the ladder began; want %v, %v, %v",
+					i, r.entered.Sub(start), r.deadline.Sub(start), r.ended.Sub(start), entered, due, due)
+			}
 		}
-	}
-	if first := (*runs)[0].ended.Sub(start); first < budget/3 {
-		t.Errorf("the first step ended at %v, before its share (%v)", first, budget/3)
-	}
-	if last := (*runs)[2]; !last.deadline.Equal(total) || last.ended.Sub(start) > budget+10*time.Second {
-		t.Errorf("the last step's deadline %v, ended at %v; want the budget's end (%v)", last.deadline.Sub(start), last.ended.Sub(start), budget)
-	}
+	})
 }
 
 // With PerStep 1s and MinStep 950ms under a 1.9s budget, the first step is cut at 1s and
@@ -236,27 +228,28 @@ func TestLadderEqualShares(t *testing.T) {
 // once, 900ms before the budget ends, instead of waiting it out.
 func TestLadderMinStepSkips(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 1900*time.Millisecond)
-	defer cancel()
-	var a, b, c atomic.Int64
-	start := time.Now()
-	_, err := Ladder(ctx, LadderConfig{PerStep: time.Second, MinStep: 950 * time.Millisecond},
-		hang(&a), hang(&b), hang(&c))
-	took := time.Since(start)
-	if ctx.Err() != nil {
-		t.Errorf("took %v; want to stop after the first step (~1s), not wait out the budget (1.9s)", took)
-	}
-	if a.Load() != 1 || b.Load() != 0 || c.Load() != 0 {
-		t.Errorf("calls = %d, %d, %d; want 1, 0, 0", a.Load(), b.Load(), c.Load())
-	}
-	if !errors.Is(err, ErrExhausted) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("err = %v, want ErrExhausted", err)
-	}
-	for i := range 3 {
-		if !strings.Contains(err.Error(), fmt.Sprintf("ladder step %d:", i)) {
-			t.Errorf("err does not mention step %d: %v", i, err)
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 1900*time.Millisecond)
+		defer cancel()
+		var a, b, c atomic.Int64
+		start := time.Now()
+		_, err := Ladder(ctx, LadderConfig{PerStep: time.Second, MinStep: 950 * time.Millisecond},
+			hang(&a), hang(&b), hang(&c))
+		if took := time.Since(start); took != time.Second || ctx.Err() != nil {
+			t.Errorf("took %v (context: %v); want to stop after the first step (1s), not wait out the budget (1.9s)", took, ctx.Err())
 		}
-	}
+		if a.Load() != 1 || b.Load() != 0 || c.Load() != 0 {
+			t.Errorf("calls = %d, %d, %d; want 1, 0, 0", a.Load(), b.Load(), c.Load())
+		}
+		if !errors.Is(err, ErrExhausted) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("err = %v, want ErrExhausted", err)
+		}
+		for i := range 3 {
+			if !strings.Contains(err.Error(), fmt.Sprintf("ladder step %d:", i)) {
+				t.Errorf("err does not mention step %d: %v", i, err)
+			}
+		}
+	})
 }
 
 func TestLadderParentCanceled(t *testing.T) {

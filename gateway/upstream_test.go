@@ -71,23 +71,31 @@ func TestClassifyRealRoundTrips(t *testing.T) {
 		_, _ = http.ReadRequest(bufio.NewReader(c))
 		_ = c.Close()
 	})
-	// Accepts, reads the request's headers, never answers.
+	// Accepts, reads the request's headers, says so, never answers.
+	heard := make(chan struct{}, 1)
 	silent := listen(t, func(c net.Conn, stop <-chan struct{}) {
 		_, _ = http.ReadRequest(bufio.NewReader(c))
+		select {
+		case heard <- struct{}{}:
+		default: // said already
+		}
 		<-stop
 		_ = c.Close()
 	})
-	// Only the silent server needs the context's timeout to end the round trip; the
-	// others fail by themselves, and a loaded machine must not turn them into timeouts.
+	// The others fail by themselves, within a timeout of 30s that only stops a test that
+	// hangs. The silent server's round trip ends as the gateway's upstream timeout ends
+	// one, with errUpstreamTimeout as its context's cause, but only once the server has
+	// read the request: a timer could cut a round trip that a busy machine had not sent
+	// yet, which would be no timeout but an unreachable upstream.
 	cases := []struct {
-		name    string
-		addr    string
-		timeout time.Duration
-		want    failure
+		name string
+		addr string
+		cut  <-chan struct{} // when set, its signal ends the round trip as a timeout
+		want failure
 	}{
-		{"nothing listening", testenv.DeadAddr(t), 30 * time.Second, failUnreachable},
-		{"hang-up after the request", hangup, 30 * time.Second, failBroken},
-		{"no answer in time", silent, 300 * time.Millisecond, failTimeout},
+		{"nothing listening", testenv.DeadAddr(t), nil, failUnreachable},
+		{"hang-up after the request", hangup, nil, failBroken},
+		{"no answer in time", silent, heard, failTimeout},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -96,8 +104,20 @@ func TestClassifyRealRoundTrips(t *testing.T) {
 			defer tr.CloseIdleConnections()
 			var ex exchange
 			sent := &ex.sent
-			ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
+			if c.cut != nil {
+				var cut context.CancelCauseFunc
+				ctx, cut = context.WithCancelCause(ctx)
+				defer cut(nil)
+				go func() {
+					select {
+					case <-c.cut:
+						cut(errUpstreamTimeout)
+					case <-ctx.Done():
+					}
+				}()
+			}
 			req, _ := http.NewRequestWithContext(ex.sentTrace(ctx), http.MethodPost, "http://"+c.addr+"/x", nil)
 			req.Header.Set("Idempotency-Key", "k") // makes the transport retry what it may
 			res, err := tr.RoundTrip(req)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -95,56 +96,62 @@ func TestDo(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			clock := newFakeClock()
-			if tc.ctx != nil {
-				clock.now = time.Now() // the deadlines below are counted from the clock's now
-			}
-			p := Policy{MaxAttempts: 3, Base: time.Millisecond, Clock: clock}
-			if tc.policy != nil {
-				tc.policy(&p)
-			}
-			ctx, cancel := context.Background(), context.CancelFunc(func() {})
-			if tc.ctx != nil {
-				ctx, cancel = tc.ctx()
-			}
-			defer cancel()
-			calls := 0
-			err := Do(ctx, p, failing(&calls, tc.errs...))
-			if calls != tc.wantCalls {
-				t.Errorf("calls = %d, want %d", calls, tc.wantCalls)
-			}
-			if tc.wantErr == nil && err != nil {
-				t.Fatalf("err = %v", err)
-			}
-			for _, target := range tc.wantErr {
-				if !errors.Is(err, target) {
-					t.Errorf("err = %v, does not match %v", err, target)
+			// In a bubble, so that the clock's now below and the now that sets the
+			// context's deadline are the same instant, however long a busy machine keeps
+			// the test from running between the two.
+			synctest.Test(t, func(t *testing.T) {
+				clock := newFakeClock()
+				if tc.ctx != nil {
+					clock.now = time.Now() // the deadlines below are counted from the clock's now
 				}
-			}
-			var ex *ExhaustedError
-			if isEx := errors.As(err, &ex); isEx != (tc.wantExh > 0) {
-				t.Errorf("err = %v (%T), ExhaustedError wanted: %v", err, err, tc.wantExh > 0)
-			} else if isEx {
-				if ex.Attempts != tc.wantExh {
-					t.Errorf("Attempts = %d, want %d", ex.Attempts, tc.wantExh)
+				p := Policy{MaxAttempts: 3, Base: time.Millisecond, Clock: clock}
+				if tc.policy != nil {
+					tc.policy(&p)
 				}
-				if ex.Last != tc.errs[ex.Attempts-1] {
-					t.Errorf("Last = %v, want the last attempt's error %v", ex.Last, tc.errs[ex.Attempts-1])
+				ctx, cancel := context.Background(), context.CancelFunc(func() {})
+				if tc.ctx != nil {
+					ctx, cancel = tc.ctx()
 				}
-			}
-			waits := clock.Waits()
-			if tc.wantWaits != nil && !equalDurations(waits, tc.wantWaits) {
-				t.Errorf("waits = %v, want %v", waits, tc.wantWaits)
-			}
-			if tc.waitWithin[1] > 0 && (len(waits) != 1 || waits[0] < tc.waitWithin[0] || waits[0] > tc.waitWithin[1]) {
-				t.Errorf("waits = %v, want one in [%v, %v]", waits, tc.waitWithin[0], tc.waitWithin[1])
-			}
+				defer cancel()
+				calls := 0
+				err := Do(ctx, p, failing(&calls, tc.errs...))
+				if calls != tc.wantCalls {
+					t.Errorf("calls = %d, want %d", calls, tc.wantCalls)
+				}
+				if tc.wantErr == nil && err != nil {
+					t.Fatalf("err = %v", err)
+				}
+				for _, target := range tc.wantErr {
+					if !errors.Is(err, target) {
+						t.Errorf("err = %v, does not match %v", err, target)
+					}
+				}
+				var ex *ExhaustedError
+				if isEx := errors.As(err, &ex); isEx != (tc.wantExh > 0) {
+					t.Errorf("err = %v (%T), ExhaustedError wanted: %v", err, err, tc.wantExh > 0)
+				} else if isEx {
+					if ex.Attempts != tc.wantExh {
+						t.Errorf("Attempts = %d, want %d", ex.Attempts, tc.wantExh)
+					}
+					if ex.Last != tc.errs[ex.Attempts-1] {
+						t.Errorf("Last = %v, want the last attempt's error %v", ex.Last, tc.errs[ex.Attempts-1])
+					}
+				}
+				waits := clock.Waits()
+				if tc.wantWaits != nil && !equalDurations(waits, tc.wantWaits) {
+					t.Errorf("waits = %v, want %v", waits, tc.wantWaits)
+				}
+				if tc.waitWithin[1] > 0 && (len(waits) != 1 || waits[0] < tc.waitWithin[0] || waits[0] > tc.waitWithin[1]) {
+					t.Errorf("waits = %v, want one in [%v, %v]", waits, tc.waitWithin[0], tc.waitWithin[1])
+				}
+			})
 		})
 	}
 }
 
 // deadlineAfterClock returns a context whose deadline is d after now; the test sets its
-// fake clock to the real time (to within the microseconds between the two reads).
+// fake clock to the time, and runs in a synctest bubble, where the time stands still
+// while the test runs: both read the same instant.
 func deadlineAfterClock(d time.Duration) func() (context.Context, context.CancelFunc) {
 	return func() (context.Context, context.CancelFunc) {
 		return context.WithDeadline(context.Background(), time.Now().Add(d))

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/retrysafe/retrysafe/harness/memnet"
 )
 
 // fakeClock advances by each wait at once, and records the waits.
@@ -97,6 +99,13 @@ func newBase(t testing.TB) *counting {
 	return &counting{base: tr}
 }
 
+// newMemBase is newBase dialing l, an in-memory listener (see newMemScript).
+func newMemBase(t testing.TB, l *memnet.Listener) *counting {
+	tr := &http.Transport{DialContext: l.DialContext}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &counting{base: tr}
+}
+
 // script is a test server whose handler for execution n (1 is the first) is chosen by fn.
 type script struct {
 	*httptest.Server
@@ -107,15 +116,31 @@ type script struct {
 
 func newScript(t testing.TB, fn func(n int, w http.ResponseWriter, r *http.Request)) *script {
 	s := &script{}
-	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s.Server = httptest.NewServer(s.handler(fn))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// newMemScript is newScript served on l, an in-memory listener, for a test in a synctest
+// bubble (make l in the bubble). Its URL is http://mem; reach it through newMemBase(t, l).
+func newMemScript(t testing.TB, l *memnet.Listener, fn func(n int, w http.ResponseWriter, r *http.Request)) *script {
+	s := &script{}
+	s.Server = httptest.NewUnstartedServer(s.handler(fn))
+	s.Listener.Close() // the loopback listener it made, replaced before it serves
+	s.Listener = l
+	s.Start()
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *script) handler(fn func(n int, w http.ResponseWriter, r *http.Request)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		s.mu.Lock()
 		s.bodies = append(s.bodies, string(b))
 		s.mu.Unlock()
 		fn(int(s.n.Add(1)), w, r)
-	}))
-	t.Cleanup(s.Close)
-	return s
+	})
 }
 
 func (s *script) Executions() int { return int(s.n.Load()) }

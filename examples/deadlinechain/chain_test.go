@@ -7,69 +7,62 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/retrysafe/retrysafe/deadline"
+	"github.com/retrysafe/retrysafe/harness/memnet"
 	"github.com/retrysafe/retrysafe/retry"
 )
 
-// Each retry attempt carries the then-remaining budget, minus the reserve.
+// Each retry attempt carries the then-remaining budget, minus the reserve. The client and
+// the server run in a synctest bubble, over in-memory connections: the budgets are exact
+// virtual milliseconds, the waits between attempts are all the time that passes, and a
+// busy machine changes nothing.
 func TestEveryAttemptCarriesTheRemainingBudget(t *testing.T) {
 	t.Parallel()
-	var mu sync.Mutex
-	var seen []int
-	server := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ms, err := strconv.Atoi(r.Header.Get(deadline.DefaultHeader))
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var seen []string
+		server := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			seen = append(seen, r.Header.Get(deadline.DefaultHeader))
+			n := len(seen)
+			mu.Unlock()
+			if n < 3 {
+				w.WriteHeader(http.StatusBadGateway)
+				return
+			}
+			w.WriteHeader(http.StatusOK)
+		}))
+		client := &http.Client{Transport: &retry.Transport{
+			Policy: retry.Policy{MaxAttempts: 5, Base: 50 * time.Millisecond, Jitter: retry.JitterNone},
+			Base:   deadline.Transport{Base: server, Reserve: 200 * time.Millisecond},
+		}}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://server.test/", nil)
 		if err != nil {
-			t.Errorf("attempt without a budget: %v", err)
+			t.Fatal(err)
 		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
 		mu.Lock()
-		seen = append(seen, ms)
-		n := len(seen)
-		mu.Unlock()
-		if n < 3 {
-			w.WriteHeader(http.StatusBadGateway)
-			return
+		defer mu.Unlock()
+		// 10 000 ms less the 200 ms reserve, then less the waits of 50 ms and 100 ms
+		// (no jitter) before the second and the third attempt.
+		want := []string{"9800", "9750", "9650"}
+		if resp.StatusCode != http.StatusOK || !slices.Equal(seen, want) {
+			t.Fatalf("status %d after attempts with budgets %q ms, want 200 after %q", resp.StatusCode, seen, want)
 		}
-		w.WriteHeader(http.StatusOK)
-	}))
-	t.Cleanup(server.Close)
-	client := &http.Client{Transport: &retry.Transport{
-		Policy: retry.Policy{MaxAttempts: 5, Base: 50 * time.Millisecond, Jitter: retry.JitterNone},
-		Base:   deadline.Transport{Base: server.Client().Transport, Reserve: 200 * time.Millisecond},
-	}}
-	// 10s, so that the retries fit and the first attempt's lower bound leaves seconds
-	// of slack for a loaded machine.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, server.URL, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	mu.Lock()
-	defer mu.Unlock()
-	if resp.StatusCode != http.StatusOK || len(seen) != 3 {
-		t.Fatalf("status %d after %d attempts, want 200 after 3", resp.StatusCode, len(seen))
-	}
-	if seen[0] > 9800 || seen[0] < 5000 {
-		t.Errorf("first attempt's budget %d ms, want about 10000 − 200", seen[0])
-	}
-	// Waits of 50ms then 100ms (no jitter) separate the attempts.
-	if d := seen[0] - seen[1]; d < 50 {
-		t.Errorf("second attempt's budget %d ms, want at least 50 less than the first's %d", seen[1], seen[0])
-	}
-	if d := seen[1] - seen[2]; d < 100 {
-		t.Errorf("third attempt's budget %d ms, want at least 100 less than the second's %d", seen[2], seen[1])
-	}
+	})
 }
 
 // A budget below the reserve is not sent and not retried.
@@ -105,30 +98,39 @@ func TestSpentBudgetIsNotRetried(t *testing.T) {
 // deadline.Transport with its request's context and relays B's status and body (not
 // its headers, as a hand-written handler does); B, behind deadline.Middleware, gives up
 // when its budget runs out, the way giveUp says.
+//
+// Make it inside a synctest bubble: the hops talk over in-memory connections, so every
+// deadline on the way runs on the bubble's virtual clock, and a budget runs out only when
+// all three sides are idle, never because a busy machine kept one of them from running.
 type chain struct {
 	client       *http.Client
-	a            *httptest.Server
 	sentA, sentB atomic.Int64
 	mu           sync.Mutex
 	budgetsA     []string // the Request-Budget-Ms of each request to A
 }
 
+// The URLs of the two servers. Each server is reached through a transport of its own,
+// which dials it whatever the host, so the names only make requests readable.
+const (
+	urlA = "http://a.test/"
+	urlB = "http://b.test/"
+)
+
 func newChain(t *testing.T, giveUp func(w http.ResponseWriter)) *chain {
 	c := &chain{}
 	quiet := deadline.Config{Logger: slog.New(slog.DiscardHandler)}
-	b := httptest.NewServer(deadline.Middleware(quiet)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	b := serve(t, deadline.Middleware(quiet)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c.sentB.Add(1)
 		<-r.Context().Done() // B is slower than any budget
 		giveUp(w)
 	})))
-	t.Cleanup(b.Close)
-	toB := &http.Client{Transport: deadline.Transport{Base: b.Client().Transport, Reserve: 50 * time.Millisecond}}
-	c.a = httptest.NewServer(deadline.Middleware(quiet)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	toB := &http.Client{Transport: deadline.Transport{Base: b, Reserve: 50 * time.Millisecond}}
+	a := serve(t, deadline.Middleware(quiet)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c.sentA.Add(1)
 		c.mu.Lock()
 		c.budgetsA = append(c.budgetsA, r.Header.Get(deadline.DefaultHeader))
 		c.mu.Unlock()
-		req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, b.URL, nil)
+		req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, urlB, nil)
 		if err != nil {
 			t.Error(err)
 			return
@@ -142,17 +144,33 @@ func newChain(t *testing.T, giveUp func(w http.ResponseWriter)) *chain {
 		w.WriteHeader(resp.StatusCode)
 		_, _ = io.Copy(w, resp.Body)
 	})))
-	t.Cleanup(c.a.Close)
 	c.client = &http.Client{Transport: &retry.Transport{
 		Policy: retry.Policy{Base: 5 * time.Millisecond},
-		Base:   deadline.Transport{Base: c.a.Client().Transport, Reserve: 50 * time.Millisecond},
+		Base:   deadline.Transport{Base: a, Reserve: 50 * time.Millisecond},
 	}}
 	return c
 }
 
+// serve runs h on an in-memory network until the test ends, and returns the transport
+// that reaches it. Call it inside a synctest bubble.
+func serve(t *testing.T, h http.Handler) *http.Transport {
+	l := memnet.New()
+	srv := &http.Server{Handler: h}
+	go func() { _ = srv.Serve(l) }()
+	tr := &http.Transport{DialContext: l.DialContext}
+	t.Cleanup(func() {
+		tr.CloseIdleConnections()
+		_ = srv.Close() // the bubble ends only when the server's goroutines have
+	})
+	return tr
+}
+
 // An exhausted budget is final, across hops: when B's budget (the rest of A's, the rest
 // of the client's) runs out, B's 504 says so, A's answer says so in turn, and the client
-// does not resend, neither to A with the crumbs of its budget nor anywhere else.
+// does not resend, neither to A with the crumbs of its budget nor anywhere else. The
+// budgets run on the bubble's clock, so each hop sees exactly the budget its caller had
+// left, less the reserve, and B's answer reaches the client while the client's 100 ms
+// of reserves are still left, however slowly the machine runs the hops.
 func TestExhaustedBudgetIsFinalAcrossHops(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -164,30 +182,38 @@ func TestExhaustedBudgetIsFinalAcrossHops(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			c := newChain(t, tc.giveUp)
-			ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
-			t.Cleanup(cancel)
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.a.URL, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp, err := c.client.Do(req)
-			if err != nil {
-				t.Fatalf("err = %v, want B's 504 relayed", err)
-			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusGatewayTimeout || resp.Header.Get(deadline.ExhaustedHeader) != "?1" {
-				t.Errorf("got %d, %s %q; want a 504 saying the budget is spent", resp.StatusCode,
-					deadline.ExhaustedHeader, resp.Header.Get(deadline.ExhaustedHeader))
-			}
-			if !errors.Is(retry.StopReason(resp), retry.ErrCanceled) {
-				t.Errorf("StopReason = %v, want retry.ErrCanceled", retry.StopReason(resp))
-			}
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			if a, b := c.sentA.Load(), c.sentB.Load(); a != 1 || b != 1 {
-				t.Errorf("%d requests reached A (budgets %q ms) and %d reached B, want 1 each", a, c.budgetsA, b)
-			}
+			synctest.Test(t, func(t *testing.T) {
+				c := newChain(t, tc.giveUp)
+				start := time.Now()
+				ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
+				defer cancel()
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, urlA, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp, err := c.client.Do(req)
+				if err != nil {
+					t.Fatalf("err = %v, want B's 504 relayed", err)
+				}
+				resp.Body.Close()
+				// B's budget is the client's 600 ms less two reserves of 50 ms; nothing
+				// else takes any of the bubble's time.
+				if took := time.Since(start); took != 500*time.Millisecond {
+					t.Errorf("the answer came after %v, want when B's budget ran out, 500ms", took)
+				}
+				if resp.StatusCode != http.StatusGatewayTimeout || resp.Header.Get(deadline.ExhaustedHeader) != "?1" {
+					t.Errorf("got %d, %s %q; want a 504 saying the budget is spent", resp.StatusCode,
+						deadline.ExhaustedHeader, resp.Header.Get(deadline.ExhaustedHeader))
+				}
+				if !errors.Is(retry.StopReason(resp), retry.ErrCanceled) {
+					t.Errorf("StopReason = %v, want retry.ErrCanceled", retry.StopReason(resp))
+				}
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				if a, b := c.sentA.Load(), c.sentB.Load(); a != 1 || b != 1 || c.budgetsA[0] != "550" {
+					t.Errorf("%d requests reached A (budgets %q ms) and %d reached B, want 1 each, A's with 550", a, c.budgetsA, b)
+				}
+			})
 		})
 	}
 }

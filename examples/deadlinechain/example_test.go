@@ -66,10 +66,11 @@ func Example() {
 	fmt.Println("failed fast:", errors.Is(err, context.DeadlineExceeded), "attempts:", attempts.Load())
 
 	// A handler that runs out of budget: the middleware answers 504, saying the budget is
-	// spent, and the client does not resend.
-	slow, cancelSlow := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancelSlow()
-	req, _ = http.NewRequestWithContext(slow, http.MethodGet, server.URL+"/slow", nil)
+	// spent, and the client does not resend. This request passes on a budget of 200 ms it
+	// was handed (a request without a deadline is sent with the header it carries), so
+	// the client waits for the answer however long the server takes to give it.
+	req, _ = http.NewRequest(http.MethodGet, server.URL+"/slow", nil)
+	req.Header.Set(deadline.DefaultHeader, "200")
 	resp, err = client.Do(req)
 	if err != nil {
 		fmt.Println(err)

@@ -164,14 +164,15 @@ func TestSlowHandlerKeptAliveByInProgress(t *testing.T) {
 	t.Parallel()
 	forEach(t, func(t *testing.T, url string) {
 		cfg := newConfig(t, url)
-		// InProgress every 500ms keeps a 1.5s AckWait: a loaded machine may delay one
-		// by a second before the server redelivers.
-		cfg.AckWait = 1500 * time.Millisecond
+		// InProgress every 2s keeps a 6s AckWait: a loaded machine may delay one by 4s
+		// before the server redelivers. The server's AckWait runs in real time, and a
+		// busy machine stalls a goroutine for more than a second.
+		cfg.AckWait = 6 * time.Second
 		rec := newRecorder()
 		r := run(t, cfg, func(ctx context.Context, m *redeliver.Message) error {
 			rec.delivered(m)
 			select {
-			case <-time.After(3500 * time.Millisecond): // more than two AckWaits
+			case <-time.After(2*cfg.AckWait + 500*time.Millisecond): // more than two AckWaits
 			case <-ctx.Done():
 				return ctx.Err()
 			}
@@ -184,7 +185,7 @@ func TestSlowHandlerKeptAliveByInProgress(t *testing.T) {
 		}
 		nc := connect(t, url)
 		publish(t, nc, cfg, "slow-1")
-		eventually(t, 20*time.Second, "a success", func() bool { return rec.success("slow-1") == 1 })
+		eventually(t, time.Minute, "a success", func() bool { return rec.success("slow-1") == 1 })
 		quiesce(t, nc, cfg, r, state{}) // a redelivery the server sent would come before the marker
 		if n := rec.deliveries("slow-1"); n != 1 {
 			t.Errorf("%d deliveries, want 1 (InProgress must keep the message)", n)
