@@ -29,7 +29,7 @@ type Execution struct {
 	Slow     time.Duration
 	// Held is how long the upstream held the answer back at a failover's start (see
 	// upstream.holdAnswers), always shorter than the gateways' upstream timeout.
-	Held time.Duration
+	Held     time.Duration
 	Pad      int    // bytes of padding in the answer
 	WriteErr string // "": the whole answer was written to the connection
 	// Fault is the kind of the fault the upstream link injected on this answer ("" for
