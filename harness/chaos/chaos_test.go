@@ -347,13 +347,13 @@ func readSettings(t *testing.T) settings {
 
 // TestChaos is the exactly-once chaos suite: for each store, 32 clients make payments
 // through fault proxies and gateway processes that are killed and restarted, whose
-// links to the upstream and to the store fail too, to a payments upstream that executes
-// every request it gets; every execution beyond the first of a payment must have a
-// documented cause, and the ledger, the store and what the clients saw are checked
-// against each other. See the package doc.
+// links to the upstream and to the store fail too (two stores fail over, once each), to
+// a payments upstream that executes every request it gets; every execution beyond the
+// first of a payment must have a documented cause, and the ledger, the store and what
+// the clients saw are checked against each other. See the package doc.
 func TestChaos(t *testing.T) {
 	if testing.Short() {
-		t.Skip("chaos: the exactly-once chaos suite takes about 2 minutes; skipped with -short")
+		t.Skip("chaos: the exactly-once chaos suite takes about 4 minutes; skipped with -short")
 	}
 	set := readSettings(t)
 	cases := storeCases()
