@@ -120,6 +120,8 @@ type storeSetup struct {
 	dsn   string // the store, reached directly: the checks list it through it
 	gwDSN string // the gateways' DSN: through the store link's proxies, if any
 	desc  string // for the report
+	// noLink says why the store link has no proxies.
+	noLink string
 	// proxies are the store link: every connection of the gateways to the store goes
 	// through one of them, and the suite cuts, stalls and slows them together. None:
 	// no store link to fault.
@@ -142,7 +144,7 @@ func storeCases() []storeCase {
 		{name: "sqlite", replicas: 1, load: 25 * time.Second,
 			setup: func(t *testing.T, _ *pgcluster.Cluster) storeSetup {
 				path := filepath.Join(t.TempDir(), "keys.db")
-				return storeSetup{dsn: "sqlite:" + path, gwDSN: "sqlite:" + path,
+				return storeSetup{dsn: "sqlite:" + path, gwDSN: "sqlite:" + path, noLink: "the store is a local file",
 					desc: "SQLite file " + path + ", kept across the kills (a local file: no store link to fault)"}
 			}},
 		{name: "redis", replicas: 2, load: 25 * time.Second,
@@ -251,7 +253,7 @@ func redisSentinel(t *testing.T, _ *pgcluster.Cluster) storeSetup {
 		t.Fatalf("chaos: SENTINEL SET failover-timeout: %v", err)
 	}
 	dsn := g.URL("wait", "1", "wait_timeout", redisWaitTimeout.String())
-	return storeSetup{dsn: dsn, gwDSN: dsn,
+	return storeSetup{dsn: dsn, gwDSN: dsn, noLink: "the Sentinel hands the gateways the master's own address",
 		desc: "Redis master + 1 replica + Sentinel of their own (no persistence), followed through the Sentinel, wait=1 wait_timeout=" + redisWaitTimeout.String() +
 			"; reached directly (the Sentinel names the master's own address: no store link to fault)",
 		failoverDesc: fmt.Sprintf("once, at %d–%.0f%% of the load: the replica's replication link stalled %s–%s (past wait_timeout: WAIT short, writes not durable), then the master SIGKILLed, the Sentinel's failover (down-after 1s) awaited, and a new replica added to the promoted master",
@@ -411,6 +413,7 @@ func runStore(t *testing.T, ledger *pgcluster.Cluster, bin string, sc storeCase,
 	// The store, and the gateways' link to it: proxies shared by every replica.
 	store := sc.setup(t, ledger) // skips t when the store's server is absent
 	dsn, gwDSN, storeProxies := store.dsn, store.gwDSN, storeLink(store.proxies)
+	rep.NoStoreLink = store.noLink
 
 	names := make([]string, sc.replicas)
 	for i := range names {
@@ -486,7 +489,7 @@ func runStore(t *testing.T, ledger *pgcluster.Cluster, bin string, sc storeCase,
 	if set.dedup {
 		upDesc = "deduplicates on the forwarded Idempotency-Key (RETRYSAFE_CHAOS_DEDUP_UPSTREAM): the ledger's UNIQUE (user_id, idempotency_key)"
 	}
-	storeLink := "none"
+	storeLink := "none: " + store.noLink
 	if len(storeProxies) > 0 {
 		storeLink = fmt.Sprintf("%d tcpproxy shared by the replicas (several: cut, stalled and slowed together): a partition (cut or stall, %s–%s) after every %s–%s, a latency spike (%s–%s for %s–%s) in %.0f%% of the gaps",
 			len(storeProxies), partitionMin, partitionMax, partitionGapMin, partitionGapMax, spikeMin, spikeMax, spikeForMin, spikeForMax, 100*spikeRate)

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"sort"
@@ -48,7 +49,8 @@ type Report struct {
 
 	ClientFaults   faultproxy.Stats // client ↔ gateway, summed over the proxies
 	UpstreamFaults faultproxy.Stats // gateway ↔ upstream, summed over the proxies
-	StoreLink      *tcpproxy.Stats  // gateway ↔ store; nil: no store proxy (SQLite)
+	StoreLink      *tcpproxy.Stats  // gateway ↔ store; nil: no store proxy (NoStoreLink says why)
+	NoStoreLink    string           // why there is no store proxy
 	Partitions     []Partition      // of the store link, latency spikes included
 
 	Kills, Restarts, FailedStarts, PGRestarts int
@@ -182,7 +184,7 @@ func (r Report) WriteTable(w io.Writer) {
 	row("client↔gateway faults", r.ClientFaults.Faults, faultKinds(r.ClientFaults))
 	row("gateway↔upstream", r.UpstreamFaults.Faults, faultKinds(r.UpstreamFaults)+fmt.Sprintf("; slow answers %d (past --upstream-timeout %s)", u.SlowAnswers, r.UpstreamTimeout))
 	if r.StoreLink == nil {
-		row("gateway↔store", 0, "no store proxy: the store is a local file")
+		row("gateway↔store", 0, "no store proxy: "+cmp.Or(r.NoStoreLink, "the store is a local file"))
 	} else {
 		kinds := map[string]int{}
 		var down time.Duration
