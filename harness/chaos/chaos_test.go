@@ -613,15 +613,20 @@ func runStore(t *testing.T, ledger *pgcluster.Cluster, bin string, sc storeCase,
 	if store.failover != nil {
 		failoverAt = loadStart.Add(time.Duration(float64(load) * (failoverAtMin + failoverAtSpread*frng.Float64()) / 10))
 	}
-	clearOfFailover := func(d time.Duration) bool {
+	// room returns how much of a store-link fault of d beginning now keeps clear of the
+	// failover: all of it, or what ends a second before the failover begins, or none.
+	room := func(d time.Duration) time.Duration {
 		if store.failover == nil {
-			return true
+			return d
 		}
 		select {
 		case <-failoverDone:
-			return time.Now().After(failoverEnd.Add(failoverQuiet))
+			if time.Now().After(failoverEnd.Add(failoverQuiet)) {
+				return d
+			}
+			return 0
 		default:
-			return time.Now().Add(d + time.Second).Before(failoverAt)
+			return max(0, min(d, time.Until(failoverAt)-time.Second))
 		}
 	}
 	if len(storeProxies) > 0 {
@@ -649,18 +654,18 @@ func runStore(t *testing.T, ledger *pgcluster.Cluster, bin string, sc storeCase,
 					if !sleep(gap / 3) {
 						return
 					}
-					var ok bool
-					if d := min(spikeFor, gap/2); clearOfFailover(d) {
+					d := min(spikeFor, gap/2)
+					ok := true
+					if r := room(d); r > 0 {
 						storeProxies.SetLatency(spikeLat)
 						p := Partition{Kind: "latency", Start: time.Now(), Latency: spikeLat}
-						ok = sleep(d)
+						ok = sleep(r)
 						storeProxies.SetLatency(0)
 						p.End = time.Now()
 						record(p)
-					} else {
-						ok = sleep(d)
+						d -= r
 					}
-					if !ok || !sleep(gap-gap/3-min(spikeFor, gap/2)) {
+					if !ok || !sleep(d) || !sleep(gap-gap/3-min(spikeFor, gap/2)) {
 						return
 					}
 				} else if !sleep(gap) {
@@ -669,7 +674,9 @@ func runStore(t *testing.T, ledger *pgcluster.Cluster, bin string, sc storeCase,
 				if time.Now().Add(dur + time.Second).After(loadEnd) {
 					return // no partition past the load: the drain is not the place for one
 				}
-				if !clearOfFailover(dur) {
+				// Shortened to end before the failover, so that the run has one
+				// partition before it, but never shorter than partitionMin.
+				if dur = room(dur); dur < partitionMin {
 					continue
 				}
 				p := Partition{Kind: "cut", Start: time.Now()}
