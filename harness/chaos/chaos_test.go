@@ -86,7 +86,9 @@ var slowReading = slowRead{For: upstreamTimeout + 2500*time.Millisecond, Chunk: 
 // the primary alone come back as not durable, keyed requests get 503 store-not-durable,
 // and completions are held; then the primary is lost and the standby promoted.
 const (
-	failoverAtMin, failoverAtSpread = 3, 1.5 // in tenths of the load: at 30–45% of it
+	// The failover begins at 45–60% of the load (in tenths of it): late enough that a
+	// partition of the store link fits before it, with failoverQuiet to spare.
+	failoverAtMin, failoverAtSpread = 4.5, 1.5
 	pgStallMin, pgStallMax          = storeCallBound + 500*time.Millisecond, storeCallBound + 2500*time.Millisecond
 	redisWaitTimeout                = 2 * time.Second
 	redisStallMin, redisStallMax    = redisWaitTimeout + time.Second, redisWaitTimeout + 2500*time.Millisecond
@@ -99,8 +101,9 @@ const (
 	// requests it held are sent during the stall. Shorter than the clients' attempt
 	// timeout and the gateways' upstream timeout.
 	answerHold, answerHoldAfter = 600 * time.Millisecond, 100 * time.Millisecond
-	// failoverQuiet keeps the store link's partitions away from a failover's end: the
-	// report measures how long the failover alone left the store unwritable.
+	// failoverQuiet keeps the store link's partitions away from a failover, before and
+	// after: it meets gateways that are not recovering from a partition, and the report
+	// measures how long the failover alone left the store unwritable.
 	failoverQuiet = 5 * time.Second
 )
 
@@ -206,7 +209,7 @@ func postgresFailover(t *testing.T, _ *pgcluster.Cluster) storeSetup {
 		gwDSN:   "postgres://postgres@" + strings.Join(hosts, ",") + "/postgres?" + q.Encode(),
 		proxies: proxies,
 		desc:    "PostgreSQL primary + synchronous standby of their own (schema idem_chaos), fsync on; the gateways' DSN names both (target_session_attrs=read-write), each through a store proxy",
-		failoverDesc: fmt.Sprintf("once, at %d–%.0f%% of the load: the synchronous standby's replication link stalled %s–%s (past the %s store-call bound: commits on the primary alone, cancelled, not durable), then the primary stopped (pg_ctl stop -m immediate) and the standby promoted",
+		failoverDesc: fmt.Sprintf("once, at %.0f–%.0f%% of the load: the synchronous standby's replication link stalled %s–%s (past the %s store-call bound: commits on the primary alone, cancelled, not durable), then the primary stopped (pg_ctl stop -m immediate) and the standby promoted",
 			failoverAtMin*10, (failoverAtMin+failoverAtSpread)*10, pgStallMin, pgStallMax, storeCallBound),
 		failover: func(ctx context.Context, rng *rand.Rand) (Failover, error) {
 			stall := pgStallMin + time.Duration(rng.Int64N(int64(pgStallMax-pgStallMin)))
@@ -256,7 +259,7 @@ func redisSentinel(t *testing.T, _ *pgcluster.Cluster) storeSetup {
 	return storeSetup{dsn: dsn, gwDSN: dsn, noLink: "the Sentinel hands the gateways the master's own address",
 		desc: "Redis master + 1 replica + Sentinel of their own (no persistence), followed through the Sentinel, wait=1 wait_timeout=" + redisWaitTimeout.String() +
 			"; reached directly (the Sentinel names the master's own address: no store link to fault)",
-		failoverDesc: fmt.Sprintf("once, at %d–%.0f%% of the load: the replica's replication link stalled %s–%s (past wait_timeout: WAIT short, writes not durable), then the master SIGKILLed, the Sentinel's failover (down-after 1s) awaited, and a new replica added to the promoted master",
+		failoverDesc: fmt.Sprintf("once, at %.0f–%.0f%% of the load: the replica's replication link stalled %s–%s (past wait_timeout: WAIT short, writes not durable), then the master SIGKILLed, the Sentinel's failover (down-after 1s) awaited, and a new replica added to the promoted master",
 			failoverAtMin*10, (failoverAtMin+failoverAtSpread)*10, redisStallMin, redisStallMax),
 		failover: func(ctx context.Context, rng *rand.Rand) (Failover, error) {
 			stall := redisStallMin + time.Duration(rng.Int64N(int64(redisStallMax-redisStallMin)))
@@ -603,7 +606,7 @@ func runStore(t *testing.T, ledger *pgcluster.Cluster, bin string, sc storeCase,
 		}
 	})
 	// The failover's moment is drawn now, so that the store link's faults keep clear of
-	// it: none overlaps it, and none begins within failoverQuiet of its end. Each extra
+	// it: none comes within failoverQuiet of it, before or after. Each extra
 	// execution then has one store fault to blame, and the report measures the failover
 	// alone.
 	var failoverAt time.Time
@@ -614,7 +617,7 @@ func runStore(t *testing.T, ledger *pgcluster.Cluster, bin string, sc storeCase,
 		failoverAt = loadStart.Add(time.Duration(float64(load) * (failoverAtMin + failoverAtSpread*frng.Float64()) / 10))
 	}
 	// room returns how much of a store-link fault of d beginning now keeps clear of the
-	// failover: all of it, or what ends a second before the failover begins, or none.
+	// failover: all of it, or what ends failoverQuiet before the failover begins, or none.
 	room := func(d time.Duration) time.Duration {
 		if store.failover == nil {
 			return d
@@ -626,7 +629,7 @@ func runStore(t *testing.T, ledger *pgcluster.Cluster, bin string, sc storeCase,
 			}
 			return 0
 		default:
-			return max(0, min(d, time.Until(failoverAt)-time.Second))
+			return max(0, min(d, time.Until(failoverAt)-failoverQuiet))
 		}
 	}
 	if len(storeProxies) > 0 {
@@ -674,8 +677,8 @@ func runStore(t *testing.T, ledger *pgcluster.Cluster, bin string, sc storeCase,
 				if time.Now().Add(dur + time.Second).After(loadEnd) {
 					return // no partition past the load: the drain is not the place for one
 				}
-				// Shortened to end before the failover, so that the run has one
-				// partition before it, but never shorter than partitionMin.
+				// Shortened to end failoverQuiet before the failover, so that the run has
+				// one partition before it, but never shorter than partitionMin.
 				if dur = room(dur); dur < partitionMin {
 					continue
 				}

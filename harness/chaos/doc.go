@@ -64,7 +64,7 @@
 //
 // # The store failovers
 //
-// Two runs fail their store over once, at 30–45% of the load, with every other fault
+// Two runs fail their store over once, at 45–60% of the load, with every other fault
 // of the runs above going on (kills, the client and upstream links):
 //
 //	postgres-failover  a primary and a synchronous standby of their own (harness/pgcluster,
@@ -93,9 +93,9 @@
 // write them again until a server acknowledges them (on the promoted standby), never
 // take them as stored because the old primary shows them (a read from a node a failover
 // loses confirms nothing). Meanwhile keyed requests are refused with 503
-// store-not-durable, never forwarded. Partitions of the store link keep clear of the
-// failover (none within a second before it, nor 5s after it), so that the report
-// measures the failover alone. A run whose stall did not hold writes back (a request
+// store-not-durable, never forwarded. Partitions of the store link keep 5s clear of the
+// failover, before it and after (the one before it is shortened to), so that it meets
+// gateways that are not recovering from one, and the report measures the failover alone. A run whose stall did not hold writes back (a request
 // executed well into it) fails as one that did not exercise the system.
 //
 // Each client makes logical payments one after the other, each with its own ref in the
