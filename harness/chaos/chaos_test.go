@@ -125,6 +125,9 @@ type storeSetup struct {
 	desc  string // for the report
 	// noLink says why the store link has no proxies.
 	noLink string
+	// writeWait is how long a write waits to be acknowledged before the store reports
+	// it not durable: no gateway is killed from the failover's stall until then.
+	writeWait time.Duration
 	// proxies are the store link: every connection of the gateways to the store goes
 	// through one of them, and the suite cuts, stalls and slows them together. None:
 	// no store link to fault.
@@ -205,10 +208,11 @@ func postgresFailover(t *testing.T, _ *pgcluster.Cluster) storeSetup {
 		hosts = append(hosts, p.Addr())
 	}
 	return storeSetup{
-		dsn:     c.MultiHostURL(url.Values{"schema": {"idem_chaos"}}),
-		gwDSN:   "postgres://postgres@" + strings.Join(hosts, ",") + "/postgres?" + q.Encode(),
-		proxies: proxies,
-		desc:    "PostgreSQL primary + synchronous standby of their own (schema idem_chaos), fsync on; the gateways' DSN names both (target_session_attrs=read-write), each through a store proxy",
+		dsn:       c.MultiHostURL(url.Values{"schema": {"idem_chaos"}}),
+		writeWait: storeCallBound,
+		gwDSN:     "postgres://postgres@" + strings.Join(hosts, ",") + "/postgres?" + q.Encode(),
+		proxies:   proxies,
+		desc:      "PostgreSQL primary + synchronous standby of their own (schema idem_chaos), fsync on; the gateways' DSN names both (target_session_attrs=read-write), each through a store proxy",
 		failoverDesc: fmt.Sprintf("once, at %.0f–%.0f%% of the load: the synchronous standby's replication link stalled %s–%s (past the %s store-call bound: commits on the primary alone, cancelled, not durable), then the primary stopped (pg_ctl stop -m immediate) and the standby promoted",
 			failoverAtMin*10, (failoverAtMin+failoverAtSpread)*10, pgStallMin, pgStallMax, storeCallBound),
 		failover: func(ctx context.Context, rng *rand.Rand) (Failover, error) {
@@ -256,7 +260,7 @@ func redisSentinel(t *testing.T, _ *pgcluster.Cluster) storeSetup {
 		t.Fatalf("chaos: SENTINEL SET failover-timeout: %v", err)
 	}
 	dsn := g.URL("wait", "1", "wait_timeout", redisWaitTimeout.String())
-	return storeSetup{dsn: dsn, gwDSN: dsn, noLink: "the Sentinel hands the gateways the master's own address",
+	return storeSetup{dsn: dsn, gwDSN: dsn, noLink: "the Sentinel hands the gateways the master's own address", writeWait: redisWaitTimeout,
 		desc: "Redis master + 1 replica + Sentinel of their own (no persistence), followed through the Sentinel, wait=1 wait_timeout=" + redisWaitTimeout.String() +
 			"; reached directly (the Sentinel names the master's own address: no store link to fault)",
 		failoverDesc: fmt.Sprintf("once, at %.0f–%.0f%% of the load: the replica's replication link stalled %s–%s (past wait_timeout: WAIT short, writes not durable), then the master SIGKILLed, the Sentinel's failover (down-after 1s) awaited, and a new replica added to the promoted master",
@@ -579,6 +583,17 @@ func runStore(t *testing.T, ledger *pgcluster.Cluster, bin string, sc storeCase,
 			return true
 		}
 	}
+	// The failover's moment is drawn now, so that the kills pause through the start of
+	// its stall, and the store link's faults keep clear of it: none comes within
+	// failoverQuiet of it, before or after. Each extra execution then has one store
+	// fault to blame, and the report measures the failover alone.
+	var failoverAt time.Time
+	var failoverEnd time.Time // written before failoverDone is closed
+	failoverDone := make(chan struct{})
+	frng := rand.New(rand.NewPCG(seed, 0x6661696c)) // "fail"
+	if store.failover != nil {
+		failoverAt = loadStart.Add(time.Duration(float64(load) * (failoverAtMin + failoverAtSpread*frng.Float64()) / 10))
+	}
 	chaosWG.Go(func() {
 		rng := rand.New(rand.NewPCG(seed, 0x6b696c6c)) // "kill"
 		for {
@@ -587,6 +602,16 @@ func runStore(t *testing.T, ledger *pgcluster.Cluster, bin string, sc storeCase,
 			down := time.Duration(rng.Int64N(int64(time.Second)))
 			if !sleep(wait) {
 				return
+			}
+			// No kill from just before the failover's stall until the writes in flight
+			// when it began have come back not durable: the gateways must hold those
+			// answers, and a kill would take them away untested.
+			if store.failover != nil {
+				stall := failoverAt.Add(answerHold - answerHoldAfter)
+				if now := time.Now(); now.After(stall.Add(-time.Second)) && now.Before(stall.Add(store.writeWait+time.Second)) &&
+					!sleep(time.Until(stall.Add(store.writeWait+time.Second))) {
+					return
+				}
 			}
 			killed := r.kill()
 			// The replica stays down for down, a wait of the schedule like the others:
@@ -605,17 +630,6 @@ func runStore(t *testing.T, ledger *pgcluster.Cluster, bin string, sc storeCase,
 			chaosMu.Unlock()
 		}
 	})
-	// The failover's moment is drawn now, so that the store link's faults keep clear of
-	// it: none comes within failoverQuiet of it, before or after. Each extra
-	// execution then has one store fault to blame, and the report measures the failover
-	// alone.
-	var failoverAt time.Time
-	var failoverEnd time.Time // written before failoverDone is closed
-	failoverDone := make(chan struct{})
-	frng := rand.New(rand.NewPCG(seed, 0x6661696c)) // "fail"
-	if store.failover != nil {
-		failoverAt = loadStart.Add(time.Duration(float64(load) * (failoverAtMin + failoverAtSpread*frng.Float64()) / 10))
-	}
 	// room returns how much of a store-link fault of d beginning now keeps clear of the
 	// failover: all of it, or what ends failoverQuiet before the failover begins, or none.
 	room := func(d time.Duration) time.Duration {

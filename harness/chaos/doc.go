@@ -92,8 +92,10 @@
 // make their completions during the stall: the gateway must hold those answers and
 // write them again until a server acknowledges them (on the promoted standby), never
 // take them as stored because the old primary shows them (a read from a node a failover
-// loses confirms nothing). Meanwhile keyed requests are refused with 503
-// store-not-durable, never forwarded. Partitions of the store link keep 5s clear of the
+// loses confirms nothing). No gateway is killed from a second before the stall until
+// those completions have come back not durable (the store-call bound, wait_timeout),
+// so that the answers are held by live processes; the kills go on after. Meanwhile keyed
+// requests are refused with 503 store-not-durable, never forwarded. Partitions of the store link keep 5s clear of the
 // failover, before it and after (the one before it is shortened to), so that it meets
 // gateways that are not recovering from one, and the report measures the failover alone. A run whose stall did not hold writes back (a request
 // executed well into it) fails as one that did not exercise the system.
