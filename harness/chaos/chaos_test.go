@@ -362,7 +362,7 @@ func readSettings(t *testing.T) settings {
 // the clients saw are checked against each other. See the package doc.
 func TestChaos(t *testing.T) {
 	if testing.Short() {
-		t.Skip("chaos: the exactly-once chaos suite takes about 4 minutes; skipped with -short")
+		t.Skip("chaos: the exactly-once chaos suite takes about 3 minutes; skipped with -short")
 	}
 	set := readSettings(t)
 	cases := storeCases()

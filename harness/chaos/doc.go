@@ -190,7 +190,7 @@
 //
 // # Running it
 //
-//	go test ./harness/chaos -run TestChaos -v                      # about 4 minutes
+//	go test ./harness/chaos -run TestChaos -v                      # about 3 minutes (more with -race)
 //	go test ./harness/chaos -run 'TestChaos/(postgres-failover|redis-sentinel)' -v
 //	RETRYSAFE_CHAOS_DURATION=10m go test ./harness/chaos -run 'TestChaos/^postgres$' -v -timeout 30m
 //
