@@ -62,6 +62,13 @@
 // stops PostgreSQL as a crash would (pg_ctl stop -m immediate) and starts it again,
 // once.
 //
+// Each client makes logical payments one after the other, each with its own ref in the
+// body, until it gets a final answer (a 2xx, or a 4xx other than 408, 409, 425, 429):
+// retry.Transport retries the attempts under one key, and when a failure comes after it
+// returned (a body cut off) or it gives up, the client sends the payment again with the
+// same key. After the load, the payments in flight finish (the drain), the gateways get
+// SIGTERM (they must exit 0), the lease is left to run out, and the suite judges.
+//
 // # The store failovers
 //
 // Two runs fail their store over once, at 45–60% of the load, with every other fault
@@ -94,18 +101,15 @@
 // take them as stored because the old primary shows them (a read from a node a failover
 // loses confirms nothing). No gateway is killed from a second before the stall until
 // those completions have come back not durable (the store-call bound, wait_timeout),
-// so that the answers are held by live processes; the kills go on after. Meanwhile keyed
-// requests are refused with 503 store-not-durable, never forwarded. Partitions of the store link keep 5s clear of the
-// failover, before it and after (the one before it is shortened to), so that it meets
-// gateways that are not recovering from one, and the report measures the failover alone. A run whose stall did not hold writes back (a request
-// executed well into it) fails as one that did not exercise the system.
-//
-// Each client makes logical payments one after the other, each with its own ref in the
-// body, until it gets a final answer (a 2xx, or a 4xx other than 408, 409, 425, 429):
-// retry.Transport retries the attempts under one key, and when a failure comes after it
-// returned (a body cut off) or it gives up, the client sends the payment again with the
-// same key. After the load, the payments in flight finish (the drain), the gateways get
-// SIGTERM (they must exit 0), the lease is left to run out, and the suite judges.
+// so that the answers are held by live processes; the kills go on after. Meanwhile
+// keyed requests are refused with 503 store-not-durable, never forwarded. Partitions of
+// the store link keep 5s clear of the failover, before it and after (the one before it
+// is shortened to), so that it meets gateways that are not recovering from one, and the
+// report measures the failover alone. A run whose stall did not hold writes back (a
+// request executed well into it) fails as one that did not exercise the system. (The
+// Sentinel's failover-timeout is raised past the run: after it, the Sentinel would point
+// the replica at the master's own address, around its replication link, and the stall
+// would hold nothing back.)
 //
 // # Extra executions and their causes
 //
