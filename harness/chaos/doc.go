@@ -52,7 +52,8 @@
 // adds 1–5ms of latency, and the upstream itself answers some requests later than the
 // gateway's upstream timeout.
 //
-// Gateway ↔ store: one tcpproxy in front of the store, shared by all replicas, cuts the
+// Gateway ↔ store: a tcpproxy in front of each server the gateways' DSN names (one; two
+// in postgres-failover, faulted together as one link), shared by all replicas, cuts the
 // link (every connection reset, new ones refused) or stalls it (nothing forwarded,
 // connections reset when it heals) for 3–6s, longer than the lease, every 4–8s, with
 // latency spikes of 50–250ms in between.
