@@ -27,6 +27,9 @@ type Execution struct {
 	// (Slow).
 	Answered time.Time
 	Slow     time.Duration
+	// Held is how long the upstream held the answer back at a failover's start (see
+	// upstream.holdAnswers), always shorter than the gateways' upstream timeout.
+	Held     time.Duration
 	Pad      int    // bytes of padding in the answer
 	WriteErr string // "": the whole answer was written to the connection
 	// Fault is the kind of the fault the upstream link injected on this answer ("" for
@@ -47,6 +50,9 @@ func (e Execution) String() string {
 		cmp.Or(e.Replica, "?"), e.Conn, e.Request, e.Answered.Sub(e.Arrived).Round(time.Millisecond))
 	if e.Slow > 0 {
 		s += fmt.Sprintf(" (slowed %s)", e.Slow.Round(time.Millisecond))
+	}
+	if e.Held > 0 {
+		s += fmt.Sprintf(" (held %s as the failover began)", e.Held.Round(time.Millisecond))
 	}
 	if e.Pad > 0 {
 		s += fmt.Sprintf(", %d B padding", e.Pad)
@@ -230,6 +236,33 @@ func (p Partition) String() string {
 	return s
 }
 
+// Failover is one failover of the store: its synchronous standby (or the replica the
+// store waits for) cut off from the primary first, then the primary lost and the standby
+// promoted in its place.
+type Failover struct {
+	Kind string // "postgres" (a promotion) or "redis" (a Sentinel failover)
+	// Start is when the standby's replication link stalled: from then on no write could
+	// be acknowledged. Lost is when the primary was lost (stopped immediately, or
+	// SIGKILLed); Promoted when the standby took writes (PostgreSQL: pg_ctl promote
+	// returned; Redis: the Sentinel switched masters); End when writes could be
+	// acknowledged again (PostgreSQL: at the promotion, the promoted standby commits
+	// alone; Redis: once a new replica of the promoted master is online).
+	Start, Lost, Promoted, End time.Time
+}
+
+func (f Failover) String() string {
+	since := func(t time.Time) string { return "+" + t.Sub(f.Start).Round(time.Millisecond).String() }
+	switch f.Kind {
+	case "postgres":
+		return fmt.Sprintf("%s synchronous standby's replication link stalled; %s primary stopped (immediate); %s standby promoted, writable",
+			f.Start.Format(timeFormat), since(f.Lost), since(f.Promoted))
+	case "redis":
+		return fmt.Sprintf("%s replica's replication link stalled; %s master SIGKILLed; %s Sentinel switched to the replica; %s a new replica online (WAIT met again)",
+			f.Start.Format(timeFormat), since(f.Lost), since(f.Promoted), since(f.End))
+	}
+	return fmt.Sprintf("%s %s failover, lost %s, promoted %s, end %s", f.Start.Format(timeFormat), f.Kind, since(f.Lost), since(f.Promoted), since(f.End))
+}
+
 // BodyCut is a response body that broke off while a client read it.
 type BodyCut struct {
 	At   time.Time
@@ -244,6 +277,7 @@ type Evidence struct {
 	Lines      map[string][]GatewayLine // by Idempotency-Key
 	Processes  []Process
 	Partitions []Partition
+	Failovers  []Failover
 	BodyCuts   map[string][]BodyCut // by Idempotency-Key
 	// UpstreamTimeout is the gateways' --upstream-timeout: an upstream that began its
 	// answer later than that was too late.
@@ -276,13 +310,18 @@ const (
 	// read it slowly; the gateway's upstream timeout cut the answer off, the key was left
 	// to its lease, and a retry forwarded again.
 	CauseSlowReader
+	// CauseFailover: a failover of the store came between the two executions, and nothing
+	// else explains the second: the promoted standby lacked the key's completion, or its
+	// claim, though the gateway had taken it as acknowledged (with a synchronous standby,
+	// or Redis with wait=N, a failover loses no acknowledged write).
+	CauseFailover
 	// CauseUnexplained: none of the above.
 	CauseUnexplained
 )
 
 // Causes returns every cause, in order.
 func Causes() []Cause {
-	return []Cause{CauseKilled, CauseAnswerLost, CauseResend, CauseStore, CauseSlowReader, CauseUnexplained}
+	return []Cause{CauseKilled, CauseAnswerLost, CauseResend, CauseStore, CauseSlowReader, CauseFailover, CauseUnexplained}
 }
 
 // Allowed reports whether the cause is a documented window.
@@ -300,6 +339,8 @@ func (c Cause) String() string {
 		return "store unreachable"
 	case CauseSlowReader:
 		return "slow reader"
+	case CauseFailover:
+		return "store failover"
 	case CauseUnexplained:
 		return "unexplained"
 	}
@@ -553,6 +594,18 @@ func (ev Evidence) explain(prev, cur Execution) Extra {
 			}
 		}
 	}
+	// A failover between the two: the owner's claim or completion, which it took as
+	// acknowledged, was not on the standby promoted.
+	for _, f := range ev.Failovers {
+		if f.Start.Before(cur.Arrived) && f.End.After(prev.Arrived.Add(-transitSlack)) {
+			x.Cause = CauseFailover
+			x.Detail = "store failover between the two executions: " + f.String()
+			if found {
+				x.Detail += "; the owner's request line: " + own.String()
+			}
+			return x
+		}
+	}
 	// Store trouble shows in the owner's line, which may come after the takeover: an owner
 	// stuck on the store logs only when its store calls give up.
 	if found && own.storeTrouble() {
@@ -639,6 +692,11 @@ func (ev Evidence) DescribeExecutions(key string, d time.Duration, maxLines int)
 				fmt.Fprintf(&b, "\n      store link: %s", p)
 			}
 		}
+		for _, f := range ev.Failovers {
+			if f.Start.Before(to) && f.End.After(from) {
+				fmt.Fprintf(&b, "\n      store failover: %s", f)
+			}
+		}
 	}
 	b.WriteString("\n" + ev.DescribeKey(key, maxLines))
 	return b.String()
@@ -653,5 +711,31 @@ func (ev Evidence) Describe(x Extra, maxLines int) string {
 	fmt.Fprintf(&b, "      again:  %s\n", x.Cur)
 	fmt.Fprintf(&b, "      why:    %s\n", x.Detail)
 	b.WriteString(ev.DescribeKey(x.Cur.Key, maxLines))
+	return b.String()
+}
+
+// DescribeFailover renders f and every gateway request line logged from a second before
+// it began to after past its end, in time order, with its key: what the gateways did
+// through the failover.
+func (ev Evidence) DescribeFailover(f Failover, after time.Duration) string {
+	type keyed struct {
+		key string
+		l   GatewayLine
+	}
+	var ls []keyed
+	from, to := f.Start.Add(-time.Second), f.End.Add(after)
+	for k, kls := range ev.Lines {
+		for _, l := range kls {
+			if !l.Time.Before(from) && l.Time.Before(to) {
+				ls = append(ls, keyed{k, l})
+			}
+		}
+	}
+	sort.Slice(ls, func(i, j int) bool { return ls[i].l.Time.Before(ls[j].l.Time) })
+	var b strings.Builder
+	fmt.Fprintf(&b, "store failover: %s\n  gateway request lines from %s to %s (%d):", f, from.Format(timeFormat), to.Format(timeFormat), len(ls))
+	for _, k := range ls {
+		fmt.Fprintf(&b, "\n    %s key %s", k.l, k.key)
+	}
 	return b.String()
 }

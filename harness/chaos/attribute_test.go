@@ -38,6 +38,7 @@ func TestAttribute(t *testing.T) {
 		lines  []GatewayLine
 		procs  []Process
 		parts  []Partition
+		fos    []Failover
 		cuts   []BodyCut
 		want   Cause
 		reason string // CauseAnswerLost's reason
@@ -126,6 +127,21 @@ func TestAttribute(t *testing.T) {
 			cur:   exec("gw-2", 4000, 4010),
 			parts: []Partition{{Kind: "latency", Start: ms(5), End: ms(1500), Latency: 100 * time.Millisecond}},
 			want:  CauseUnexplained, words: "logged nothing"},
+		{name: "a failover between the executions",
+			cur:   exec("gw-2", 9000, 9010),
+			lines: []GatewayLine{timed(line("gw-1", 100, 5200, "executed", 201, "", ""), 5200, 10)},
+			fos:   []Failover{{Kind: "postgres", Start: ms(100), Lost: ms(6000), Promoted: ms(7000), End: ms(7000)}},
+			want:  CauseFailover, words: "store failover between the two executions"},
+		{name: "a failover between, the forwarding replica killed first: its window",
+			cur:   exec("gw-2", 9000, 9010),
+			procs: []Process{{Replica: "gw-1", PID: 100, Start: ms(-60000), End: ms(40), Killed: true}, {Replica: "gw-2", PID: 200, Start: ms(-60000)}},
+			fos:   []Failover{{Kind: "redis", Start: ms(100), Lost: ms(3000), Promoted: ms(5000), End: ms(5500)}},
+			want:  CauseKilled, words: "gw-1#100 was killed"},
+		{name: "a failover over before the first execution is not its cause",
+			cur:   exec("gw-2", 9000, 9010),
+			lines: []GatewayLine{line("gw-1", 100, 30, "executed", 201, "", "")},
+			fos:   []Failover{{Kind: "postgres", Start: ms(-9000), Lost: ms(-3000), Promoted: ms(-2000), End: ms(-2000)}},
+			want:  CauseUnexplained, words: "executed 201"},
 		{name: "slow reader cut off",
 			prev:  func(e *Execution) { e.Pad = 2_000_000 },
 			cur:   exec("gw-2", 6000, 6010),
@@ -156,7 +172,7 @@ func TestAttribute(t *testing.T) {
 			cur := tc.cur
 			cur.ID = 2
 			ev := Evidence{Executions: []Execution{cur, prev, {User: "u", Key: "other", Arrived: ms(0)}},
-				Lines: map[string][]GatewayLine{"k": tc.lines}, Processes: procs, Partitions: tc.parts,
+				Lines: map[string][]GatewayLine{"k": tc.lines}, Processes: procs, Partitions: tc.parts, Failovers: tc.fos,
 				BodyCuts: map[string][]BodyCut{"k": tc.cuts}, UpstreamTimeout: 2500 * time.Millisecond}
 			if tc.procs != nil {
 				ev.Processes = tc.procs
@@ -209,5 +225,50 @@ func TestParseLine(t *testing.T) {
 	}
 	if level, msg, key, _, attrs := parseLine("panic: oops", "gw", 1); level != "" || msg != "" || key != "" || attrs != nil {
 		t.Error("a line that is not JSON parsed")
+	}
+}
+
+// TestFailoverImpact: what the report says of a failover comes from the gateways' lines:
+// the last request executed before the primary's loss and the first after (by when each
+// sent its completion, not when it was logged), and the 503s and held answers between.
+func TestFailoverImpact(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	f := Failover{Kind: "postgres", Start: ms(0), Lost: ms(6000), Promoted: ms(7000), End: ms(7000)}
+	l := func(at int, outcome string, status, latency, upstream int) GatewayLine {
+		return GatewayLine{Replica: "gw-1", PID: 1, Time: ms(at), Outcome: outcome, Status: status,
+			Latency: time.Duration(latency) * time.Millisecond, UpstreamLatency: time.Duration(upstream) * time.Millisecond}
+	}
+	lines := map[string][]GatewayLine{
+		"a": {l(-30, "executed", 201, 10, 5)},
+		// A slow reader: its completion was sent at -3s, its line logged during the stall.
+		"b": {l(2000, "executed", 201, 5000, 10)},
+		"c": {l(1500, "store-not-durable", 503, 0, 0), l(2500, "store-not-durable", 503, 0, 0), l(6500, "store-error", 503, 0, 0)},
+		"d": {l(5100, "stored-later", 201, 5400, 300)},
+		"e": {l(7800, "executed", 201, 20, 8), l(9000, "executed", 201, 10, 5)},
+		"f": {l(9500, "store-not-durable", 503, 0, 0), l(9600, "store-error", 503, 0, 0)}, // after the first executed
+	}
+	fi := failoverImpact(f, lines)
+	if !fi.LastExecuted.Equal(ms(-35)) || !fi.FirstExecuted.Equal(ms(7788)) {
+		t.Errorf("last executed %s, first %s; want -35ms and +7.788s", fi.LastExecuted.Sub(t0), fi.FirstExecuted.Sub(t0))
+	}
+	if fi.NotDurable != 2 || fi.StoreErrors != 1 || fi.Held != 1 {
+		t.Errorf("between: %d not durable, %d store errors, %d held; want 2, 1, 1", fi.NotDurable, fi.StoreErrors, fi.Held)
+	}
+	if !fi.FirstNotDurable.Equal(ms(1500)) || !fi.LastNotDurable.Equal(ms(9500)) {
+		t.Errorf("not durable from %s to %s", fi.FirstNotDurable.Sub(t0), fi.LastNotDurable.Sub(t0))
+	}
+	if fi.Unwritable() != 7788*time.Millisecond || !fi.HeldBack(500*time.Millisecond) {
+		t.Errorf("unwritable %s, held back %v", fi.Unwritable(), fi.HeldBack(500*time.Millisecond))
+	}
+	if s := fi.Summary(); !strings.Contains(s, "store unwritable 7.788s") || !strings.Contains(s, "503 store-not-durable 2") {
+		t.Errorf("summary %q", s)
+	}
+
+	// A write acknowledged during the stall: the stall held nothing back.
+	lines["g"] = []GatewayLine{l(3000, "executed", 201, 10, 5)}
+	if fi := failoverImpact(f, lines); fi.HeldBack(500 * time.Millisecond) {
+		t.Errorf("a request executed 2.995s into the stall, and HeldBack says the stall held writes back")
 	}
 }

@@ -27,6 +27,8 @@ import (
 
 	"github.com/retrysafe/retrysafe/harness/faultproxy"
 	"github.com/retrysafe/retrysafe/harness/payclient"
+	"github.com/retrysafe/retrysafe/harness/pgcluster"
+	"github.com/retrysafe/retrysafe/harness/redisha"
 	"github.com/retrysafe/retrysafe/harness/tcpproxy"
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
@@ -78,31 +80,81 @@ const (
 // slowReading is how the slow readers read: 8 KiB/s for longer than the upstream timeout.
 var slowReading = slowRead{For: upstreamTimeout + 2500*time.Millisecond, Chunk: 1 << 10, Every: 125 * time.Millisecond}
 
+// The failovers: each begins with the standby's (replica's) replication link stalled
+// for longer than a write waits to be acknowledged — the store call's bound (5s, the
+// gateway's default) on PostgreSQL, wait_timeout on Redis — so that writes committed on
+// the primary alone come back as not durable, keyed requests get 503 store-not-durable,
+// and completions are held; then the primary is lost and the standby promoted.
+const (
+	// The failover begins at 45–60% of the load (in tenths of it): late enough that a
+	// partition of the store link fits before it, with failoverQuiet to spare.
+	failoverAtMin, failoverAtSpread = 4.5, 1.5
+	pgStallMin, pgStallMax          = storeCallBound + 500*time.Millisecond, storeCallBound + 2500*time.Millisecond
+	redisWaitTimeout                = 2 * time.Second
+	redisStallMin, redisStallMax    = redisWaitTimeout + time.Second, redisWaitTimeout + 2500*time.Millisecond
+	// storeCallBound is the gateway's bound on each store call (idempotency's
+	// DefaultStoreTimeout): a commit waiting for a lost synchronous standby is cancelled
+	// then, and reported not durable.
+	storeCallBound = 5 * time.Second
+	// answerHold is how long the upstream holds its answers as a failover begins, the
+	// standby's link stalling answerHoldAfter before they leave: the completions of the
+	// requests it held are sent during the stall. Shorter than the clients' attempt
+	// timeout and the gateways' upstream timeout.
+	answerHold, answerHoldAfter = 600 * time.Millisecond, 100 * time.Millisecond
+	// failoverQuiet keeps the store link's partitions away from a failover, before and
+	// after: it meets gateways that are not recovering from a partition, and the report
+	// measures how long the failover alone left the store unwritable.
+	failoverQuiet = 5 * time.Second
+)
+
 // storeCase is one store the suite runs against.
 type storeCase struct {
 	name      string
 	replicas  int
 	load      time.Duration // default load duration
-	restartPG bool          // restart the disposable PostgreSQL once (it holds the store)
-	// proxied puts a tcpproxy between the gateways and the store (the dsn's host).
-	proxied bool
-	dsn     func(t *testing.T, c *pgCluster) (dsn, desc string)
+	restartPG bool          // restart the ledger's PostgreSQL once (it holds the store)
+	// setup makes the store for a run; ledger is the disposable PostgreSQL of the
+	// ledger. It skips t when the store's server is absent.
+	setup func(t *testing.T, ledger *pgcluster.Cluster) storeSetup
+}
+
+// storeSetup is a store made for one run.
+type storeSetup struct {
+	dsn   string // the store, reached directly: the checks list it through it
+	gwDSN string // the gateways' DSN: through the store link's proxies, if any
+	desc  string // for the report
+	// noLink says why the store link has no proxies.
+	noLink string
+	// writeWait is how long a write waits to be acknowledged before the store reports
+	// it not durable: no gateway is killed from the failover's stall until then.
+	writeWait time.Duration
+	// proxies are the store link: every connection of the gateways to the store goes
+	// through one of them, and the suite cuts, stalls and slows them together. None:
+	// no store link to fault.
+	proxies []*tcpproxy.Proxy
+	// failover, when set, fails the store over once, mid-load, and says when each step
+	// happened; rng draws its timing. It runs on the test's goroutine (it may fail t).
+	failover     func(ctx context.Context, rng *rand.Rand) (Failover, error)
+	failoverDesc string
 }
 
 func storeCases() []storeCase {
 	return []storeCase{
-		{name: "postgres", replicas: 2, load: 40 * time.Second, restartPG: true, proxied: true,
-			dsn: func(t *testing.T, c *pgCluster) (string, string) {
-				return c.URL() + "&schema=idem_chaos&pool_max_conns=16",
-					"PostgreSQL, the disposable cluster (schema idem_chaos), shared by both replicas through one store proxy"
+		{name: "postgres", replicas: 2, load: 40 * time.Second, restartPG: true,
+			setup: func(t *testing.T, ledger *pgcluster.Cluster) storeSetup {
+				dsn := ledger.Primary.URL() + "&schema=idem_chaos&pool_max_conns=16"
+				p := newStoreProxy(t, ledger.Primary.Addr())
+				return storeSetup{dsn: dsn, gwDSN: strings.Replace(dsn, ledger.Primary.Addr(), p.Addr(), 1), proxies: []*tcpproxy.Proxy{p},
+					desc: "PostgreSQL, the ledger's disposable server (schema idem_chaos), shared by both replicas through one store proxy"}
 			}},
 		{name: "sqlite", replicas: 1, load: 25 * time.Second,
-			dsn: func(t *testing.T, _ *pgCluster) (string, string) {
+			setup: func(t *testing.T, _ *pgcluster.Cluster) storeSetup {
 				path := filepath.Join(t.TempDir(), "keys.db")
-				return "sqlite:" + path, "SQLite file " + path + ", kept across the kills (a local file: no store link to fault)"
+				return storeSetup{dsn: "sqlite:" + path, gwDSN: "sqlite:" + path, noLink: "the store is a local file",
+					desc: "SQLite file " + path + ", kept across the kills (a local file: no store link to fault)"}
 			}},
-		{name: "redis", replicas: 2, load: 25 * time.Second, proxied: true,
-			dsn: func(t *testing.T, _ *pgCluster) (string, string) {
+		{name: "redis", replicas: 2, load: 25 * time.Second,
+			setup: func(t *testing.T, _ *pgcluster.Cluster) storeSetup {
 				base := testenv.RedisURL(t)
 				prefix := testenv.Name("chaos") + ":"
 				t.Cleanup(func() { deleteRedisPrefix(base, prefix) })
@@ -110,9 +162,140 @@ func storeCases() []storeCase {
 				if strings.Contains(base, "?") {
 					sep = "&"
 				}
-				return base + sep + "prefix=" + url.QueryEscape(prefix),
-					"the machine's shared Redis, key prefix " + prefix + ", shared by both replicas through one store proxy (Redis itself is not restarted)"
+				dsn := base + sep + "prefix=" + url.QueryEscape(prefix)
+				u, err := url.Parse(dsn)
+				if err != nil {
+					t.Fatalf("chaos: %v", err)
+				}
+				p := newStoreProxy(t, u.Host)
+				u.Host = p.Addr()
+				return storeSetup{dsn: dsn, gwDSN: u.String(), proxies: []*tcpproxy.Proxy{p},
+					desc: "the machine's shared Redis, key prefix " + prefix + ", shared by both replicas through one store proxy (Redis itself is not restarted)"}
 			}},
+		{name: "postgres-failover", replicas: 2, load: 30 * time.Second, setup: postgresFailover},
+		{name: "redis-sentinel", replicas: 2, load: 25 * time.Second, setup: redisSentinel},
+	}
+}
+
+// newStoreProxy starts a proxy of the store link to target, closed at t's cleanup.
+func newStoreProxy(t *testing.T, target string) *tcpproxy.Proxy {
+	t.Helper()
+	p, err := tcpproxy.New(target)
+	if err != nil {
+		t.Fatalf("chaos: store proxy: %v", err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// postgresFailover is the store of the postgres-failover run: a primary and a
+// synchronous standby of their own (the ledger stays on its own server, which does not
+// fail over), reached by the gateways through a multi-host DSN naming both, each
+// through a store proxy of its own (cut, stalled and slowed together, as one link).
+// Mid-load the standby's replication link stalls past the store-call bound, the primary
+// is stopped as a crash would stop it, and the standby is promoted: the gateways
+// follow it (target_session_attrs=read-write).
+func postgresFailover(t *testing.T, _ *pgcluster.Cluster) storeSetup {
+	c := pgcluster.Start(t, pgcluster.Options{Standbys: 1, Sync: true, Settings: []string{"fsync=on"}})
+	standby := c.Standbys[0]
+	q := url.Values{"sslmode": {"disable"}, "target_session_attrs": {"read-write"}, "connect_timeout": {"2"},
+		"schema": {"idem_chaos"}, "pool_max_conns": {"16"}}
+	var proxies []*tcpproxy.Proxy
+	var hosts []string
+	for _, n := range c.Nodes() {
+		p := newStoreProxy(t, n.Addr())
+		proxies = append(proxies, p)
+		hosts = append(hosts, p.Addr())
+	}
+	return storeSetup{
+		dsn:       c.MultiHostURL(url.Values{"schema": {"idem_chaos"}}),
+		writeWait: storeCallBound,
+		gwDSN:     "postgres://postgres@" + strings.Join(hosts, ",") + "/postgres?" + q.Encode(),
+		proxies:   proxies,
+		desc:      "PostgreSQL primary + synchronous standby of their own (schema idem_chaos), fsync on; the gateways' DSN names both (target_session_attrs=read-write), each through a store proxy",
+		failoverDesc: fmt.Sprintf("once, at %.0f–%.0f%% of the load: the synchronous standby's replication link stalled %s–%s (past the %s store-call bound: commits on the primary alone, cancelled, not durable), then the primary stopped (pg_ctl stop -m immediate) and the standby promoted",
+			failoverAtMin*10, (failoverAtMin+failoverAtSpread)*10, pgStallMin, pgStallMax, storeCallBound),
+		failover: func(ctx context.Context, rng *rand.Rand) (Failover, error) {
+			stall := pgStallMin + time.Duration(rng.Int64N(int64(pgStallMax-pgStallMin)))
+			f := Failover{Kind: "postgres", Start: time.Now()}
+			standby.Link().Stall()
+			if !sleepCtx(ctx, stall) {
+				standby.Link().Restore()
+				return f, ctx.Err()
+			}
+			f.Lost = time.Now()
+			err := c.Primary.Stop(ctx)
+			standby.Link().Restore()
+			if err != nil {
+				return f, err
+			}
+			if err := standby.Promote(ctx); err != nil {
+				return f, fmt.Errorf("%w\n%s", err, standby.LogTail())
+			}
+			f.Promoted = time.Now()
+			f.End = f.Promoted // a promoted standby waits for no standby of its own
+			return f, nil
+		},
+	}
+}
+
+// redisSentinel is the store of the redis-sentinel run: a Redis master, a replica and a
+// Sentinel of their own (harness/redisha), which the gateways follow
+// (master_name=…), with wait=1: a write counts once the replica acknowledged it. Mid-load
+// the replica's replication link stalls past wait_timeout, the master is SIGKILLed, the
+// Sentinel promotes the replica, and a new replica of the promoted master is started so
+// that writes can be acknowledged again. The gateways reach the Sentinel and the master
+// directly: the Sentinel hands out the master's own address, which leaves no store link
+// for the suite to partition.
+func redisSentinel(t *testing.T, _ *pgcluster.Cluster) storeSetup {
+	g := redisha.Start(t, redisha.Options{Replicas: 1})
+	// The Sentinel reconfigures a replica that replicates from another address than the
+	// master's (+fix-slave-config) once failover-timeout has passed since it last did:
+	// the replica would then bypass its replication link, and the stall would hold
+	// nothing back. Far longer than a run, it never does.
+	sc := redis.NewSentinelClient(&redis.Options{Addr: g.Sentinel().Addr})
+	err := sc.Set(t.Context(), g.MasterName(), "failover-timeout", "600000").Err()
+	_ = sc.Close()
+	if err != nil {
+		t.Fatalf("chaos: SENTINEL SET failover-timeout: %v", err)
+	}
+	dsn := g.URL("wait", "1", "wait_timeout", redisWaitTimeout.String())
+	return storeSetup{dsn: dsn, gwDSN: dsn, noLink: "the Sentinel hands the gateways the master's own address", writeWait: redisWaitTimeout,
+		desc: "Redis master + 1 replica + Sentinel of their own (no persistence), followed through the Sentinel, wait=1 wait_timeout=" + redisWaitTimeout.String() +
+			"; reached directly (the Sentinel names the master's own address: no store link to fault)",
+		failoverDesc: fmt.Sprintf("once, at %.0f–%.0f%% of the load: the replica's replication link stalled %s–%s (past wait_timeout: WAIT short, writes not durable), then the master SIGKILLed, the Sentinel's failover (down-after 1s) awaited, and a new replica added to the promoted master",
+			failoverAtMin*10, (failoverAtMin+failoverAtSpread)*10, redisStallMin, redisStallMax),
+		failover: func(ctx context.Context, rng *rand.Rand) (Failover, error) {
+			stall := redisStallMin + time.Duration(rng.Int64N(int64(redisStallMax-redisStallMin)))
+			replica := g.Replicas()[0]
+			f := Failover{Kind: "redis", Start: time.Now()}
+			replica.Link().Stall()
+			if !sleepCtx(ctx, stall) {
+				replica.Link().Restore()
+				return f, ctx.Err()
+			}
+			old := g.Master()
+			f.Lost = time.Now()
+			old.Kill()
+			replica.Link().Restore()
+			if promoted := g.AwaitSwitch(old); promoted != replica {
+				return f, fmt.Errorf("the Sentinel promoted %s, not %s", promoted.Name, replica.Name)
+			}
+			f.Promoted = time.Now()
+			g.AddReplica()
+			f.End = time.Now()
+			return f, nil
+		},
+	}
+}
+
+// sleepCtx waits d, and reports false when ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
 	}
 }
 
@@ -173,13 +356,13 @@ func readSettings(t *testing.T) settings {
 
 // TestChaos is the exactly-once chaos suite: for each store, 32 clients make payments
 // through fault proxies and gateway processes that are killed and restarted, whose
-// links to the upstream and to the store fail too, to a payments upstream that executes
-// every request it gets; every execution beyond the first of a payment must have a
-// documented cause, and the ledger, the store and what the clients saw are checked
-// against each other. See the package doc.
+// links to the upstream and to the store fail too (two stores fail over, once each), to
+// a payments upstream that executes every request it gets; every execution beyond the
+// first of a payment must have a documented cause, and the ledger, the store and what
+// the clients saw are checked against each other. See the package doc.
 func TestChaos(t *testing.T) {
 	if testing.Short() {
-		t.Skip("chaos: the exactly-once chaos suite takes about 2 minutes; skipped with -short")
+		t.Skip("chaos: the exactly-once chaos suite takes about 3 minutes; skipped with -short")
 	}
 	set := readSettings(t)
 	cases := storeCases()
@@ -192,12 +375,12 @@ func TestChaos(t *testing.T) {
 			planned.Round(time.Second), time.Until(dl).Round(time.Second), (planned + planned/2).Round(time.Minute))
 	}
 	ctx := t.Context()
-	cluster := startCluster(ctx, t)
+	ledger := startLedger(t)
 	bin := buildBinary(ctx, t)
 	t.Logf("chaos: seed %d (RETRYSAFE_CHAOS_SEED to repeat the schedule)", set.seed)
 	for _, sc := range cases {
 		t.Run(sc.name, func(t *testing.T) {
-			runStore(t, cluster, bin, sc, set, set.seed)
+			runStore(t, ledger, bin, sc, set, set.seed)
 		})
 	}
 }
@@ -225,18 +408,8 @@ func (l *faultLog) add(f faultproxy.Fault) {
 	l.mu.Unlock()
 }
 
-// proxiedDSN returns dsn with its host replaced by addr.
-func proxiedDSN(dsn, addr string) (string, error) {
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "", err
-	}
-	u.Host = addr
-	return u.String(), nil
-}
-
 // runStore runs the suite against one store.
-func runStore(t *testing.T, cluster *pgCluster, bin string, sc storeCase, set settings, seed uint64) {
+func runStore(t *testing.T, ledger *pgcluster.Cluster, bin string, sc storeCase, set settings, seed uint64) {
 	ctx := t.Context()
 	began := time.Now()
 	load := cmpOr(set.load, sc.load)
@@ -244,31 +417,17 @@ func runStore(t *testing.T, cluster *pgCluster, bin string, sc storeCase, set se
 	rep := Report{Store: sc.name, Replicas: sc.replicas, Seed: seed, Lease: lease, UpstreamTimeout: upstreamTimeout,
 		Load: load, Clients: clients, SlowClients: slowClients, Dedup: set.dedup}
 
-	dsn, storeDesc := sc.dsn(t, cluster) // skips t when Redis is absent
-
-	// The gateways' link to the store: one proxy shared by every replica.
-	gwDSN := dsn
-	var storeProxy *tcpproxy.Proxy
-	if sc.proxied {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			t.Fatalf("chaos: %v", err)
-		}
-		if storeProxy, err = tcpproxy.New(u.Host); err != nil {
-			t.Fatalf("chaos: store proxy: %v", err)
-		}
-		t.Cleanup(func() { _ = storeProxy.Close() })
-		if gwDSN, err = proxiedDSN(dsn, storeProxy.Addr()); err != nil {
-			t.Fatalf("chaos: %v", err)
-		}
-	}
+	// The store, and the gateways' link to it: proxies shared by every replica.
+	store := sc.setup(t, ledger) // skips t when the store's server is absent
+	dsn, gwDSN, storeProxies := store.dsn, store.gwDSN, storeLink(store.proxies)
+	rep.NoStoreLink = store.noLink
 
 	names := make([]string, sc.replicas)
 	for i := range names {
 		names[i] = fmt.Sprintf("%s-%d", sc.name, i+1)
 	}
 	// The payments upstream, its ledger in the disposable cluster (reached directly).
-	up, err := startUpstream(ctx, upstreamConfig{dsn: cluster.URL(), schema: "ledger_" + sc.name, replicas: names, dedup: set.dedup,
+	up, err := startUpstream(ctx, upstreamConfig{dsn: ledger.Primary.URL(), schema: "ledger_" + strings.ReplaceAll(sc.name, "-", "_"), replicas: names, dedup: set.dedup,
 		slowRate: upSlowRate, slowMin: upSlowMin, slowMax: upSlowMax, seed: seed, logger: quiet})
 	if err != nil {
 		t.Fatalf("chaos: %v", err)
@@ -330,25 +489,28 @@ func runStore(t *testing.T, cluster *pgCluster, bin string, sc storeCase, set se
 	case sc.name == "redis":
 		chaos += "; Redis is the machine's shared server and is not restarted"
 	}
+	if store.failover != nil {
+		chaos += "; the store fails over " + store.failoverDesc
+	}
 	upDesc := "executes every request it gets (no deduplication): each forward is a ledger row"
 	if set.dedup {
 		upDesc = "deduplicates on the forwarded Idempotency-Key (RETRYSAFE_CHAOS_DEDUP_UPSTREAM): the ledger's UNIQUE (user_id, idempotency_key)"
 	}
-	storeLink := "none (a local file)"
-	if sc.proxied {
-		storeLink = fmt.Sprintf("one tcpproxy shared by the replicas: a partition (cut or stall, %s–%s) after every %s–%s, a latency spike (%s–%s for %s–%s) in %.0f%% of the gaps",
-			partitionMin, partitionMax, partitionGapMin, partitionGapMax, spikeMin, spikeMax, spikeForMin, spikeForMax, 100*spikeRate)
+	storeLink := "none: " + store.noLink
+	if len(storeProxies) > 0 {
+		storeLink = fmt.Sprintf("%d tcpproxy shared by the replicas (several: cut, stalled and slowed together): a partition (cut or stall, %s–%s) after every %s–%s, a latency spike (%s–%s for %s–%s) in %.0f%% of the gaps",
+			len(storeProxies), partitionMin, partitionMax, partitionGapMin, partitionGapMax, spikeMin, spikeMax, spikeForMin, spikeForMax, 100*spikeRate)
 	}
 	rep.Setup = []string{
 		fmt.Sprintf("clients   %d × retry.Transport with AutoKey (attempt timeout %s, no budget), each attempt to the next replica in turn; %d of them, straight to the replicas over narrow connections (16 KiB receive buffer, 1 KiB segments), ask for %d–%d B answers and read the first answer of each payment at %d B per %s for %s; the others, through the client fault proxies, %.1f%% of the time",
 			clients, attemptTimeout, slowClients, padMin, padMax, slowReading.Chunk, slowReading.Every, slowReading.For, 100*padRateFast),
 		fmt.Sprintf("client    a fault proxy per replica: refuse %.0f%%, black hole %.0f%% of connections; read timeout %.0f%%, reset %.0f%%, response lost %.0f%% of requests; latency 1–3ms",
 			100*rateRefuse, 100*rateBlackHole, 100*rateReadTimeout, 100*rateReset, 100*rateResponseLost),
-		fmt.Sprintf("gateways  %d × `retrysafe gateway` process, --lease %s, --upstream-timeout %s, store: %s", len(replicas), lease, upstreamTimeout, storeDesc),
+		fmt.Sprintf("gateways  %d × `retrysafe gateway` process, --lease %s, --upstream-timeout %s, store: %s", len(replicas), lease, upstreamTimeout, store.desc),
 		fmt.Sprintf("upstream  a fault proxy per replica: read timeout %.1f%%, reset %.1f%%, response lost %.1f%%, response reset %.1f%% of requests; latency 1–5ms; the upstream answers %.1f%% late (%s–%s)",
 			100*upReadTimeout, 100*upReset, 100*upResponseLost, 100*upResponseReset, 100*upSlowRate, upSlowMin, upSlowMax),
 		"store     " + storeLink,
-		"ledger    POST /payments on a PostgreSQL ledger (disposable cluster, fsync on), no idempotency layer; " + upDesc,
+		"ledger    POST /payments on a PostgreSQL ledger (a disposable server, fsync on, never failed over), no idempotency layer; " + upDesc,
 		"chaos     " + chaos,
 	}
 
@@ -421,6 +583,17 @@ func runStore(t *testing.T, cluster *pgCluster, bin string, sc storeCase, set se
 			return true
 		}
 	}
+	// The failover's moment is drawn now, so that the kills pause through the start of
+	// its stall, and the store link's faults keep clear of it: none comes within
+	// failoverQuiet of it, before or after. Each extra execution then has one store
+	// fault to blame, and the report measures the failover alone.
+	var failoverAt time.Time
+	var failoverEnd time.Time // written before failoverDone is closed
+	failoverDone := make(chan struct{})
+	frng := rand.New(rand.NewPCG(seed, 0x6661696c)) // "fail"
+	if store.failover != nil {
+		failoverAt = loadStart.Add(time.Duration(float64(load) * (failoverAtMin + failoverAtSpread*frng.Float64()) / 10))
+	}
 	chaosWG.Go(func() {
 		rng := rand.New(rand.NewPCG(seed, 0x6b696c6c)) // "kill"
 		for {
@@ -429,6 +602,16 @@ func runStore(t *testing.T, cluster *pgCluster, bin string, sc storeCase, set se
 			down := time.Duration(rng.Int64N(int64(time.Second)))
 			if !sleep(wait) {
 				return
+			}
+			// No kill from just before the failover's stall until the writes in flight
+			// when it began have come back not durable: the gateways must hold those
+			// answers, and a kill would take them away untested.
+			if store.failover != nil {
+				stall := failoverAt.Add(answerHold - answerHoldAfter)
+				if now := time.Now(); now.After(stall.Add(-time.Second)) && now.Before(stall.Add(store.writeWait+time.Second)) &&
+					!sleep(time.Until(stall.Add(store.writeWait+time.Second))) {
+					return
+				}
 			}
 			killed := r.kill()
 			// The replica stays down for down, a wait of the schedule like the others:
@@ -447,11 +630,27 @@ func runStore(t *testing.T, cluster *pgCluster, bin string, sc storeCase, set se
 			chaosMu.Unlock()
 		}
 	})
-	if storeProxy != nil {
+	// room returns how much of a store-link fault of d beginning now keeps clear of the
+	// failover: all of it, or what ends failoverQuiet before the failover begins, or none.
+	room := func(d time.Duration) time.Duration {
+		if store.failover == nil {
+			return d
+		}
+		select {
+		case <-failoverDone:
+			if time.Now().After(failoverEnd.Add(failoverQuiet)) {
+				return d
+			}
+			return 0
+		default:
+			return max(0, min(d, time.Until(failoverAt)-failoverQuiet))
+		}
+	}
+	if len(storeProxies) > 0 {
 		chaosWG.Go(func() {
 			defer func() {
-				storeProxy.Restore()
-				storeProxy.SetLatency(0)
+				storeProxies.Restore()
+				storeProxies.SetLatency(0)
 			}()
 			rng := rand.New(rand.NewPCG(seed, 0x70617274)) // "part"
 			between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo))) }
@@ -472,13 +671,18 @@ func runStore(t *testing.T, cluster *pgCluster, bin string, sc storeCase, set se
 					if !sleep(gap / 3) {
 						return
 					}
-					storeProxy.SetLatency(spikeLat)
-					p := Partition{Kind: "latency", Start: time.Now(), Latency: spikeLat}
-					ok := sleep(min(spikeFor, gap/2))
-					storeProxy.SetLatency(0)
-					p.End = time.Now()
-					record(p)
-					if !ok || !sleep(gap-gap/3-min(spikeFor, gap/2)) {
+					d := min(spikeFor, gap/2)
+					ok := true
+					if r := room(d); r > 0 {
+						storeProxies.SetLatency(spikeLat)
+						p := Partition{Kind: "latency", Start: time.Now(), Latency: spikeLat}
+						ok = sleep(r)
+						storeProxies.SetLatency(0)
+						p.End = time.Now()
+						record(p)
+						d -= r
+					}
+					if !ok || !sleep(d) || !sleep(gap-gap/3-min(spikeFor, gap/2)) {
 						return
 					}
 				} else if !sleep(gap) {
@@ -487,15 +691,20 @@ func runStore(t *testing.T, cluster *pgCluster, bin string, sc storeCase, set se
 				if time.Now().Add(dur + time.Second).After(loadEnd) {
 					return // no partition past the load: the drain is not the place for one
 				}
+				// Shortened to end failoverQuiet before the failover, so that the run has
+				// one partition before it, but never shorter than partitionMin.
+				if dur = room(dur); dur < partitionMin {
+					continue
+				}
 				p := Partition{Kind: "cut", Start: time.Now()}
 				if stall {
 					p.Kind = "stall"
-					storeProxy.Stall()
+					storeProxies.Stall()
 				} else {
-					storeProxy.Cut()
+					storeProxies.Cut()
 				}
 				ok := sleep(dur)
-				storeProxy.Restore()
+				storeProxies.Restore()
 				p.End = time.Now()
 				record(p)
 				t.Logf("chaos: %s: store link %s", sc.name, p)
@@ -512,9 +721,9 @@ func runStore(t *testing.T, cluster *pgCluster, bin string, sc storeCase, set se
 			if !sleep(at) {
 				return
 			}
-			downtime, err := cluster.restart(ctx, 300*time.Millisecond)
+			downtime, err := restartCrashed(ctx, ledger.Primary, 300*time.Millisecond)
 			if err != nil {
-				chaosFail(fmt.Errorf("restarting PostgreSQL: %w\n%s", err, cluster.logTail()))
+				chaosFail(fmt.Errorf("restarting PostgreSQL: %w", err))
 				return
 			}
 			chaosMu.Lock()
@@ -529,11 +738,35 @@ func runStore(t *testing.T, cluster *pgCluster, bin string, sc storeCase, set se
 	clientsDone := make(chan struct{})
 	go func() { clientsWG.Wait(); close(clientsDone) }()
 	tick := time.NewTicker(10 * time.Second)
+	// The failover, once, on this goroutine (the store's helpers may fail the test).
+	var failovers []Failover
+	var failoverTimer <-chan time.Time
+	if store.failover != nil {
+		timer := time.NewTimer(time.Until(failoverAt))
+		defer timer.Stop()
+		failoverTimer = timer.C
+	}
 progress:
 	for {
 		select {
 		case <-clientsDone:
 			break progress
+		case <-failoverTimer:
+			failoverTimer = nil
+			// The upstream holds its answers back for a moment, so that many requests
+			// have their claims acknowledged and their completions still to make when
+			// the standby's link stalls, and make them during the stall.
+			up.holdAnswers(time.Now().Add(answerHold))
+			sleepCtx(ctx, answerHold-answerHoldAfter)
+			f, err := store.failover(ctx, frng)
+			failoverEnd = time.Now()
+			close(failoverDone)
+			if err != nil {
+				chaosFail(fmt.Errorf("failing the store over: %w", err))
+				continue
+			}
+			failovers = append(failovers, f)
+			t.Logf("chaos: %s: store failover at %s: %s", sc.name, time.Since(loadStart).Round(time.Millisecond), f)
 		case <-tick.C:
 			chaosMu.Lock()
 			kills, parts := rep.Kills, len(rep.Partitions)
@@ -573,10 +806,10 @@ progress:
 		rep.UpstreamFaults = addStats(rep.UpstreamFaults, p.Stats())
 		_ = p.Close()
 	}
-	if storeProxy != nil {
-		s := storeProxy.Stats()
+	if len(storeProxies) > 0 {
+		s := storeProxies.Stats()
 		rep.StoreLink = &s
-		_ = storeProxy.Close()
+		storeProxies.Close()
 	}
 	select {
 	case <-ctx.Done():
@@ -606,7 +839,7 @@ progress:
 	rep.Attempts, rep.Resends, rep.Replays = st.Attempts.Load(), st.Resends.Load(), st.Replays.Load()
 	rep.Conflicts, rep.ServerErrors, rep.TransportErrors = st.Conflicts.Load(), st.ServerErrors.Load(), st.TransportErrors.Load()
 	rep.Outcomes = map[string]int64{}
-	ev := Evidence{Lines: map[string][]GatewayLine{}, UpstreamTimeout: upstreamTimeout, Partitions: rep.Partitions}
+	ev := Evidence{Lines: map[string][]GatewayLine{}, UpstreamTimeout: upstreamTimeout, Partitions: rep.Partitions, Failovers: failovers}
 	for _, r := range replicas {
 		o, warn := r.Outcomes()
 		for k, v := range o {
@@ -620,6 +853,9 @@ progress:
 			ev.Lines[k] = append(ev.Lines[k], ls...)
 		}
 		ev.Processes = append(ev.Processes, r.Processes()...)
+	}
+	for _, f := range failovers {
+		rep.Failovers = append(rep.Failovers, failoverImpact(f, ev.Lines))
 	}
 	ev.BodyCuts, rep.SlowLarge = cuts.Cuts()
 	for _, cs := range ev.BodyCuts {
@@ -688,11 +924,14 @@ progress:
 		for _, e := range keyEvidence {
 			b.WriteString(e + "\n")
 		}
+		for _, f := range failovers {
+			b.WriteString(ev.DescribeFailover(f, 5*time.Second) + "\n")
+		}
 		path := filepath.Join(dir, sc.name+"-evidence.txt")
 		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 			t.Errorf("chaos: RETRYSAFE_CHAOS_EVIDENCE: %v", err)
 		} else {
-			t.Logf("chaos: %s: every extra execution and unfinished payment described in %s", sc.name, path)
+			t.Logf("chaos: %s: every extra execution and unfinished payment, and the gateways' requests through a failover, described in %s", sc.name, path)
 		}
 	}
 	rep.Elapsed = time.Since(began)
@@ -713,9 +952,14 @@ progress:
 		}
 	}
 	if rep.Checks.Succeeded == 0 || rep.Kills == 0 || rep.ClientFaults.Faults == 0 || rep.UpstreamFaults.Faults == 0 ||
-		sc.restartPG && rep.PGRestarts != 1 || sc.proxied && load >= 20*time.Second && len(rep.Partitions) == 0 || rep.SlowLarge == 0 {
-		t.Errorf("chaos: %s: the run did not exercise the system: %d payments succeeded, %d kills, %d client-link faults, %d upstream-link faults, %d PostgreSQL restarts, %d store-link faults, %d large answers read slowly",
-			sc.name, rep.Checks.Succeeded, rep.Kills, rep.ClientFaults.Faults, rep.UpstreamFaults.Faults, rep.PGRestarts, len(rep.Partitions), rep.SlowLarge)
+		sc.restartPG && rep.PGRestarts != 1 || len(storeProxies) > 0 && load >= 20*time.Second && len(rep.Partitions) == 0 || rep.SlowLarge == 0 ||
+		store.failover != nil && (len(rep.Failovers) != 1 || !rep.Failovers[0].HeldBack(500*time.Millisecond)) {
+		heldBack := "" // whether the standby's stalled link held writes back, as a failover's fault must
+		for _, f := range rep.Failovers {
+			heldBack = fmt.Sprintf(" (the last write acknowledged %s from the stall's start)", relative(f.LastExecuted.Sub(f.Start)))
+		}
+		t.Errorf("chaos: %s: the run did not exercise the system: %d payments succeeded, %d kills, %d client-link faults, %d upstream-link faults, %d PostgreSQL restarts, %d store-link faults, %d store failovers%s, %d large answers read slowly",
+			sc.name, rep.Checks.Succeeded, rep.Kills, rep.ClientFaults.Faults, rep.UpstreamFaults.Faults, rep.PGRestarts, len(rep.Partitions), len(rep.Failovers), heldBack, rep.SlowLarge)
 	}
 }
 
@@ -786,6 +1030,58 @@ func storeRecords(ctx context.Context, dsn string, logger *slog.Logger) ([]Store
 	}
 }
 
+// storeLink is the proxies of the gateways' link to the store: one per server the
+// gateways may reach, faulted together as one link.
+type storeLink []*tcpproxy.Proxy
+
+func (l storeLink) Cut() {
+	for _, p := range l {
+		p.Cut()
+	}
+}
+
+func (l storeLink) Stall() {
+	for _, p := range l {
+		p.Stall()
+	}
+}
+
+func (l storeLink) Restore() {
+	for _, p := range l {
+		p.Restore()
+	}
+}
+
+func (l storeLink) SetLatency(d time.Duration) {
+	for _, p := range l {
+		p.SetLatency(d)
+	}
+}
+
+func (l storeLink) Close() {
+	for _, p := range l {
+		_ = p.Close()
+	}
+}
+
+// Stats sums the proxies' counts.
+func (l storeLink) Stats() tcpproxy.Stats {
+	var a tcpproxy.Stats
+	for _, p := range l {
+		b := p.Stats()
+		a.Accepted += b.Accepted
+		a.Refused += b.Refused
+		a.Reset += b.Reset
+		a.Stalled += b.Stalled
+		a.DialErrors += b.DialErrors
+		a.Cuts += b.Cuts
+		a.Stalls += b.Stalls
+		a.BytesToTarget += b.BytesToTarget
+		a.BytesFromTarget += b.BytesFromTarget
+	}
+	return a
+}
+
 func addStats(a, b faultproxy.Stats) faultproxy.Stats {
 	a.Connections += b.Connections
 	a.Requests += b.Requests
@@ -835,13 +1131,25 @@ func openLister(ctx context.Context, dsn string) (idempotency.Lister, func(), er
 		return s, pool.Close, nil
 	case "redis":
 		prefix := q.Get("prefix")
+		// Listing waits for no replica: what a write needed is no concern of a read.
 		q.Del("prefix")
+		q.Del("wait")
+		q.Del("wait_timeout")
 		u.RawQuery = q.Encode()
-		opt, err := redis.ParseURL(u.String())
-		if err != nil {
-			return nil, nil, err
+		var c redis.UniversalClient
+		if q.Has("master_name") { // through a Sentinel, to the master of now
+			opt, err := redis.ParseFailoverURL(u.String())
+			if err != nil {
+				return nil, nil, err
+			}
+			c = redis.NewFailoverClient(opt)
+		} else {
+			opt, err := redis.ParseURL(u.String())
+			if err != nil {
+				return nil, nil, err
+			}
+			c = redis.NewClient(opt)
 		}
-		c := redis.NewClient(opt)
 		s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix})
 		if err != nil {
 			_ = c.Close()

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"sort"
@@ -21,6 +22,7 @@ type UpstreamStats struct {
 	// (by its execution number) before it answered.
 	Resolved     int64
 	SlowAnswers  int64 // answers delayed on purpose past the gateways' upstream timeout
+	HeldAnswers  int64 // answers held back as a failover began (see upstream.holdAnswers)
 	LargeAnswers int64 // answers with padding asked for
 	KeyReused    int64 // deliveries whose key had recorded another ref or amount (dedup mode, answered 422): must be 0
 }
@@ -47,11 +49,14 @@ type Report struct {
 
 	ClientFaults   faultproxy.Stats // client ↔ gateway, summed over the proxies
 	UpstreamFaults faultproxy.Stats // gateway ↔ upstream, summed over the proxies
-	StoreLink      *tcpproxy.Stats  // gateway ↔ store; nil: no store proxy (SQLite)
+	StoreLink      *tcpproxy.Stats  // gateway ↔ store; nil: no store proxy (NoStoreLink says why)
+	NoStoreLink    string           // why there is no store proxy
 	Partitions     []Partition      // of the store link, latency spikes included
 
 	Kills, Restarts, FailedStarts, PGRestarts int
 	PGDowntime                                time.Duration
+	// Failovers are the store's failovers, with what the gateways logged around each.
+	Failovers []FailoverImpact
 
 	Outcomes        map[string]int64 // gateway outcomes, from the replicas' request logs
 	GatewayWarnings int64
@@ -179,7 +184,7 @@ func (r Report) WriteTable(w io.Writer) {
 	row("client↔gateway faults", r.ClientFaults.Faults, faultKinds(r.ClientFaults))
 	row("gateway↔upstream", r.UpstreamFaults.Faults, faultKinds(r.UpstreamFaults)+fmt.Sprintf("; slow answers %d (past --upstream-timeout %s)", u.SlowAnswers, r.UpstreamTimeout))
 	if r.StoreLink == nil {
-		row("gateway↔store", 0, "no store proxy: the store is a local file")
+		row("gateway↔store", 0, "no store proxy: "+cmp.Or(r.NoStoreLink, "the store is a local file"))
 	} else {
 		kinds := map[string]int{}
 		var down time.Duration
@@ -202,6 +207,15 @@ func (r Report) WriteTable(w io.Writer) {
 		pg = fmt.Sprintf("immediate stop (as a crash) and start, unreachable for %s", r.PGDowntime.Round(time.Millisecond))
 	}
 	row("PostgreSQL restarts", int64(r.PGRestarts), pg)
+	if len(r.Failovers) > 0 || r.Outcomes["store-not-durable"] > 0 {
+		row("store failovers", int64(len(r.Failovers)), fmt.Sprintf("the standby's replication link stalled, then the primary lost and the standby promoted in its place; the upstream held %d answers back as it began, so that their completions met the stall",
+			r.Upstream.HeldAnswers))
+		for _, f := range r.Failovers {
+			fmt.Fprintf(w, "  %-22s %9s  %s\n", "", "", f.Failover)
+			fmt.Fprintf(w, "  %-22s %9s  %s\n", "", "", f.Summary())
+		}
+		row("503 store-not-durable", r.Outcomes["store-not-durable"], notDurableNote(r.Failovers))
+	}
 	fmt.Fprintln(w)
 	row("gateway requests", requests, strings.Join(outcomes, ", "))
 	row("upstream deliveries", u.Deliveries, fmt.Sprintf("executions %d, found recorded %d, 503 not done %d, ledger outcomes learned after an error %d",
@@ -286,8 +300,137 @@ func causeNote(c Cause) string {
 		return "the owner could not store its answer or lost its lease while the store was unreachable"
 	case CauseSlowReader:
 		return "the answer arrived whole, the client read it slowly, the gateway's upstream timeout cut it off"
+	case CauseFailover:
+		return "a failover of the store came between the executions: the promoted standby lacked a write the gateway took as acknowledged"
 	case CauseUnexplained:
 		return "none of the above"
 	}
 	return ""
+}
+
+// FailoverImpact is a failover of the store and what the gateways logged around it.
+type FailoverImpact struct {
+	Failover
+	// LastExecuted is when the last request executed (its claim and its completion
+	// acknowledged) before the primary was lost sent its completion, FirstExecuted when
+	// the first one after did (see completedAt); zero when there is none. With the
+	// standby's link stalled first, LastExecuted is about when the stall began, unless
+	// writes were still acknowledged during it.
+	LastExecuted, FirstExecuted time.Time
+	// Between LastExecuted and FirstExecuted (to the end of the run when there was no
+	// FirstExecuted): requests answered 503 store-not-durable, 503 store-error, and
+	// answers held because the store did not acknowledge their completion (stored-later).
+	NotDurable, StoreErrors, Held int
+	// FirstNotDurable and LastNotDurable are the first and the last 503
+	// store-not-durable line of the run; zero when there is none.
+	FirstNotDurable, LastNotDurable time.Time
+}
+
+// failoverImpact reads, from the gateways' request lines (by key), what f did to the
+// requests.
+func failoverImpact(f Failover, lines map[string][]GatewayLine) FailoverImpact {
+	fi := FailoverImpact{Failover: f}
+	var all []GatewayLine
+	for _, ls := range lines {
+		all = append(all, ls...)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].Time.Before(all[j].Time) })
+	for _, l := range all {
+		if l.Outcome != "executed" {
+			continue
+		}
+		switch at := completedAt(l); {
+		case at.Before(f.Lost):
+			if at.After(fi.LastExecuted) {
+				fi.LastExecuted = at
+			}
+		case fi.FirstExecuted.IsZero() || at.Before(fi.FirstExecuted):
+			fi.FirstExecuted = at
+		}
+	}
+	for _, l := range all {
+		if l.Outcome == "store-not-durable" {
+			if fi.FirstNotDurable.IsZero() {
+				fi.FirstNotDurable = l.Time
+			}
+			fi.LastNotDurable = l.Time
+		}
+		if l.Time.Before(fi.LastExecuted) || !fi.FirstExecuted.IsZero() && l.Time.After(fi.FirstExecuted) {
+			continue
+		}
+		switch {
+		case l.Outcome == "store-not-durable":
+			fi.NotDurable++
+		case l.Outcome == "store-error" && l.Status == 503:
+			fi.StoreErrors++
+		case l.Outcome == "stored-later":
+			fi.Held++
+		}
+	}
+	return fi
+}
+
+// completedAt is about when the request of l sent its completion to the store: when the
+// upstream's answer was in (the request's start, plus its upstream call), and not when
+// the line was logged, after the answer went to the client — which a slow reader makes
+// seconds later. The store acknowledged the completion a store call later, and the
+// answer went to the client after.
+func completedAt(l GatewayLine) time.Time {
+	if l.Latency <= 0 {
+		return l.Time
+	}
+	return l.Time.Add(l.UpstreamLatency - l.Latency)
+}
+
+// HeldBack reports whether the failover held writes back from when its standby's link
+// stalled: no request sent its completion between slack after the stall began and the
+// primary's loss and had it acknowledged. One that did shows that the stall failed to
+// keep the standby from acknowledging writes.
+func (fi FailoverImpact) HeldBack(slack time.Duration) bool {
+	return fi.LastExecuted.Before(fi.Start.Add(slack))
+}
+
+// Unwritable is how long the store took no write, as the gateways saw it: from the
+// stall's start to when the first request executed after the primary's loss sent its
+// completion; 0 when none was.
+func (fi FailoverImpact) Unwritable() time.Duration {
+	if fi.FirstExecuted.IsZero() {
+		return 0
+	}
+	return fi.FirstExecuted.Sub(fi.Start)
+}
+
+// Summary is what the gateways saw of the failover, on one line.
+func (fi FailoverImpact) Summary() string {
+	last := "none"
+	if !fi.LastExecuted.IsZero() {
+		last = relative(fi.LastExecuted.Sub(fi.Start))
+	}
+	if fi.FirstExecuted.IsZero() {
+		return fmt.Sprintf("gateways: no request executed after the primary's loss (the last before it: %s); since then 503 store-not-durable %d, 503 store-error %d, answers held %d",
+			last, fi.NotDurable, fi.StoreErrors, fi.Held)
+	}
+	return fmt.Sprintf("gateways: store unwritable %s — the last request executed before the loss sent its completion at %s, the first after at %s; in between 503 store-not-durable %d, 503 store-error %d, answers held (stored-later) %d",
+		fi.Unwritable().Round(time.Millisecond), last, relative(fi.FirstExecuted.Sub(fi.Start)), fi.NotDurable, fi.StoreErrors, fi.Held)
+}
+
+// notDurableNote says when the 503 store-not-durable answers came, relative to the
+// first failover.
+func notDurableNote(fs []FailoverImpact) string {
+	const what = "keyed requests refused, not forwarded, while the store could not make writes durable"
+	if len(fs) == 0 || fs[0].FirstNotDurable.IsZero() {
+		return what
+	}
+	f := fs[0]
+	return fmt.Sprintf("%s: the first %s, the last %s from the failover's start",
+		what, relative(f.FirstNotDurable.Sub(f.Start)), relative(f.LastNotDurable.Sub(f.Start)))
+}
+
+// relative renders d, a time relative to an event, with its sign.
+func relative(d time.Duration) string {
+	d = d.Round(time.Millisecond)
+	if d < 0 {
+		return d.String()
+	}
+	return "+" + d.String()
 }

@@ -19,7 +19,10 @@ func TestWriteTable(t *testing.T) {
 		StoreLink:      &tcpproxy.Stats{Reset: 9},
 		Partitions:     []Partition{{Kind: "stall", Start: at, End: at.Add(4 * time.Second)}},
 		Kills:          4, Restarts: 4, PGRestarts: 1,
-		Outcomes: map[string]int64{"executed": 100, "replayed": 20},
+		Failovers: []FailoverImpact{{Failover: Failover{Kind: "redis", Start: at, Lost: at.Add(4 * time.Second), Promoted: at.Add(6 * time.Second), End: at.Add(7 * time.Second)},
+			LastExecuted: at, FirstExecuted: at.Add(7500 * time.Millisecond), NotDurable: 30, StoreErrors: 12, Held: 3,
+			FirstNotDurable: at.Add(2 * time.Second), LastNotDurable: at.Add(3500 * time.Millisecond)}},
+		Outcomes: map[string]int64{"executed": 100, "replayed": 20, "store-not-durable": 30},
 		Upstream: UpstreamStats{Deliveries: 103, Executions: 103},
 		Attribution: Attribution{Executions: 103, Keys: 3, ByCause: map[Cause]int{CauseKilled: 2, CauseAnswerLost: 1},
 			ByReason: map[string]int{"read-timeout": 1}, Extras: make([]Extra, 3)},
@@ -29,7 +32,8 @@ func TestWriteTable(t *testing.T) {
 	out := b.String()
 	for _, want := range []string{"postgres store", "seed 7", "logical payments", "HTTP attempts", "response-lost 2",
 		"response-reset 4; 3 on reused connections", "stall 12:00:00.000", "cut 0, stall 1", "gateway kills",
-		"PostgreSQL restarts", "executed 100", "extra executions", "replica killed", "(read-timeout 1)", "NOT ALLOWED",
+		"PostgreSQL restarts", "executed 100", "extra executions", "store failovers", "+4s master SIGKILLed",
+		"store unwritable 7.5s", "503 store-not-durable         30", "the first +2s, the last +3.5s", "store failover", "replica killed", "(read-timeout 1)", "NOT ALLOWED",
 		"duplicates", "lost", "phantoms", "stuck", "unfinished", "OK — 100 payments"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the table lacks %q:\n%s", want, out)

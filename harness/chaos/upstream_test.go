@@ -74,6 +74,8 @@ type upstream struct {
 	active sync.WaitGroup // handlers running
 
 	nextExec, nextConn atomic.Uint64
+	// holdUntil (UnixNano) holds every answer ready before it back until then.
+	holdUntil atomic.Int64
 
 	mu    sync.Mutex
 	rng   *rand.Rand
@@ -147,6 +149,12 @@ CREATE TABLE ` + u.table + ` (
 	}
 	return u, nil
 }
+
+// holdAnswers makes the upstream hold back every answer ready before until, until then,
+// as a service in a slow spell does: the requests keep arriving and executing, and their
+// answers all leave at until. At a failover's start it puts completions in flight when
+// the standby's link stalls.
+func (u *upstream) holdAnswers(until time.Time) { u.holdUntil.Store(until.UnixNano()) }
 
 // Addr returns the address of the listener of replica i.
 func (u *upstream) Addr(i int) string { return u.addrs[i] }
@@ -279,8 +287,13 @@ func (u *upstream) serveHTTP(w http.ResponseWriter, r *http.Request, replica str
 	if err == nil && in.Pad > 0 {
 		u.st.LargeAnswers++
 	}
+	var held time.Duration
+	if h := time.Until(time.Unix(0, u.holdUntil.Load())); err == nil && h > delay {
+		held = h
+		u.st.HeldAnswers++
+	}
 	if err == nil {
-		e.RowID, e.Absorbed, e.Slow = row.ID, existed, delay
+		e.RowID, e.Absorbed, e.Slow, e.Held = row.ID, existed, delay, held
 		u.execs = append(u.execs, e)
 	}
 	u.mu.Unlock()
@@ -292,7 +305,7 @@ func (u *upstream) serveHTTP(w http.ResponseWriter, r *http.Request, replica str
 		http.Error(w, "ledger unavailable: "+err.Error(), status)
 		return
 	}
-	if delay > 0 {
+	if delay = max(delay, held); delay > 0 {
 		t := time.NewTimer(delay)
 		select {
 		case <-t.C:
