@@ -249,16 +249,6 @@ func postgresFailover(t *testing.T, _ *pgcluster.Cluster) storeSetup {
 // for the suite to partition.
 func redisSentinel(t *testing.T, _ *pgcluster.Cluster) storeSetup {
 	g := redisha.Start(t, redisha.Options{Replicas: 1})
-	// The Sentinel reconfigures a replica that replicates from another address than the
-	// master's (+fix-slave-config) once failover-timeout has passed since it last did:
-	// the replica would then bypass its replication link, and the stall would hold
-	// nothing back. Far longer than a run, it never does.
-	sc := redis.NewSentinelClient(&redis.Options{Addr: g.Sentinel().Addr})
-	err := sc.Set(t.Context(), g.MasterName(), "failover-timeout", "600000").Err()
-	_ = sc.Close()
-	if err != nil {
-		t.Fatalf("chaos: SENTINEL SET failover-timeout: %v", err)
-	}
 	dsn := g.URL("wait", "1", "wait_timeout", redisWaitTimeout.String())
 	return storeSetup{dsn: dsn, gwDSN: dsn, noLink: "the Sentinel hands the gateways the master's own address", writeWait: redisWaitTimeout,
 		desc: "Redis master + 1 replica + Sentinel of their own (no persistence), followed through the Sentinel, wait=1 wait_timeout=" + redisWaitTimeout.String() +

@@ -107,10 +107,7 @@
 // the store link keep 5s clear of the failover, before it and after (the one before it
 // is shortened to), so that it meets gateways that are not recovering from one, and the
 // report measures the failover alone. A run whose stall did not hold writes back (a
-// request executed well into it) fails as one that did not exercise the system. (The
-// Sentinel's failover-timeout is raised past the run: after it, the Sentinel would point
-// the replica at the master's own address, around its replication link, and the stall
-// would hold nothing back.)
+// request executed well into it) fails as one that did not exercise the system.
 //
 // # Extra executions and their causes
 //
