@@ -98,7 +98,7 @@ var broken = []variant{
 	breaks("REGRANT_READ", "inv_once", outageAndFailover...).with("failover"),
 	// A claim whose answer was lost is resent and refused by its own record (409): the
 	// unclaim ends and leaves the record to block the key for a lease.
-	breaks("CLAIM_ID_IGNORED", "inv_unclaim", "-DMAXCRASH=0", "-DMAXOUT=1", "-DMAXHELD=0", "-DMAXRESTART=0", noFailover).with("store_error"),
+	breaks("CLAIM_ID_IGNORED", "inv_unclaim", "-DMAXCRASH=0", "-DMAXOUT=1", "-DMAXHELD=0", "-DMAXRESTART=0", "-DNO_ABANDON", noFailover).with("store_error"),
 }
 
 // breaks is the broken variant BROKEN_name, which spin must refute with a

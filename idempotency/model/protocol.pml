@@ -41,14 +41,15 @@
  *                       pgstore/pgstore.go: Store.Claim, claimable
  *                       redisstore/redisstore.go: Store.Claim
  *                       store.go: ClaimRequest.MayTakeOver, ClaimRequest.TakeoverLimit
+ *   (the claim ID, field ClaimRequest.ID: a claim is granted its own in-progress record)
  * storeExtend           memstore/memstore.go: Store.Extend
  * storeComplete         memstore/memstore.go: Store.Complete
  * storeRelease          memstore/memstore.go: Store.Release
  * storeAbandon          memstore/memstore.go: Store.Abandon
  * storeGet              memstore/memstore.go: Store.Get
+ *   (only the former read-back reads it: BROKEN_CONFIRM_BY_READ)
  * FAULTY (a call)       middleware.go: Middleware.storeCall
  *                       health.go: health.observe
- *   (the claim ID, ClaimRequest.ID: a claim granted its own in-progress record)
  * Attempt: claim        middleware.go: Middleware.serve, Middleware.claim
  *   (first claim with NoTakeover; the decision; the takeover claim with TakeoverBy)
  *                       health.go: health.takeoverWait
