@@ -51,7 +51,7 @@ var correct = variant{name: "correct", defines: []string{"-DNATT=2", noFailover}
 // bound above with 1 link outage: about 3 million states.
 var failover = variant{name: "failover", defines: []string{"-DNATT=2", "-DMAXOUT=1", "-DMAXFAILOVER=1"}, big: true, plain: true}
 
-// The long bounds (RETRYSAFE_LONG=1), each a few minutes and a few GB (30 to 40
+// The long bounds (RETRYSAFE_LONG=1), each a few minutes and a few GB (30 to 46
 // million states): more faults (2 crashes, 3 outages, 2 held calls), and a third
 // attempt (with 1 outage), both with the restart and no failover; and the CI bound with
 // the failover (states compressed).

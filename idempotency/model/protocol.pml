@@ -322,7 +322,7 @@ hidden byte acking;     /* the write being applied is acknowledged to its caller
                          * FAULTY around a call whose reply arrives) */
 #ifdef ASYNC
 bool ackAhead;          /* ghost: an acknowledged write the standby may lack */
-bool asyncLost;         /* ghost: a failover lost an acknowledged write (winAsync) */
+bool asyncLost;         /* ghost: a failover lost an acknowledged write (the ASYNC window) */
 #endif
 
 /* The replicas. */
