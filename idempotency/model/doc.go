@@ -1,6 +1,18 @@
 // Package model holds protocol.pml, a Promela model of the idempotency protocol (claim,
-// lease, heartbeat, completion, release, abandon, takeover, held completions, and the
-// restart of a replica's process), and the test that checks it exhaustively with spin.
+// lease, heartbeat, completion, release, abandon, takeover, held completions, the
+// restart of a replica's process, and the failover of the store), and the test that
+// checks it exhaustively with spin.
+//
+// The store is a primary and its standby: a write the store acknowledges is durable (on
+// the standby, synchronous replication), a write whose outcome is unknown may be applied
+// on the primary only, and a failover replaces the primary's record by the standby's. So
+// an owner whose completion's outcome is unknown resends it until it is acknowledged
+// (Complete is idempotent per token) and never confirms it by reading the record back;
+// a claim carries the claimer's ID, and is granted its own in-progress record with a
+// write; a claim whose outcome is unknown is answered 503 and taken back in the
+// background (resent with its ID, and the key released if granted). With an
+// asynchronous standby (-DASYNC) a failover can lose acknowledged writes: a documented
+// window, shown real.
 //
 // A restart kills every attempt its replica runs, each as an owner crash (a held answer
 // is lost with the process), and starts the new process's health as if it had just seen

@@ -38,41 +38,67 @@ type variant struct {
 	story   string // an event the counterexample must hold (a window's)
 }
 
+// noFailover leaves the store's failover out of a search: with synchronous replication
+// it adds no window, and it multiplies the states by five at the CI bound.
+const noFailover = "-DMAXFAILOVER=0"
+
 // The correct model at the bound CI verifies: 2 replicas, 2 client attempts and the
 // final retry, 1 owner crash, 2 link outages, 1 store call held by the network, 1
-// replica restart: about 6.8 million states, 20 million transitions.
-var correct = variant{name: "correct", defines: []string{"-DNATT=2"}, big: true, plain: true}
+// replica restart, no failover: about 7.9 million states.
+var correct = variant{name: "correct", defines: []string{"-DNATT=2", noFailover}, big: true, plain: true}
 
-// The long bounds (RETRYSAFE_LONG=1), each a few minutes and a few GB (30 to 40
+// The correct model with a failover of the store, at a smaller bound CI verifies: the
+// bound above with 1 link outage: about 3 million states.
+var failover = variant{name: "failover", defines: []string{"-DNATT=2", "-DMAXOUT=1", "-DMAXFAILOVER=1"}, big: true, plain: true}
+
+// The long bounds (RETRYSAFE_LONG=1), each a few minutes and a few GB (30 to 46
 // million states): more faults (2 crashes, 3 outages, 2 held calls), and a third
-// attempt (with 1 outage), both with the restart.
+// attempt (with 1 outage), both with the restart and no failover; and the CI bound with
+// the failover (states compressed).
 var long = []variant{
-	{name: "long-faults", defines: []string{"-DNATT=2", "-DMAXCRASH=2", "-DMAXOUT=3", "-DMAXHELD=2"}, big: true},
-	{name: "long-attempts", defines: []string{"-DNATT=3", "-DMAXOUT=1"}, big: true},
+	{name: "long-faults", defines: []string{"-DNATT=2", "-DMAXCRASH=2", "-DMAXOUT=3", "-DMAXHELD=2", noFailover}, big: true},
+	{name: "long-attempts", defines: []string{"-DNATT=3", "-DMAXOUT=1", noFailover}, big: true},
+	{name: "long-failover", defines: []string{"-DNATT=2", "-DMAXFAILOVER=1"}, big: true},
 }
 
 // noFaults takes every fault away but the ones a variant's counterexample needs, so
 // that the counterexample shows the variant's mistake alone.
-var noFaults = []string{"-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0", "-DMAXRESTART=0"}
+var noFaults = []string{"-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0", "-DMAXRESTART=0", noFailover}
+
+// outageAndFailover are the faults a variant of the acknowledged-write rules needs: one
+// link outage (an unknown outcome) and one failover (what the outcome was lost to).
+var outageAndFailover = []string{"-DMAXCRASH=0", "-DMAXOUT=1", "-DMAXHELD=0", "-DMAXRESTART=0", "-DMAXFAILOVER=1"}
 
 // Each broken variant keeps only the invariant it breaks (-DONLY), so that the
 // counterexample spin finds is one of that invariant. Two need a third attempt: a
 // takeover that races another takeover, and a replay after two completions.
 var broken = []variant{
-	breaks("TAKEOVER_SAME_TOKEN", "inv_token", "-DMAXOUT=0", "-DMAXHELD=0"),
-	breaks("NO_TOKEN_CHECK", "inv_stale"),
-	breaks("CLAIM_LIVE_LEASE", "inv_once", "-DNATT=3"),
+	breaks("TAKEOVER_SAME_TOKEN", "inv_token", "-DMAXOUT=0", "-DMAXHELD=0", noFailover),
+	breaks("NO_TOKEN_CHECK", "inv_stale", noFailover),
+	breaks("CLAIM_LIVE_LEASE", "inv_once", "-DNATT=3", noFailover),
 	breaks("EXTEND_NOOP", "inv_takeover", noFaults...),
-	breaks("NO_TAKEOVERBY", "inv_once"),
-	breaks("NO_HEALTH_HOLD", "inv_final"),
+	breaks("NO_TAKEOVERBY", "inv_once", noFailover),
+	breaks("NO_HEALTH_HOLD", "inv_final", noFailover),
 	breaks("LOCAL_CLOCK", "inv_takeover", noFaults...),
-	breaks("SEND_BEFORE_STORE", "inv_final", "-DMAXOUT=0", "-DMAXHELD=0"),
-	breaks("RELEASE_NO_CHECK", "inv_once"),
-	breaks("CLAIM_REPLACES_DONE", "inv_replay", "-DNATT=3"),
-	breaks("NO_TAKEOVER", "inv_progress", "-DMAXOUT=0", "-DMAXHELD=0"),
+	breaks("SEND_BEFORE_STORE", "inv_final", "-DMAXOUT=0", "-DMAXHELD=0", noFailover),
+	breaks("RELEASE_NO_CHECK", "inv_once", noFailover),
+	breaks("CLAIM_REPLACES_DONE", "inv_replay", "-DNATT=3", noFailover),
+	breaks("NO_TAKEOVER", "inv_progress", "-DMAXOUT=0", "-DMAXHELD=0", noFailover),
 	// A process restarted after an outage it never saw takes a live owner's key over
 	// (inv_takeover at the takeover, inv_once at the second execution: the duplicate).
-	breaks("START_HEALTHY", "inv_once", "-DMAXCRASH=0", "-DMAXHELD=0").with("restarts"),
+	breaks("START_HEALTHY", "inv_once", "-DMAXCRASH=0", "-DMAXHELD=0", noFailover).with("restarts"),
+	// An owner whose completion's outcome is unknown resends it, the store refuses the
+	// record already done, and a read of the primary finds it stored: the owner drops
+	// its answer, a failover loses the completion, and a retry runs the request again.
+	breaks("CONFIRM_BY_READ", "inv_once", outageAndFailover...).with("failover"),
+	// An unclaim's resent claim is granted its own record, applied on the primary only,
+	// by a read; a failover loses the record and its token, which the store issues to
+	// another attempt; the unclaim's release deletes that attempt's record as it runs,
+	// and a retry runs the request again.
+	breaks("REGRANT_READ", "inv_once", outageAndFailover...).with("failover"),
+	// A claim whose answer was lost is resent and refused by its own record (409): the
+	// unclaim ends and leaves the record to block the key for a lease.
+	breaks("CLAIM_ID_IGNORED", "inv_unclaim", "-DMAXCRASH=0", "-DMAXOUT=1", "-DMAXHELD=0", "-DMAXRESTART=0", "-DNO_ABANDON", noFailover).with("store_error"),
 }
 
 // breaks is the broken variant BROKEN_name, which spin must refute with a
@@ -91,18 +117,23 @@ func (v variant) with(story string) variant {
 // spin must find one in each window alone, and none without a fault and an unknown
 // outcome, so the exceptions of inv_once excuse what happens and nothing more.
 var windows = []variant{
-	{name: "window-crash", want: "inv_once", story: "crashed", defines: []string{"-DSTRICT", "-DMAXOUT=0", "-DMAXHELD=0", "-DMAXRESTART=0", "-DNO_ABANDON"}},
-	{name: "window-abandon", want: "inv_once", story: " abandoned", defines: []string{"-DSTRICT", "-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0", "-DMAXRESTART=0"}},
-	{name: "window-cut-off", want: "inv_once", story: "takeover=1", defines: []string{"-DSTRICT", "-DMAXCRASH=0", "-DMAXRESTART=0", "-DNO_ABANDON"}},
+	{name: "window-crash", want: "inv_once", story: "crashed", defines: []string{"-DSTRICT", "-DMAXOUT=0", "-DMAXHELD=0", "-DMAXRESTART=0", "-DNO_ABANDON", noFailover}},
+	{name: "window-abandon", want: "inv_once", story: " abandoned", defines: []string{"-DSTRICT", "-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0", "-DMAXRESTART=0", noFailover}},
+	{name: "window-cut-off", want: "inv_once", story: "takeover=1", defines: []string{"-DSTRICT", "-DMAXCRASH=0", "-DMAXRESTART=0", "-DNO_ABANDON", noFailover}},
 	// A restart crashes the attempts of its replica as an owner crash does, and opens
 	// the same window (winCrash), with no other fault.
-	{name: "window-restart", want: "inv_once", story: "restarts", defines: []string{"-DSTRICT", "-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0", "-DNO_ABANDON"}},
-	{name: "once-without-faults", defines: []string{"-DSTRICT", "-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0", "-DMAXRESTART=0", "-DNO_ABANDON"}},
+	{name: "window-restart", want: "inv_once", story: "restarts", defines: []string{"-DSTRICT", "-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0", "-DNO_ABANDON", noFailover}},
+	{name: "once-without-faults", defines: []string{"-DSTRICT", "-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0", "-DMAXRESTART=0", "-DNO_ABANDON", noFailover}},
 	// With expiry and the janitor, an outage of every replica that outlasts a record's
 	// TTL lets the janitor delete a live owner's record before it stores its answer (the
 	// janitor is not held back as takeovers are), and a retry runs the request again:
 	// with that window not excused (STRICT_TTL), spin must find it.
-	{name: "window-ttl-outage", want: "inv_once", story: "the janitor deletes the expired record (in_progress)", defines: []string{"-DEXPIRY", "-DSTRICT_TTL"}},
+	{name: "window-ttl-outage", want: "inv_once", story: "the janitor deletes the expired record (in_progress)", defines: []string{"-DEXPIRY", "-DSTRICT_TTL", noFailover}},
+	// With an asynchronous standby, a failover loses an acknowledged completion, with no
+	// other fault, and a retry runs the request again; with a synchronous one, the same
+	// bound has no second execution.
+	{name: "window-async", want: "inv_once", story: "the failover loses acknowledged writes", defines: []string{"-DASYNC", "-DSTRICT", "-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0", "-DMAXRESTART=0", "-DNO_ABANDON", "-DMAXFAILOVER=1"}},
+	{name: "once-with-failover", defines: []string{"-DSTRICT", "-DMAXCRASH=0", "-DMAXOUT=0", "-DMAXHELD=0", "-DMAXRESTART=0", "-DNO_ABANDON", "-DMAXFAILOVER=1"}},
 }
 
 // Expiry and the janitor (RETRYSAFE_LONG=1; with the restart, tens of millions of
@@ -111,9 +142,9 @@ var windows = []variant{
 // in-progress record only from a replica that could take it over, one that leaves
 // in-progress records to claims.
 var expiry = []variant{
-	{name: "expiry", defines: []string{"-DEXPIRY"}, big: true},
-	{name: "janitor-held-back", defines: []string{"-DEXPIRY", "-DSTRICT_TTL", "-DJANITOR_HELD_BACK"}, big: true},
-	{name: "janitor-done-only", defines: []string{"-DEXPIRY", "-DSTRICT_TTL", "-DJANITOR_DONE_ONLY"}, big: true},
+	{name: "expiry", defines: []string{"-DEXPIRY", noFailover}, big: true},
+	{name: "janitor-held-back", defines: []string{"-DEXPIRY", "-DSTRICT_TTL", "-DJANITOR_HELD_BACK", noFailover}, big: true},
+	{name: "janitor-done-only", defines: []string{"-DEXPIRY", "-DSTRICT_TTL", "-DJANITOR_DONE_ONLY", noFailover}, big: true},
 }
 
 func (v variant) flags() []string {
@@ -131,7 +162,7 @@ func (v variant) flags() []string {
 // each broken variant is refuted with a counterexample of the invariant it breaks.
 func TestModel(t *testing.T) {
 	spin, gcc := tools(t)
-	runs := append(append([]variant{correct}, broken...), windows...)
+	runs := append(append([]variant{correct, failover}, broken...), windows...)
 	if os.Getenv("RETRYSAFE_LONG") == "1" {
 		runs = append(append(long, expiry...), runs...)
 	}

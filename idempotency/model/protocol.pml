@@ -14,6 +14,22 @@
  * from it (only where the code reads an instant of a replica's clock does an offset
  * matter: LOCAL_CLOCK below is that mistake).
  *
+ * The store is a primary and its standby. A write the store acknowledges is durable:
+ * the standby has it, and every write before it (synchronous replication: PostgreSQL's
+ * commit returned without warning, Redis's WAIT reported the replicas). A write whose
+ * outcome is unknown (its reply lost, an error) may be applied on the primary only: it
+ * reaches the standby later or never. Reads are answered by the primary. A failover
+ * (MAXFAILOVER, a fault) replaces the primary's record by the standby's, token counter
+ * included. So the protocol acts only on acknowledged writes: a completion whose outcome
+ * is unknown is held and resent until one is acknowledged (Complete is idempotent per
+ * token), never confirmed by reading the record back (BROKEN_CONFIRM_BY_READ); a claim
+ * carries the claimer's ID, and one that finds its own in-progress record is granted it
+ * with a write; a claim whose outcome is unknown is answered 503, not executed, and
+ * taken back in the background (the unclaim: the claim resent with its ID, never taking
+ * anything over, and the key released if it is granted). Claims refused while the store
+ * cannot make writes durable (fail fast) are not modelled: a refusal changes nothing in
+ * the store, and is an attempt that did not come.
+ *
  * Time is discrete: one tick is a third of a lease (L ticks), the heartbeat period. No
  * instant is stored, only what is left of a duration or how long ago something was
  * (saturated), so the state space is finite with no horizon: the model is checked for
@@ -25,16 +41,21 @@
  *                       pgstore/pgstore.go: Store.Claim, claimable
  *                       redisstore/redisstore.go: Store.Claim
  *                       store.go: ClaimRequest.MayTakeOver, ClaimRequest.TakeoverLimit
+ *   (the claim ID, field ClaimRequest.ID: a claim is granted its own in-progress record)
  * storeExtend           memstore/memstore.go: Store.Extend
  * storeComplete         memstore/memstore.go: Store.Complete
  * storeRelease          memstore/memstore.go: Store.Release
  * storeAbandon          memstore/memstore.go: Store.Abandon
  * storeGet              memstore/memstore.go: Store.Get
+ *   (only the former read-back reads it: BROKEN_CONFIRM_BY_READ)
  * FAULTY (a call)       middleware.go: Middleware.storeCall
  *                       health.go: health.observe
  * Attempt: claim        middleware.go: Middleware.serve, Middleware.claim
  *   (first claim with NoTakeover; the decision; the takeover claim with TakeoverBy)
  *                       health.go: health.takeoverWait
+ * Attempt: unclaim      Middleware.unclaim (middleware.go; to be mapped when it lands)
+ *   (a claim's outcome unknown: 503; the claim resent with its ID and NoTakeover until
+ *   answered; granted, the key released with its token until acknowledged or lost)
  * Attempt: existing     middleware.go: Middleware.existing
  * Attempt: held answer  pending.go: Middleware.pendingFor
  *                       middleware.go: Middleware.answerHeld
@@ -42,8 +63,9 @@
  * Attempt: returns      claim.go: Middleware.execute, execution.stopHeartbeat
  * Attempt: finish       claim.go: Middleware.execute, Middleware.finish
  *                       claim.go: Middleware.release, Middleware.abandon
- *                       pending.go: Middleware.storedByUs, Middleware.holdPending
+ *                       pending.go: Middleware.holdPending
  * Attempt: flush        pending.go: Middleware.flush, Middleware.dropPending
+ *   (Complete resent until acknowledged or lease lost; no read-back)
  * Clock: tick           health.go: Middleware.probe
  *   (the store's clock; a replica whose link is down at a tick has seen the store
  *   fail: its probe pings every third of a lease)
@@ -54,6 +76,9 @@
  *   (a replica's process dies, every attempt on it crashes; the new process's health
  *   starts as if it had just seen the store fail: no takeover for a lease)
  * Links, Net            the network between the replicas and the store
+ * Store: replicate,     the store's replication and failover (PostgreSQL's synchronous
+ *   failover            standby, Redis's WAIT): no Go code; a write's acknowledgement
+ *                       (DURABLE) is the store call's answer without error
  * Final                 a retry once every fault is over (the progress check)
  *
  * State (store.go)      model
@@ -106,8 +131,11 @@
  * inv_stale     a completion is stored only for the current owner (a stale owner's is
  *               rejected)
  * inv_progress  once every attempt is over, no message is in flight and every link has
- *               been up for a lease with no restart, a retry claims the key or replays
- *               it: no record stays in progress with no owner
+ *               been up for a lease with no restart or failover, a retry claims the key
+ *               or replays it: no record stays in progress with no owner
+ * inv_unclaim   an unclaim that ends on the store's answer to its resent claim leaves no
+ *               in-progress record of its claim ID on the store: a claim answered "not
+ *               executed" blocks its key no longer than until the store answers again
  *
  * Broken variants (-D...), each of which spin must refute:
  * BROKEN_TAKEOVER_SAME_TOKEN  a takeover keeps the old token            (inv_token)
@@ -122,6 +150,11 @@
  * BROKEN_CLAIM_REPLACES_DONE  a claim replaces a done record            (inv_replay)
  * BROKEN_NO_TAKEOVER          the middleware never sends the takeover   (inv_progress)
  * BROKEN_START_HEALTHY        a restarted process presumes the store healthy (inv_once)
+ * BROKEN_CONFIRM_BY_READ      a completion confirmed by reading it back  (inv_once)
+ *                             (the former Middleware.storedByUs, with a Complete that
+ *                             refuses a record already done under its token)
+ * BROKEN_REGRANT_READ         a claim granted its own record by a read   (inv_once)
+ * BROKEN_CLAIM_ID_IGNORED     a resent claim does not know its own record (inv_unclaim)
  *
  * EXPIRY adds the TTL (L+1 ticks) and the janitor, and with them two windows: a key
  * whose TTL is over runs again (winTTL, by design), and an outage of every replica that
@@ -137,7 +170,19 @@
  * -DMAXCRASH=0 -DMAXOUT=0 -DMAXHELD=0 -DNO_ABANDON; an unknown outcome with no other
  * fault, -DMAXCRASH=0 -DMAXOUT=0 -DMAXHELD=0 -DMAXRESTART=0; an owner cut off, with no
  * crash, restart or unknown outcome, -DMAXCRASH=0 -DMAXRESTART=0 -DNO_ABANDON), and none
- * with no fault and no unknown outcome.
+ * with no fault and no unknown outcome (each with -DMAXFAILOVER=0).
+ *
+ * ASYNC makes the standby asynchronous: an acknowledged write need not be on it, and a
+ * failover can lose the last acknowledged writes (a setup the documentation warns of):
+ * their keys may run again, more than once, as a token issued in a lost write may be
+ * issued again and its old owner's calls then act on the new owner's record. The window
+ * (asyncLost) excuses every invariant but inv_token, inv_progress and inv_unclaim for
+ * the key; -DSTRICT_ASYNC (or -DSTRICT) does not excuse it, and spin finds a second
+ * execution after a failover with no other fault (-DASYNC -DSTRICT -DMAXCRASH=0
+ * -DMAXOUT=0 -DMAXHELD=0 -DMAXRESTART=0 -DNO_ABANDON), and none with the same bound
+ * and synchronous replication. With synchronous replication there is no new window: a
+ * failover loses only writes nobody was told of, and their writers act as on any
+ * unknown outcome.
  *
  * Assumed of a restart (MAXRESTART, a fault like the others, bounded): the old process
  * dies and the new one starts at one instant; a downtime between them is time in which
@@ -147,7 +192,16 @@
  * (health.settling), which is no earlier, so the model takes over at least as soon as
  * the code may, and the code's takeovers are among those it checks. What the old
  * process held in memory (its held answers, its health) is lost; what it sent and the
- * network holds may still arrive. The store does not restart.
+ * network holds may still arrive.
+ *
+ * Assumed of a failover: it is one instant (calls that fail during it are an outage of
+ * their links), and a replica need not see it (its calls go to the new primary). The
+ * standby holds the primary's latest state as of some instant since its last
+ * acknowledged write: any prefix of the writes since, as a replication log does. A
+ * token issued in a write the failover lost may be issued again (a sequence, a clock,
+ * taken back): with synchronous replication nobody holds one, as every token the
+ * protocol uses came in an acknowledged write (a claim granted, or its own record
+ * granted with a write). The store does not restart otherwise.
  */
 
 #ifndef NATT
@@ -168,6 +222,9 @@
 #ifndef MAXRESTART
 #define MAXRESTART 1    /* replica (process) restarts */
 #endif
+#ifndef MAXFAILOVER
+#define MAXFAILOVER 1   /* store failovers (the primary replaced by its standby) */
+#endif
 #ifndef S
 #define S 2             /* clock skew bound, in ticks (only LOCAL_CLOCK reads it) */
 #endif
@@ -182,12 +239,20 @@
 #define TICK_EXP if :: st != absent && expLeft > 0 -> expLeft-- :: else -> skip fi
 #define CLEAR_EXP expLeft = 0
 #define WIN_TTL (winTTL + winOutage)
+#define D_EXP dExp = expLeft
+#define P_EXP expLeft = dExp
+#define SAME_EXP (dExp == expLeft)
+#define TICK_DEXP if :: dst != absent && dExp > 0 -> dExp-- :: else -> skip fi
 #else
 #define SET_EXP skip
 #define EXTEND_EXP skip
 #define TICK_EXP skip
 #define CLEAR_EXP skip
 #define WIN_TTL 0
+#define D_EXP skip
+#define P_EXP skip
+#define SAME_EXP true
+#define TICK_DEXP skip
 #endif
 
 #ifdef BROKEN_LOCAL_CLOCK
@@ -204,7 +269,7 @@ mtype:state = { absent, in_progress, done };
 mtype:outcome = { executed, stored_later, replayed, conflict, store_error, released, abandoned, lease_lost };
 mtype:res = { r_ok, r_lost, r_err, r_claimed, r_existing };
 mtype:opcode = { op_none, op_claim, op_extend, op_complete, op_release, op_abandon };
-mtype:inv = { inv_once, inv_takeover, inv_replay, inv_final, inv_token, inv_stale, inv_progress };
+mtype:inv = { inv_once, inv_takeover, inv_replay, inv_final, inv_token, inv_stale, inv_progress, inv_unclaim };
 
 #ifdef ONLY
 #define ON(which) (which == ONLY)
@@ -218,18 +283,47 @@ hidden mtype:outcome reported;
  * options would then stand in for its guards (the else would never be taken). */
 #define CHECK(c, which) if :: ON(which) && !(c) -> violated = which; printf("MODEL-VIOLATION %e\n", violated); assert(false) :: else -> skip fi
 
-/* The store: one record. */
+/* The store's primary: one record. */
 mtype:state st = absent;
 byte tok;               /* the record's fencing token */
-byte ctr;               /* the last token issued: tokens are never reused */
+byte ctr;               /* the last token issued (a failover may take it back: a token
+                         * issued in a write the failover lost may be issued again) */
 short leaseLeft;        /* LeaseUntil - now, saturated at LMIN; 0 while not in progress */
 bool recAband;          /* Record.Abandoned */
+byte owner;             /* the claim ID of the record's claimer: the attempt that claimed
+                         * its token (ClaimRequest.ID) */
 #ifdef EXPIRY
 short expLeft;          /* ExpiresAt - now, saturated at 0 */
 byte winTTL;            /* records gone with their TTL: a retry then runs again, by design */
 byte winOutage;         /* a live owner's record deleted after an outage outlasting its TTL */
 #endif
 byte resp;              /* the stored response (the id of the attempt that made it) */
+
+/* The store's standby: the durable copy of the record, the one a failover keeps. A write
+ * the store acknowledges is on it (synchronous replication: the acknowledgement waits
+ * for the standby, which has every write before it too), unless ASYNC; a write whose
+ * outcome is unknown (its reply lost, an error) may be on the primary only. The standby
+ * catches up with the primary at any time (Store: replicate), or not before a failover
+ * (Store: failover), which replaces the primary's record by the standby's: so the
+ * standby holds any past state of the primary no older than its last acknowledged
+ * write, as a replication log's prefix does. Reads (a claim that is refused, a Get, a
+ * write's definitive "no") are answered by the primary and make nothing durable. */
+#if MAXFAILOVER > 0
+mtype:state dst = absent;
+byte dtok, dctr, dOwner, dResp;
+short dLease;
+bool dAband;
+#ifdef EXPIRY
+short dExp;
+#endif
+#endif
+byte failovers;
+hidden byte acking;     /* the write being applied is acknowledged to its caller (set by
+                         * FAULTY around a call whose reply arrives) */
+#ifdef ASYNC
+bool ackAhead;          /* ghost: an acknowledged write the standby may lack */
+bool asyncLost;         /* ghost: a failover lost an acknowledged write (the ASYNC window) */
+#endif
 
 /* The replicas. */
 bool up[NREP] = true;   /* the link to the store */
@@ -262,6 +356,8 @@ byte outages;
 #define P_FIN 3         /* the handler returned: the finishing store call is next */
 #define P_HOLD 4        /* the answer is held (pending) and flushed */
 #define P_LOSTRUN 5     /* the handler runs after its lease was lost */
+#define P_UNCLAIM 6     /* its claim's outcome unknown (503 answered), the claim is resent */
+#define P_UNREL 7       /* the resent claim was granted: the key is released */
 byte phase[NATT + 2];
 bool due[NATT + 2];     /* a renewal or a flush is due (the timer fired) */
 short tbyA[NATT + 2];   /* P_DECIDED: ticks left to the decision's TakeoverBy */
@@ -275,7 +371,6 @@ byte crashes;
 byte restarts;          /* replica restarts */
 
 /* Ghosts: what the properties speak of. */
-byte owner;             /* the attempt that claimed the record's token */
 byte execs;             /* upstream executions that did (or may have done) the work */
 byte winCrash, winAband, winCut;
 bool respWin;           /* a window after which the client may hold another answer */
@@ -285,10 +380,36 @@ byte quiet;             /* ticks with every attempt over, every link up, nothing
                          * the last restart */
 
 #define WINDOWS (winCrash + winAband + winCut + WIN_TTL)
+/* ASYNC: once a failover lost an acknowledged write, the key's guarantees are gone (its
+ * key may run again, more than once: a token issued in a lost write may be issued again,
+ * and its old owner's calls then act on the new owner's record), unless STRICT_ASYNC. */
+#if defined(ASYNC) && !defined(STRICT_ASYNC)
+#define AEXC asyncLost
+#else
+#define AEXC false
+#endif
 #ifdef STRICT
 #define ALLOWED 0       /* no window excuses a second execution */
 #else
-#define ALLOWED WINDOWS
+#define ALLOWED (WINDOWS + (AEXC -> FINAL : 0))
+#endif
+
+/* The standby takes the primary's record (replication), or the primary the standby's
+ * (a failover). */
+#if MAXFAILOVER > 0
+#define SYNC_D dst = st; dtok = tok; dctr = ctr; dOwner = owner; dResp = resp; dLease = leaseLeft; dAband = recAband; D_EXP
+#define RESTORE_P st = dst; tok = dtok; ctr = dctr; owner = dOwner; resp = dResp; leaseLeft = dLease; recAband = dAband; P_EXP
+#define SAME_D (dst == st && dtok == tok && dctr == ctr && dOwner == owner && dResp == resp && dLease == leaseLeft && dAband == recAband && SAME_EXP)
+#endif
+/* A write applied: when it is acknowledged to its caller, it is durable (on the standby,
+ * with every write before it); with ASYNC it need not be. It ends an option's sequence
+ * (it is an if with an else, as CHECK). */
+#if MAXFAILOVER == 0
+#define DURABLE skip
+#elif defined(ASYNC)
+#define DURABLE if :: acking != 0 -> ackAhead = true :: else -> skip fi
+#else
+#define DURABLE if :: acking != 0 -> SYNC_D :: else -> skip fi
 #endif
 #define EXPIRED(rp) (leaseLeft <= CLK(rp))
 #define HEALTHY(rp) (sinceDown[rp] >= L)
@@ -361,7 +482,7 @@ inline liveTakeover(tb, hd) {
 	:: alive[owner] ->
 		if
 		:: linkUp[rep[owner]] < L && hd && tb >= 0 -> winCut++; respWin = true
-		:: else -> CHECK(false, inv_takeover)
+		:: else -> CHECK(AEXC, inv_takeover)
 		fi
 	:: else -> skip
 	fi
@@ -378,22 +499,43 @@ inline liveTakeover(tb, hd) {
 #define CLAIMABLE(rp) EXPIRED(rp)
 #endif
 
-/* Store.Claim: nt is NoTakeover, tb the ticks left to TakeoverBy. On r_claimed t is the
- * token; on r_existing sDone, sResp and sExp describe the record as the store saw it. */
+/* A claim's own record: an in-progress record with the claim's ID (its own earlier
+ * claim, whose answer was lost), which it is granted. BROKEN_CLAIM_ID_IGNORED: the
+ * store does not recognise it (a claim sent again finds an in-progress record, 409). */
+#ifdef BROKEN_CLAIM_ID_IGNORED
+#define OWN(a) false
+#else
+#define OWN(a) (owner == a)
+#endif
+
+/* Store.Claim: a is the claim's ID, nt is NoTakeover, tb the ticks left to TakeoverBy.
+ * On r_claimed t is the token; on r_existing sDone, sResp and sExp describe the record
+ * as the store saw it. A claim that finds its own record is granted its token, and the
+ * grant is a write (it renews the lease), so that its acknowledgement makes the record
+ * durable: a grant that only read it (BROKEN_REGRANT_READ) may hand out a token a
+ * failover then loses, and issues again. */
 inline storeClaim(a, rp, nt, tb, hd, t, r, sDone, sResp, sExp) {
 	if
-	:: st == absent -> t = 0; newRecord(a, rp, false, t); r = r_claimed
+	:: st == absent -> t = 0; newRecord(a, rp, false, t); r = r_claimed; DURABLE
 #ifdef EXPIRY
 	:: st == done && expLeft <= 0 ->
 		/* the key's TTL is over: it is claimed afresh, by design */
 		winTTL++; respWin = true; firstStored = 0;
-		t = 0; newRecord(a, rp, false, t); r = r_claimed
+		t = 0; newRecord(a, rp, false, t); r = r_claimed; DURABLE
 #endif
 #ifdef BROKEN_CLAIM_REPLACES_DONE
-	:: st == done -> t = 0; newRecord(a, rp, false, t); r = r_claimed
+	:: st == done -> t = 0; newRecord(a, rp, false, t); r = r_claimed; DURABLE
 #endif
-	:: st == in_progress && CLAIMABLE(rp) && !nt && TBY_OK(tb) ->
-		liveTakeover(tb, hd); t = tok; newRecord(a, rp, true, t); r = r_claimed
+	:: st == in_progress && OWN(a) ->
+		t = tok; r = r_claimed;
+		printf("EVENT claim of attempt %d granted its own record, token=%d\n", a, tok);
+#ifdef BROKEN_REGRANT_READ
+		skip
+#else
+		leaseLeft = L + CLK(rp); EXTEND_EXP; DURABLE
+#endif
+	:: st == in_progress && !OWN(a) && CLAIMABLE(rp) && !nt && TBY_OK(tb) ->
+		liveTakeover(tb, hd); t = tok; newRecord(a, rp, true, t); r = r_claimed; DURABLE
 	:: else -> r = r_existing; sDone = (st == done); sResp = resp; sExp = EXPIRED(rp)
 	fi
 }
@@ -404,7 +546,7 @@ inline storeExtend(rp, t, r) {
 #ifndef BROKEN_EXTEND_NOOP
 		leaseLeft = L + CLK(rp); EXTEND_EXP;
 #endif
-		r = r_ok
+		r = r_ok; DURABLE
 	:: else -> r = r_lost
 	fi
 }
@@ -415,21 +557,34 @@ inline storeExtend(rp, t, r) {
 #define TOKOK(t) (tok == t)
 #endif
 
+/* Store.Complete is idempotent per token: on a record already done under the same
+ * token it writes the response again and succeeds (an acknowledged write), so that an
+ * owner whose completion's outcome is unknown resends it until one is acknowledged.
+ * BROKEN_CONFIRM_BY_READ is the former rule: a done record is lease lost, and the owner
+ * reads the record back to learn whether its completion was stored. */
 inline storeComplete(a, t, x, r) {
 	if
 	:: st == in_progress && TOKOK(t) ->
-		CHECK(owner == a, inv_stale);
+		CHECK(owner == a || AEXC, inv_stale);
 		st = done; resp = x; recAband = false; leaseLeft = 0; SET_EXP; stored(x); r = r_ok;
-		printf("EVENT stored response=%d token=%d\n", x, t)
+		printf("EVENT stored response=%d token=%d\n", x, t);
+		DURABLE
+#ifndef BROKEN_CONFIRM_BY_READ
+	:: st == done && tok == t ->
+		CHECK(owner == a || AEXC, inv_stale);
+		resp = x; SET_EXP; stored(x); r = r_ok;
+		printf("EVENT stored again response=%d token=%d\n", x, t);
+		DURABLE
+#endif
 	:: else -> r = r_lost
 	fi
 }
 
 inline storeRelease(t, r) {
 	if
-	:: st == in_progress && tok == t -> clearRecord(); r = r_ok
+	:: st == in_progress && tok == t -> clearRecord(); r = r_ok; DURABLE
 #ifdef BROKEN_RELEASE_NO_CHECK
-	:: st != absent && !(st == in_progress && tok == t) -> clearRecord(); r = r_ok
+	:: st != absent && !(st == in_progress && tok == t) -> clearRecord(); r = r_ok; DURABLE
 #endif
 	:: else -> r = r_lost
 	fi
@@ -437,12 +592,13 @@ inline storeRelease(t, r) {
 
 inline storeAbandon(t, r) {
 	if
-	:: st == in_progress && tok == t -> recAband = true; r = r_ok
+	:: st == in_progress && tok == t -> recAband = true; r = r_ok; DURABLE
 	:: else -> r = r_lost
 	fi
 }
 
-/* Store.Get as storedByUs reads it: done under token t. */
+/* Store.Get as the former read-back (BROKEN_CONFIRM_BY_READ) read it, on the primary:
+ * done under token t. */
 inline storeGet(t, r) {
 	if
 	:: st == done && tok == t -> r = r_ok
@@ -475,7 +631,7 @@ inline hold(op, a, rp, t, x, nt, tb, hd) {
  * error, and its replica's health records the failure. */
 #define FAULTY(rp, r, APPLY, HOLD) \
 	if \
-	:: up[rp] -> APPLY \
+	:: up[rp] -> acking = 1; APPLY; acking = 0 \
 	:: !up[rp] -> \
 		if :: true :: true -> APPLY fi; \
 		if :: true :: !held && heldLeft > 0 -> HOLD fi; \
@@ -510,7 +666,7 @@ inline getCall(rp, t, r) {
 }
 
 inline replayStored(a, x) {
-	CHECK(x == firstStored, inv_replay);
+	CHECK(x == firstStored || AEXC, inv_replay);
 	deliverFinal(x);
 	report(a, replayed)
 }
@@ -518,10 +674,16 @@ inline replayStored(a, x) {
 /* The answer after a claim that was not won: a replay or a 409. */
 inline existing(a, r, sDone, sResp) {
 	if
-	:: r == r_existing && sDone -> replayStored(a, sResp)
-	:: r == r_existing && !sDone -> report(a, conflict)
-	:: r == r_err -> report(a, store_error)
+	:: sDone -> replayStored(a, sResp)
+	:: else -> report(a, conflict)
 	fi
+}
+
+/* A claim whose outcome is unknown: 503, not executed (nothing forwarded), and the claim
+ * is taken back in the background (unclaim). */
+inline unknownClaim(a) {
+	report(a, store_error);
+	phase[a] = P_UNCLAIM; due[a] = false
 }
 
 #define K_OK 1          /* the handler's answer says the work was done */
@@ -579,7 +741,7 @@ proctype Attempt(byte a) {
 		if
 		:: pend[rp] != 0 ->
 			x = pend[rp];
-			CHECK(firstStored == 0 || x == firstStored || respWin, inv_replay);
+			CHECK(firstStored == 0 || x == firstStored || respWin || AEXC, inv_replay);
 			deliverFinal(x);
 			report(a, replayed);
 			quit(a); goto over
@@ -599,6 +761,7 @@ proctype Attempt(byte a) {
 		:: r == r_existing && !sDone && sExp && !HEALTHY(rp) -> phase[a] = P_DECIDED; tbyA[a] = F; hdA[a] = REACHED(rp);
 			printf("EVENT attempt %d found the lease run out: it will take the key over, though its replica saw the store fail\n", a)
 #endif
+		:: r == r_err -> unknownClaim(a); forget(); goto unclaim
 		:: else -> existing(a, r, sDone, sResp); quit(a); goto over
 		fi
 	}
@@ -610,6 +773,7 @@ proctype Attempt(byte a) {
 		phase[a] = P_IDLE; tbyA[a] = 0; hdA[a] = false;
 		if
 		:: r == r_claimed -> phase[a] = P_RUN; alive[a] = true; forget(); goto running
+		:: r == r_err -> unknownClaim(a); forget(); goto unclaim
 		:: else -> existing(a, r, sDone, sResp); quit(a); goto over
 		fi
 	}
@@ -677,11 +841,17 @@ running:
 		if
 		:: r == r_ok -> report(a, executed); deliverFinal(x); quit(a); goto over
 		:: r == r_lost ->
+#ifdef BROKEN_CONFIRM_BY_READ
+			/* the former rule: a completion whose answer was lost may have been stored,
+			 * and a read of the record says so */
 			getCall(rp, t, r);
 			if
 			:: r == r_ok -> report(a, executed)
 			:: else -> report(a, lease_lost)
 			fi;
+#else
+			report(a, lease_lost);
+#endif
 			deliverFinal(x); quit(a); goto over
 		:: r == r_err ->
 			pend[rp] = x; phase[a] = P_HOLD; due[a] = false;
@@ -692,14 +862,24 @@ running:
 		phase[a] == P_FIN && crashes < MAXCRASH -> crashes++; crash(a); goto over
 	   }
 	fi;
-	/* P_HOLD: flush the held answer until the store takes it or says it is not ours */
+	/* P_HOLD: resend the completion until the store acknowledges it or says it is not
+	 * ours (never confirmed by reading the record: a read from a primary a failover may
+	 * lose confirms nothing) */
 	do
 	:: atomic {
 		phase[a] == P_HOLD ->
 		callComplete(a, rp, t, x, r);
 		if
 		:: r == r_ok -> drop(rp, x); quit(a); goto over
-		:: r == r_lost -> getCall(rp, t, r); drop(rp, x); quit(a); goto over
+		:: r == r_lost ->
+#ifdef BROKEN_CONFIRM_BY_READ
+			getCall(rp, t, r);
+			if
+			:: r == r_ok -> printf("EVENT attempt %d read its answer stored: it drops it\n", a)
+			:: else -> skip
+			fi;
+#endif
+			drop(rp, x); quit(a); goto over
 		:: else -> due[a] = false; r = 0
 		fi
 	   }
@@ -707,11 +887,49 @@ running:
 		phase[a] == P_HOLD && crashes < MAXCRASH -> crashes++; crash(a); goto over
 	   }
 	od;
+	/* P_UNCLAIM, P_UNREL: the claim's outcome is unknown (it may be applied, on the
+	 * primary only or durably, or held by the network): it is resent with the same ID,
+	 * never taking anything over, until the store answers; granted (the claim's own
+	 * record, or a fresh one), the key is released with that token, resent until it is
+	 * acknowledged or lease lost. A restart ends it (as it does the held answers); an
+	 * owner crash does not (there is no owner: nothing ran). A claim resent over a link
+	 * that is down fails without reaching the store: what it could do (be applied with
+	 * its reply lost, arrive late) the first claim's unknown outcome does already, and a
+	 * claim resent and applied again and again, while the janitor deletes what it
+	 * created, would issue tokens without end. */
+unclaim:
+	do
+	:: atomic {
+		phase[a] == P_UNCLAIM ->
+		if
+		:: up[rp] -> callClaim(a, rp, true, 0, false, t, r, sDone, sResp, sExp)
+		:: else -> r = r_err; SAW_FAIL(rp)
+		fi;
+		due[a] = false;
+		if
+		:: r == r_claimed -> phase[a] = P_UNREL; forget()
+		:: r == r_existing ->
+			/* what the store answered is not the claim's own record */
+			CHECK(!(st == in_progress && owner == a), inv_unclaim);
+			quit(a); goto over
+		:: else -> forget()
+		fi
+	   }
+	:: atomic {
+		phase[a] == P_UNREL ->
+		callRelease(a, rp, t, r);
+		due[a] = false;
+		if
+		:: r == r_err -> r = 0
+		:: else -> printf("EVENT attempt %d took its claim back\n", a); quit(a); goto over
+		fi
+	   }
+	od;
 over:
 	skip
 }
 
-#define URG(i) (phase[i] == P_FIN || (due[i] && (phase[i] == P_RUN || phase[i] == P_HOLD)))
+#define URG(i) (phase[i] == P_FIN || (due[i] && phase[i] != P_DECIDED && phase[i] != P_LOSTRUN && phase[i] != P_IDLE))
 #if NATT == 1
 #define URGENT URG(1)
 #elif NATT == 2
@@ -734,6 +952,13 @@ end:	do
 		:: else -> skip
 		fi;
 		TICK_EXP;
+#if MAXFAILOVER > 0
+		if
+		:: dst == in_progress && dLease > LMIN -> dLease--
+		:: else -> skip
+		fi;
+		TICK_DEXP;
+#endif
 		i = 0;
 		do
 		:: i < NREP ->
@@ -758,7 +983,7 @@ end:	do
 		do
 		:: i <= NATT ->
 			if
-			:: phase[i] == P_RUN || phase[i] == P_HOLD -> due[i] = true
+			:: phase[i] == P_RUN || phase[i] == P_HOLD || phase[i] == P_UNCLAIM || phase[i] == P_UNREL -> due[i] = true
 			:: phase[i] == P_DECIDED && tbyA[i] > -1 -> tbyA[i]--
 			:: else -> skip
 			fi;
@@ -804,6 +1029,52 @@ end:	do
 	   }
 	od
 }
+
+#if MAXFAILOVER > 0
+/* The store's standby: it catches up with the primary at any time (the primary's latest
+ * state, so that at a failover it holds any past state of the primary's, as a
+ * replication log's prefix does); a failover (MAXFAILOVER, a fault) replaces the
+ * primary's record by the standby's, which has every acknowledged write (ASYNC: perhaps
+ * not the last ones) and any prefix of the others. The replicas' calls go to the new
+ * primary; a replica need not see the failover (a call during it fails: an outage). */
+proctype Store() {
+end:	do
+	:: atomic {
+		!SAME_D -> SYNC_D;
+#ifdef ASYNC
+		ackAhead = false;
+#endif
+		printf("EVENT the standby catches up (%e, token %d)\n", st, tok)
+	   }
+	:: atomic {
+		failovers < MAXFAILOVER -> failovers++;
+		printf("EVENT failover: the primary's record (%e, token %d) is replaced by the standby's (%e, token %d)\n", st, tok, dst, dtok);
+#ifdef ASYNC
+		if
+		:: ackAhead && !SAME_D ->
+			/* the documented window: the standby lacked acknowledged writes */
+			printf("EVENT the failover loses acknowledged writes\n");
+			asyncLost = true;
+#ifndef STRICT_ASYNC
+			respWin = true;
+#endif
+			skip
+		:: else -> skip
+		fi;
+		ackAhead = false;
+#endif
+		/* a stored response a failover lost was never acknowledged: its owner holds it
+		 * and stores it again, or crashed holding it (winCrash) */
+		if
+		:: dst == done -> firstStored = dResp
+		:: else -> firstStored = 0
+		fi;
+		RESTORE_P;
+		quiet = 0
+	   }
+	od
+}
+#endif
 
 #ifdef BROKEN_START_HEALTHY
 #define START_SINCE L   /* the new process presumes the store healthy */
@@ -946,6 +1217,9 @@ init {
 		run Final();
 #if MAXRESTART > 0
 		run Restart();
+#endif
+#if MAXFAILOVER > 0
+		run Store();
 #endif
 #ifdef EXPIRY
 		run Janitor();
