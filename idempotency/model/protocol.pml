@@ -53,7 +53,7 @@
  * Attempt: claim        middleware.go: Middleware.serve, Middleware.claim
  *   (first claim with NoTakeover; the decision; the takeover claim with TakeoverBy)
  *                       health.go: health.takeoverWait
- * Attempt: unclaim      Middleware.unclaim (middleware.go; to be mapped when it lands)
+ * Attempt: unclaim      durable.go: Middleware.unclaim, Middleware.retryStore
  *   (a claim's outcome unknown: 503; the claim resent with its ID and NoTakeover until
  *   answered; granted, the key released with its token until acknowledged or lost)
  * Attempt: existing     middleware.go: Middleware.existing
@@ -109,6 +109,9 @@
  * OutcomeOverloaded     not modelled: decided before the store is called
  * OutcomeDeadline       not modelled: decided before the store is called
  * OutcomeFailedOpen     not modelled: FailOpen gives up the guarantees by choice
+ * OutcomeNotDurable     not modelled: a refusal before the store is called, while the
+ *                       store says it cannot make writes durable; a claim it refuses
+ *                       after the call is store_error (its outcome unknown, unclaimed)
  *
  * Invariants (each an assertion, named by an mtype inv_*; -DONLY=inv_x keeps one):
  * inv_once      every upstream execution but the first follows a documented window:
