@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/retrysafe/retrysafe/gateway"
 	"github.com/retrysafe/retrysafe/gateway/configfile"
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/internal/bytesize"
 	"github.com/retrysafe/retrysafe/internal/durfmt"
 )
 
@@ -268,7 +270,8 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if f.config != "" {
 		attrs = append(attrs, "config", f.config, "routes", len(cfg.Routes))
 	}
-	logger.Info("retrysafe gateway listening", append(attrs, "store", store.Name, "version", version())...)
+	memLimit := setMemoryLimit(os.Getenv("GOMEMLIMIT") != "", store.Kind, cfg.Idempotency.MaxBodyMemory)
+	logger.Info("retrysafe gateway listening", append(attrs, "store", store.Name, "memory_limit", memLimit, "version", version())...)
 
 	// SIGHUP reloads the file; without one it is logged and ignored rather than, as by
 	// default, ending the process.
@@ -496,4 +499,39 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// memoryLimitBase is what the soft memory limit the gateway sets itself allows the
+// process beyond its bodies: its connections, their buffers and goroutines, the store's
+// client, the metrics.
+const memoryLimitBase = 64 << 20
+
+// softMemoryLimit is the soft memory limit the gateway sets itself (see
+// setMemoryLimit): the ceiling on bodies in memory, a quarter more for the garbage they
+// leave between two collections and for answers finished past the ceiling, and
+// memoryLimitBase for the rest of the process.
+func softMemoryLimit(maxBodyMemory int64) int64 {
+	return maxBodyMemory + maxBodyMemory/4 + memoryLimitBase
+}
+
+// setMemoryLimit sets Go's soft memory limit (runtime/debug.SetMemoryLimit) from the
+// ceiling on bodies in memory, unless the environment sets GOMEMLIMIT (which then wins)
+// or the store is the memory store, and returns what it did, for the start-up line.
+// The ceiling bounds the bodies the process holds, but the garbage collector, by
+// default, lets the heap grow to twice what was live at its last cycle (GOGC=100): a
+// gateway at its ceiling would hold as much again in bodies already sent. With the limit,
+// the collector runs sooner as the heap nears it, and no sooner below it; it is soft, so
+// a process that needs more is not refused it, it collects more often (the runtime caps
+// that at about half the CPU). The memory store keeps every record in the heap, beyond
+// any ceiling: a limit under its records would have the collector run without end.
+func setMemoryLimit(fromEnv bool, storeKind string, maxBodyMemory int64) string {
+	switch {
+	case fromEnv:
+		return "GOMEMLIMIT"
+	case storeKind == storedsn.KindMemory:
+		return "none (memory store)"
+	}
+	limit := softMemoryLimit(maxBodyMemory)
+	debug.SetMemoryLimit(limit)
+	return bytesize.Format(limit)
 }
