@@ -97,12 +97,18 @@ func New(cfg Config) (*Gateway, error) {
 		}
 		return 0
 	}
-	if g.metrics, err = newMetrics(reg, waiting); err != nil {
+	bodyMemory := func() int64 {
+		if m := root.Load(); m != nil {
+			return m.BodyMemory()
+		}
+		return 0
+	}
+	if g.metrics, err = newMetrics(reg, waiting, bodyMemory); err != nil {
 		return nil, err
 	}
 	// The root holds what every route shares of the store: what it knows of the
-	// store's health, the answers it could not store yet, the memory of request bodies
-	// and the waiters. It serves no request itself.
+	// store's health, the answers it could not store yet, the ceiling on bodies in
+	// memory and the waiters. It serves no request itself.
 	rcfg := cfg.Idempotency
 	rcfg.Store, rcfg.OnOutcome, rcfg.OnStoreCall = g.store, nil, g.observeStore(cfg.Idempotency.OnStoreCall)
 	if g.root, err = idempotency.New(rcfg); err != nil {

@@ -22,6 +22,7 @@ type metrics struct {
 	storeErrs   *prometheus.CounterVec   // operation
 	inFlight    prometheus.Gauge
 	waiting     prometheus.GaugeFunc // waiting() when scraped
+	bodyMemory  prometheus.GaugeFunc // bodyMemory() when scraped
 
 	// The children of storeDur and storeErrs, by operation: a vector's WithLabelValues
 	// checks and hashes the labels and takes a lock on every call.
@@ -75,8 +76,9 @@ func (m *metrics) forRoute(route, host string) *routeSeries {
 const namespace, subsystem = "retrysafe", "gateway"
 
 // newMetrics makes and registers the gateway's collectors; waiting reports the requests
-// waiting for keys in progress (the wait conflict policy).
-func newMetrics(reg prometheus.Registerer, waiting func() int) (*metrics, error) {
+// waiting for keys in progress (the wait conflict policy), bodyMemory the body bytes
+// held in memory (idempotency.Middleware.BodyMemory).
+func newMetrics(reg prometheus.Registerer, waiting func() int, bodyMemory func() int64) (*metrics, error) {
 	latency := prometheus.ExponentialBuckets(0.001, 2, 16) // 1ms … 33s
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -109,6 +111,10 @@ func newMetrics(reg prometheus.Registerer, waiting func() int) (*metrics, error)
 			Namespace: namespace, Subsystem: subsystem, Name: "requests_waiting",
 			Help: "Duplicates waiting for a key in progress to finish (conflict policy wait).",
 		}, func() float64 { return float64(waiting()) }),
+		bodyMemory: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: namespace, Subsystem: subsystem, Name: "body_memory_bytes",
+			Help: "Body bytes of keyed requests held in memory, both ways (requests, answers kept to be stored and sent, replays), against the ceiling Idempotency.MaxBodyMemory.",
+		}, func() float64 { return float64(bodyMemory()) }),
 	}
 	if err := promreg.Register(reg, "gateway", false, m.slots()...); err != nil {
 		return nil, err
@@ -121,7 +127,8 @@ func newMetrics(reg prometheus.Registerer, waiting func() int) (*metrics, error)
 
 func (m *metrics) slots() []promreg.Slot {
 	return []promreg.Slot{promreg.Field(&m.requests), promreg.Field(&m.requestDur), promreg.Field(&m.upstreamDur),
-		promreg.Field(&m.storeDur), promreg.Field(&m.storeErrs), promreg.Field(&m.inFlight), promreg.Field(&m.waiting)}
+		promreg.Field(&m.storeDur), promreg.Field(&m.storeErrs), promreg.Field(&m.inFlight), promreg.Field(&m.waiting),
+		promreg.Field(&m.bodyMemory)}
 }
 
 // newRegistry is the default registry: the gateway's own, with the Go runtime and

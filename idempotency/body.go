@@ -34,6 +34,12 @@ type bodyBudget struct {
 	held atomic.Int64
 }
 
+// BodyMemory returns the body bytes held in memory now, counted against MaxBodyMemory,
+// through m and every middleware it shares its store state with (With): request bodies,
+// answers kept until stored and sent, answers held for the store, replays being sent.
+// It passes MaxBodyMemory while answers in progress are finished past it.
+func (m *Middleware) BodyMemory() int64 { return m.bodies.held.Load() }
+
 // take reserves n bytes for a new request, or reports false (reserving nothing) when
 // that would pass the ceiling. A request without a body (n = 0) is refused once nothing
 // is left below the ceiling: its answer will need memory too.
