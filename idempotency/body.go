@@ -76,10 +76,11 @@ type reqBody struct {
 	size    int64       // len(b): the budget's bytes reserved for it until the request ends
 	dropped atomic.Bool // set under mu
 
-	mu      sync.Mutex
-	b       []byte
-	body    bytes.Reader    // r.Body's
-	readers []*bytes.Reader // those GetBody made
+	mu    sync.Mutex
+	b     []byte
+	body  bytes.Reader    // r.Body's
+	first *bytes.Reader   // the first GetBody made (a proxy's, usually the only one)
+	more  []*bytes.Reader // the others
 }
 
 // get is r.GetBody: a new reader of the body.
@@ -90,7 +91,11 @@ func (rb *reqBody) get() (io.ReadCloser, error) {
 		return nil, errBodyDropped
 	}
 	rd := bytes.NewReader(rb.b)
-	rb.readers = append(rb.readers, rd)
+	if rb.first == nil {
+		rb.first = rd
+	} else {
+		rb.more = append(rb.more, rd)
+	}
 	return io.NopCloser(rd), nil
 }
 
@@ -104,10 +109,13 @@ func (rb *reqBody) drop() {
 	}
 	rb.b = nil
 	rb.body.Reset(nil)
-	for _, rd := range rb.readers {
+	if rb.first != nil {
+		rb.first.Reset(nil)
+	}
+	for _, rd := range rb.more {
 		rd.Reset(nil)
 	}
-	rb.readers = nil
+	rb.first, rb.more = nil, nil
 	rb.dropped.Store(true)
 }
 
