@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
+	"github.com/retrysafe/retrysafe/gateway"
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/bytesize"
@@ -157,4 +159,32 @@ func TestE2EAnswersUnderTheCeiling(t *testing.T) {
 	})
 
 	waitFor(t, "the gateway's body memory back to zero", 10*time.Second, func() bool { return bodyMemory(t, gw) == 0 })
+}
+
+// TestMemoryLimit: the soft memory limit the gateway sets itself is 1.25 × the ceiling
+// on bodies in memory + 64MiB, from the ceiling a file leaves to its default too; none
+// when GOMEMLIMIT is set, or with the memory store.
+func TestMemoryLimit(t *testing.T) {
+	t.Parallel()
+	up, _ := gateway.ParseUpstream("http://127.0.0.1:1")
+	withCeiling := func(n int64) gateway.Config {
+		return gateway.Config{Upstream: up, Idempotency: idempotency.Config{MaxBodyMemory: n}}
+	}
+	for _, c := range []struct {
+		name    string
+		fromEnv bool
+		kind    string
+		cfg     gateway.Config
+		limit   int64
+		what    string
+	}{
+		{"flags", false, storedsn.KindSQLite, withCeiling(2 << 20), 2<<20 + 512<<10 + 64<<20, "68096KiB"},
+		{"the default ceiling (a file without max_body_memory)", false, storedsn.KindPostgres, withCeiling(0), 384 << 20, "384MiB"},
+		{"GOMEMLIMIT set", true, storedsn.KindSQLite, withCeiling(2 << 20), 0, "GOMEMLIMIT"},
+		{"memory store", false, storedsn.KindMemory, withCeiling(2 << 20), 0, "none (memory store)"},
+	} {
+		if limit, what := memoryLimit(c.fromEnv, c.kind, c.cfg); limit != c.limit || what != c.what {
+			t.Errorf("%s: %d %q, want %d %q", c.name, limit, what, c.limit, c.what)
+		}
+	}
 }

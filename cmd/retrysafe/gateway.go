@@ -270,7 +270,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if f.config != "" {
 		attrs = append(attrs, "config", f.config, "routes", len(cfg.Routes))
 	}
-	memLimit := setMemoryLimit(os.Getenv("GOMEMLIMIT") != "", store.Kind, cfg.Idempotency.MaxBodyMemory)
+	memLimit := setMemoryLimit(os.Getenv("GOMEMLIMIT") != "", store.Kind, cfg)
 	logger.Info("retrysafe gateway listening", append(attrs, "store", store.Name, "memory_limit", memLimit, "version", version())...)
 
 	// SIGHUP reloads the file; without one it is logged and ignored rather than, as by
@@ -515,23 +515,37 @@ func softMemoryLimit(maxBodyMemory int64) int64 {
 }
 
 // setMemoryLimit sets Go's soft memory limit (runtime/debug.SetMemoryLimit) from the
-// ceiling on bodies in memory, unless the environment sets GOMEMLIMIT (which then wins)
-// or the store is the memory store, and returns what it did, for the start-up line.
-// The ceiling bounds the bodies the process holds, but the garbage collector, by
-// default, lets the heap grow to twice what was live at its last cycle (GOGC=100): a
-// gateway at its ceiling would hold as much again in bodies already sent. With the limit,
-// the collector runs sooner as the heap nears it, and no sooner below it; it is soft, so
-// a process that needs more is not refused it, it collects more often (the runtime caps
-// that at about half the CPU). The memory store keeps every record in the heap, beyond
-// any ceiling: a limit under its records would have the collector run without end.
-func setMemoryLimit(fromEnv bool, storeKind string, maxBodyMemory int64) string {
+// ceiling on bodies in memory of cfg (resolved: a file may leave it to its default),
+// unless the environment sets GOMEMLIMIT (which then wins) or the store is the memory
+// store, and returns what it did, for the start-up line. The ceiling bounds the bodies
+// the process holds, but the garbage collector, by default, lets the heap grow to twice
+// what was live at its last cycle (GOGC=100): a gateway at its ceiling would hold as
+// much again in bodies already sent. With the limit, the collector runs sooner as the
+// heap nears it, and no sooner below it; it is soft, so a process that needs more is not
+// refused it, it collects more often (the runtime caps that at about half the CPU). The
+// memory store keeps every record in the heap, beyond any ceiling: a limit under its
+// records would have the collector run without end.
+func setMemoryLimit(fromEnv bool, storeKind string, cfg gateway.Config) string {
+	limit, what := memoryLimit(fromEnv, storeKind, cfg)
+	if limit > 0 {
+		debug.SetMemoryLimit(limit)
+	}
+	return what
+}
+
+// memoryLimit is the soft memory limit setMemoryLimit sets (0: none), and what the
+// start-up line says of it.
+func memoryLimit(fromEnv bool, storeKind string, cfg gateway.Config) (int64, string) {
 	switch {
 	case fromEnv:
-		return "GOMEMLIMIT"
+		return 0, "GOMEMLIMIT"
 	case storeKind == storedsn.KindMemory:
-		return "none (memory store)"
+		return 0, "none (memory store)"
 	}
-	limit := softMemoryLimit(maxBodyMemory)
-	debug.SetMemoryLimit(limit)
-	return bytesize.Format(limit)
+	ceiling := cmp.Or(cfg.Idempotency.MaxBodyMemory, idempotency.DefaultMaxBodyMemory)
+	if rc, err := cfg.Resolve(); err == nil {
+		ceiling = rc.Idempotency.MaxBodyMemory
+	}
+	limit := softMemoryLimit(ceiling)
+	return limit, bytesize.Format(limit)
 }
