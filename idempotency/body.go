@@ -32,6 +32,20 @@ var (
 type bodyBudget struct {
 	max  int64
 	held atomic.Int64
+
+	discard sync.Pool // *[]byte of discardSize: the buffers discardBody reads into
+}
+
+// discardSize is the buffer discardBody reads a refused body into: large enough that
+// the body takes few reads (io.Discard's own reads 8 KiB at a time).
+const discardSize = 64 << 10
+
+func (b *bodyBudget) discardBuf() *[]byte {
+	if buf, ok := b.discard.Get().(*[]byte); ok {
+		return buf
+	}
+	buf := make([]byte, discardSize)
+	return &buf
 }
 
 // BodyMemory returns the body bytes held in memory now, counted against MaxBodyMemory,
@@ -226,11 +240,11 @@ func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request) (body []by
 }
 
 // discardBody reads the rest of a refused request's body and throws it away, up to
-// MaxBody bytes and within BodyTimeout, holding none of it. An HTTP/1 client still
-// sending its body when the server closes the connection has it reset, and most clients
-// (Go's among them) then report the reset, not the answer sent before it: the 503 must
-// reach the client, and the connection stays usable. A client that asked to be told
-// first (Expect: 100-continue) is not asked for its body.
+// MaxBody bytes and within BodyTimeout, holding none of it. An HTTP/1 server that
+// closes a connection with bytes of the body still coming resets it, and most clients
+// (Go's among them), still sending, then report the reset, not the answer sent before
+// it: the 503 must reach the client, and the connection stays usable. A client that
+// asked to be told first (Expect: 100-continue) is not asked for its body.
 func (m *Middleware) discardBody(w http.ResponseWriter, r *http.Request) {
 	if r.ProtoMajor != 1 || r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 ||
 		strings.EqualFold(r.Header.Get("Expect"), "100-continue") {
@@ -240,7 +254,15 @@ func (m *Middleware) discardBody(w http.ResponseWriter, r *http.Request) {
 	if err := rc.SetReadDeadline(time.Now().Add(m.cfg.BodyTimeout)); err == nil {
 		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
 	}
-	_, _ = io.CopyN(io.Discard, r.Body, m.cfg.MaxBody)
+	buf := m.bodies.discardBuf()
+	defer m.bodies.discard.Put(buf)
+	for left := m.cfg.MaxBody; left > 0; {
+		n, err := r.Body.Read((*buf)[:min(int64(len(*buf)), left)])
+		left -= int64(n)
+		if err != nil {
+			return
+		}
+	}
 }
 
 // setBody gives r the body the middleware read, and returns it: see reqBody.
