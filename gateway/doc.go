@@ -18,9 +18,13 @@
 // A request whose Connection header names the Idempotency-Key, the header its scope comes
 // from or its Content-Type is answered 400: a proxy drops the headers Connection names,
 // and the upstream must receive those the gateway keyed and fingerprinted. Keyed bodies
-// are bounded in size (Idempotency.MaxBody, 413), in time (Idempotency.BodyTimeout, 408) and,
-// together, in memory (Idempotency.MaxBodyMemory, 503 with Retry-After), before anything is
-// claimed.
+// are bounded in size (Idempotency.MaxBody, 413) and in time (Idempotency.BodyTimeout,
+// 408) before anything is claimed. Bodies in memory, both ways — keyed requests' bodies
+// and the answers kept until they are stored and sent — have one ceiling
+// (Idempotency.MaxBodyMemory): past it, new keyed requests get 503 with Retry-After
+// before anything is claimed, while answers already coming in are finished and sent
+// whole. A keyed request's body is dropped once the upstream has it and has answered, so
+// that a request and its answer hold the larger of the two, not both.
 //
 // # Routes
 //
@@ -36,7 +40,7 @@
 // route it was matched to until it ends. Every route's middleware is made with
 // idempotency.Middleware.With from one root, so they share what the process knows of
 // the store (its health, which decides takeovers), the answers it could not store yet,
-// the waiters and the memory bound of request bodies, across routes and reloads.
+// the waiters and the ceiling on bodies in memory, across routes and reloads.
 //
 // # The upstream call and what its failures mean
 //
@@ -105,6 +109,9 @@
 //	                                          standby or replicas do not acknowledge
 //	                                          them): keyed requests get 503
 //	                                          store-not-durable until it can
+//	body_memory_bytes                         gauge: body bytes of keyed requests held
+//	                                          in memory, requests' and answers', against
+//	                                          Idempotency.MaxBodyMemory
 //
 // With Config.TracerProvider set (retrysafe gateway --otel), every request is an
 // OpenTelemetry server span, "METHOD /path-pattern", the child of the caller's W3C

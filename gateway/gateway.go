@@ -101,12 +101,18 @@ func New(cfg Config) (*Gateway, error) {
 		m := root.Load()
 		return m != nil && m.StoreNotDurable()
 	}
-	if g.metrics, err = newMetrics(reg, waiting, notDurable); err != nil {
+	bodyMemory := func() int64 {
+		if m := root.Load(); m != nil {
+			return m.BodyMemory()
+		}
+		return 0
+	}
+	if g.metrics, err = newMetrics(reg, waiting, notDurable, bodyMemory); err != nil {
 		return nil, err
 	}
 	// The root holds what every route shares of the store: what it knows of the
-	// store's health, the answers it could not store yet, the memory of request bodies
-	// and the waiters. It serves no request itself.
+	// store's health, the answers it could not store yet, the ceiling on bodies in
+	// memory and the waiters. It serves no request itself.
 	rcfg := cfg.Idempotency
 	rcfg.Store, rcfg.OnOutcome, rcfg.OnStoreCall = g.store, nil, g.observeStore(cfg.Idempotency.OnStoreCall)
 	if g.root, err = idempotency.New(rcfg); err != nil {
@@ -326,10 +332,14 @@ type exchange struct {
 	rt     *route // nil: no route matched
 
 	sent     atomic.Bool           // the upstream request's headers were written
-	trace    httptrace.ClientTrace // sets sent
+	trace    httptrace.ClientTrace // sets sent; see bodyStep
 	noServer withoutServer         // the upstream call's context, as the proxy sees it
 	upstream upstreamCall          // the call, once forward has made it
 	answer   watchedBody           // the upstream's answer's body, once it came
+	// dropClaim is the claim of a keyed request with a body, whose body is dropped once
+	// bodyDone has both bodyWritten and bodyAnswered.
+	dropClaim *idempotency.Claim
+	bodyDone  atomic.Int32
 
 	mu          sync.Mutex
 	outcome     string
@@ -458,6 +468,12 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 	// the open, and the client's connection cut by ServeHTTP once it is accounted for.
 	// The context carries the exchange, for the proxy's hooks.
 	ex.noServer.Context, ex.noServer.ex = call.ctx, ex
+	if keyed && r.ContentLength > 0 {
+		// Once the upstream has the body, its bytes are room for the answer
+		// (Claim.DropBody): the pair then holds the larger of the two in memory, not both.
+		ex.dropClaim = claim
+		ex.trace.WroteRequest = ex.wroteRequest
+	}
 	ctx := ex.sentTrace(&ex.noServer)
 	if ex.tr != nil {
 		ctx = g.tracing.startUpstream(ctx, ex, r)
@@ -534,6 +550,30 @@ func (ex *exchange) sentTrace(ctx context.Context) context.Context {
 
 func (ex *exchange) markSent() { ex.sent.Store(true) }
 
+// The two events after which http.Transport needs a keyed request's body no more: it
+// has written it whole (it reads it no more), and the upstream's answer came (it will
+// not send the request again: it resends only a request of which nothing reached the
+// wire, which a written body in its write buffer may still be, and nothing is answered
+// before something has arrived).
+const (
+	bodyWritten = 1 << iota
+	bodyAnswered
+)
+
+// wroteRequest is the trace's WroteRequest of a keyed request with a body.
+func (ex *exchange) wroteRequest(info httptrace.WroteRequestInfo) {
+	if info.Err == nil {
+		ex.bodyStep(bodyWritten)
+	}
+}
+
+// bodyStep records one of the events; after both, the body is dropped (Claim.DropBody).
+func (ex *exchange) bodyStep(event int32) {
+	if before := ex.bodyDone.Or(event); before&event == 0 && before|event == bodyWritten|bodyAnswered {
+		ex.dropClaim.DropBody()
+	}
+}
+
 // modifyResponse watches the upstream's body so that a body that breaks off is not
 // stored as a whole answer, and bounds each wait for it once the answer is settled.
 func (g *Gateway) modifyResponse(res *http.Response) error {
@@ -547,6 +587,9 @@ func (g *Gateway) modifyResponse(res *http.Response) error {
 	b.ReadCloser, b.call = res.Body, ex.call
 	res.Body = b
 	ex.body, ex.upstreamSt = b, res.StatusCode
+	if ex.dropClaim != nil {
+		ex.bodyStep(bodyAnswered)
+	}
 	if ex.call != nil && ex.call.settled == nil {
 		ex.call.settle() // unkeyed: nothing to store, the answer is under way
 	}

@@ -877,6 +877,7 @@ func TestAdminAndMetrics(t *testing.T) {
 			`retrysafe_gateway_store_duration_seconds_count{operation="complete"} 1`,
 			`retrysafe_gateway_upstream_duration_seconds_count{result="2xx",upstream="` + upstreamHost + `"} 1`,
 			`retrysafe_gateway_keys_in_flight 0`,
+			`retrysafe_gateway_body_memory_bytes 0`,
 			`retrysafe_gateway_request_duration_seconds_bucket{outcome="executed",route="/",le="+Inf"} 1`,
 			`go_goroutines`,
 		} {

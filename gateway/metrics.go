@@ -23,6 +23,7 @@ type metrics struct {
 	inFlight    prometheus.Gauge
 	waiting     prometheus.GaugeFunc // waiting() when scraped
 	notDurable  prometheus.GaugeFunc // 1 while the store says it cannot make writes durable
+	bodyMemory  prometheus.GaugeFunc // bodyMemory() when scraped
 
 	// The children of storeDur and storeErrs, by operation: a vector's WithLabelValues
 	// checks and hashes the labels and takes a lock on every call.
@@ -76,9 +77,10 @@ func (m *metrics) forRoute(route, host string) *routeSeries {
 const namespace, subsystem = "retrysafe", "gateway"
 
 // newMetrics makes and registers the gateway's collectors; waiting reports the requests
-// waiting for keys in progress (the wait conflict policy), and notDurable whether the
-// store said it cannot make writes durable.
-func newMetrics(reg prometheus.Registerer, waiting func() int, notDurable func() bool) (*metrics, error) {
+// waiting for keys in progress (the wait conflict policy), notDurable whether the
+// store said it cannot make writes durable, and bodyMemory the body bytes held in memory
+// (idempotency.Middleware.BodyMemory).
+func newMetrics(reg prometheus.Registerer, waiting func() int, notDurable func() bool, bodyMemory func() int64) (*metrics, error) {
 	latency := prometheus.ExponentialBuckets(0.001, 2, 16) // 1ms … 33s
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -120,6 +122,10 @@ func newMetrics(reg prometheus.Registerer, waiting func() int, notDurable func()
 			}
 			return 0
 		}),
+		bodyMemory: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: namespace, Subsystem: subsystem, Name: "body_memory_bytes",
+			Help: "Body bytes of keyed requests held in memory, both ways (requests, answers kept to be stored and sent, replays), against the ceiling Idempotency.MaxBodyMemory.",
+		}, func() float64 { return float64(bodyMemory()) }),
 	}
 	if err := promreg.Register(reg, "gateway", false, m.slots()...); err != nil {
 		return nil, err
@@ -133,7 +139,7 @@ func newMetrics(reg prometheus.Registerer, waiting func() int, notDurable func()
 func (m *metrics) slots() []promreg.Slot {
 	return []promreg.Slot{promreg.Field(&m.requests), promreg.Field(&m.requestDur), promreg.Field(&m.upstreamDur),
 		promreg.Field(&m.storeDur), promreg.Field(&m.storeErrs), promreg.Field(&m.inFlight), promreg.Field(&m.waiting),
-		promreg.Field(&m.notDurable)}
+		promreg.Field(&m.notDurable), promreg.Field(&m.bodyMemory)}
 }
 
 // newRegistry is the default registry: the gateway's own, with the Go runtime and

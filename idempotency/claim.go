@@ -22,7 +22,8 @@ type Claim struct {
 	Fingerprint string
 	Token       int64
 
-	ttl time.Duration
+	ttl  time.Duration
+	body *reqBody // the request's body, for DropBody; nil without one
 
 	mu        sync.Mutex
 	completed bool
@@ -229,10 +230,11 @@ func (c *claimContext) Value(key any) any {
 // or abandons the key, and only then sends the response: a client never sees an answer
 // its retry might not get again. All the state of the owned request is in e (what the
 // handler wrote, in e.rec) and in its claim (what the handler declared).
-func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, scope, key, fp string, token int64) (Outcome, error) {
+func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, rb *reqBody, next http.Handler, scope, key, fp string, token int64) (Outcome, error) {
 	e := &execution{m: m, r: r}
 	c := &e.claim
 	c.init(scope, key, fp, token, m.cfg.TTL)
+	c.body = rb
 	e.c = c
 	// Requests waiting here for the key (ConflictWait) look again once it is settled.
 	defer m.waiting.wake(scopeKey{c.Scope, c.Key})
@@ -242,7 +244,8 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	defer e.cancel(nil)
 	defer c.end(errRequestOver)
 	e.startHeartbeat()
-	e.rec.init(w, m.cfg.MaxResponse, e.overflowed)
+	e.rec.init(w, m.cfg.MaxResponse, e.overflowed, &m.bodies, rb)
+	defer e.rec.release() // the answer's memory, when it has been sent (or on a panic)
 	rec := &e.rec
 
 	panicked := true

@@ -36,7 +36,7 @@ const (
 	OutcomeTooLarge      Outcome = "too-large"         // 413: request body over the limit
 	OutcomeBadBody       Outcome = "bad-body"          // 400: request body could not be read
 	OutcomeBodyTimeout   Outcome = "body-timeout"      // 408: request body not received within BodyTimeout
-	OutcomeOverloaded    Outcome = "overloaded"        // 503: request bodies in memory at MaxBodyMemory
+	OutcomeOverloaded    Outcome = "overloaded"        // 503: bodies in memory (requests' and answers') at MaxBodyMemory
 	OutcomeDeadline      Outcome = "deadline-exceeded" // 504: the request's deadline passed before it could run
 	OutcomeClientGone    Outcome = "client-gone"       // the client left before any answer; nothing stored
 	OutcomeReleased      Outcome = "released"          // ran, but the work was not done: key released
@@ -129,10 +129,18 @@ type Config struct {
 	// SetReadDeadline, as net/http's does. Default DefaultBodyTimeout (30s).
 	BodyTimeout time.Duration
 
-	// MaxBodyMemory is the most request-body bytes all requests together may hold in
-	// memory, through this middleware and those made from it with With. A request whose
-	// body would pass it gets 503 with Retry-After before anything is claimed. Default
-	// DefaultMaxBodyMemory (256 MiB).
+	// MaxBodyMemory is the ceiling on the body bytes all keyed requests together hold in
+	// memory, both ways, through this middleware and those made from it with With: the
+	// request bodies (read to be fingerprinted), the answers kept until they are stored
+	// and sent (up to MaxResponse each), those held because the store could not take them
+	// yet, and the stored answers being replayed. A new request whose body would pass
+	// it, or that arrives while it is passed, gets 503 with Retry-After before anything
+	// is claimed. An answer being received is never cut: it is finished and sent whole
+	// even past the ceiling, and keeps new requests out until it is sent. A handler that
+	// needs its request body no more (the gateway, once the upstream has it) can drop it
+	// (Claim.DropBody), so that its bytes are room for the answer: a request and its
+	// answer then count the larger of the two, not both. One ceiling for both ways, since
+	// it is the process's memory it protects. Default DefaultMaxBodyMemory (256 MiB).
 	MaxBodyMemory int64
 
 	// MaxResponse is the largest response body stored. A larger response is sent to the
@@ -667,8 +675,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if !res.Claimed {
 		return m.existing(w, res, fp, wait), nil
 	}
-	setBody(r, body)
-	return m.execute(w, r, next, scope, key, fp, res.Token)
+	rb := setBody(r, body)
+	return m.execute(w, r, rb, next, scope, key, fp, res.Token)
 }
 
 // claim claims req's key. A key whose owner's lease ran out is taken over only by a
@@ -750,8 +758,9 @@ func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, err error) O
 			Detail: fmt.Sprintf("The request body is larger than %d bytes.", m.cfg.MaxBody)}, 0)
 		return OutcomeTooLarge
 	case errors.Is(err, errOverloaded):
-		WriteProblem(w, Problem{Type: ProblemOverloaded, Title: "Too many request bodies in memory", Status: http.StatusServiceUnavailable,
-			Detail: "The request was not executed: the server holds as many request bodies as it allows. Retry it with the same Idempotency-Key."}, 1)
+		m.discardBody(w, r)
+		WriteProblem(w, Problem{Type: ProblemOverloaded, Title: "Too many bodies in memory", Status: http.StatusServiceUnavailable,
+			Detail: "The request was not executed: the server holds as many request and response bodies in memory as it allows. Retry it with the same Idempotency-Key."}, 1)
 		return OutcomeOverloaded
 	case errors.Is(err, errBodyTimeout):
 		w.Header().Set("Connection", "close")
@@ -802,7 +811,7 @@ func (m *Middleware) existing(w http.ResponseWriter, res ClaimResult, fp string,
 	case rec.Fingerprint != fp:
 		return mismatch(w)
 	case rec.State == StateDone && rec.Response != nil:
-		Replay(w, rec.Response)
+		m.replay(w, rec.Response)
 		return OutcomeReplayed
 	}
 	// While the owner works, it may finish any moment: retry soon. When the owner is

@@ -21,6 +21,7 @@ type scopeKey struct{ scope, key string }
 
 // holdPending keeps resp to be stored later and starts storing it in the background.
 func (m *Middleware) holdPending(c *Claim, resp Response) {
+	m.bodies.force(int64(len(resp.Body))) // held in memory until dropPending
 	p := &pending{claim: c, resp: resp}
 	m.mu.Lock()
 	if m.pending == nil {
@@ -80,6 +81,7 @@ func (m *Middleware) flush(p *pending) {
 }
 
 func (m *Middleware) dropPending(p *pending) {
+	m.bodies.give(int64(len(p.resp.Body)))
 	m.mu.Lock()
 	k := scopeKey{p.claim.Scope, p.claim.Key}
 	if m.pending[k] == p {

@@ -15,12 +15,17 @@ import (
 // and a slow client does not keep the key from being completed. The body is kept up to
 // limit bytes. A response that passes the limit calls overflow once (the middleware
 // completes the record without the body: the work is done and its status and headers
-// are final) and is then passed through to the client as the handler writes it.
+// are final) and is then passed through to the client as the handler writes it. The
+// memory the kept body takes counts against the middleware's body budget until the
+// request ends (release), less the room its request body left when dropped.
 type recorder struct {
 	w        http.ResponseWriter // the client's
 	h        http.Header         // the handler's header map
 	limit    int64
 	overflow func()
+	budget   *bodyBudget
+	req      *reqBody // the request's body; nil without one
+	counted  int64    // what the kept body holds of the budget
 
 	status   int
 	header   http.Header // the handler's headers when it wrote the status
@@ -30,9 +35,29 @@ type recorder struct {
 	sent     bool // the status and headers went to the client
 }
 
-// init readies r to record the answer to w.
-func (r *recorder) init(w http.ResponseWriter, limit int64, overflow func()) {
+// init readies r to record the answer to w, counting what it keeps in budget.
+func (r *recorder) init(w http.ResponseWriter, limit int64, overflow func(), budget *bodyBudget, req *reqBody) {
 	r.w, r.h, r.limit, r.overflow = w, make(http.Header), limit, overflow
+	r.budget, r.req = budget, req
+}
+
+// count brings what the kept body holds of the budget to the memory its buffer takes
+// now, less the room its request body left. An answer is never refused memory: it is
+// finished, and its bytes keep new requests out meanwhile.
+func (r *recorder) count() {
+	need := max(0, int64(cap(r.body))-r.req.room())
+	if need != r.counted {
+		r.budget.force(need - r.counted)
+		r.counted = need
+	}
+}
+
+// release gives back what the kept body holds of the budget, when the request ends.
+func (r *recorder) release() {
+	if r.counted != 0 {
+		r.budget.give(r.counted)
+		r.counted = 0
+	}
 }
 
 // Header returns the handler's header map; it reaches the client when the response is
@@ -76,12 +101,16 @@ func (r *recorder) Write(p []byte) (int, error) {
 		r.passThrough()
 		return r.w.Write(p)
 	}
+	c := cap(r.body)
 	if r.body == nil {
 		if n, err := strconv.Atoi(r.header.Get("Content-Length")); err == nil && n >= len(p) && int64(n) <= r.limit {
 			r.body = make([]byte, 0, n) // one allocation for a body of known length
 		}
 	}
 	r.body = append(r.body, p...)
+	if cap(r.body) != c {
+		r.count()
+	}
 	return len(p), nil
 }
 
@@ -98,6 +127,7 @@ func (r *recorder) passThrough() {
 		_, _ = r.w.Write(r.body)
 	}
 	r.body = nil
+	r.count()
 }
 
 // Flush implements http.Flusher. It flushes only a response that is passed through: a

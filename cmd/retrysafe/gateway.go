@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/retrysafe/retrysafe/gateway/configfile"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/redisstore"
+	"github.com/retrysafe/retrysafe/internal/bytesize"
 	"github.com/retrysafe/retrysafe/internal/durfmt"
 )
 
@@ -153,7 +155,7 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 		{name: "fingerprint-ignore", arg: "LIST", field: "FingerprintIgnore", help: "JSON pointers, comma-separated, to body members the fingerprint leaves out (a timestamp the sender changes on every retry)", def: "-"},
 		{name: "max-body", arg: "SIZE", field: "MaxBody", help: "largest request body on keyed methods, else 413"},
 		{name: "body-timeout", arg: "DUR", field: "BodyTimeout", help: "time a keyed request's body gets to arrive, else 408"},
-		{name: "max-body-memory", arg: "SIZE", field: "MaxBodyMemory", help: "request-body bytes all keyed requests together may hold in memory; past it 503 with Retry-After"},
+		{name: "max-body-memory", arg: "SIZE", field: "MaxBodyMemory", help: "ceiling on body bytes in memory, both ways: keyed requests' bodies and the answers kept until stored and sent. Past it, new keyed requests get 503 with Retry-After before anything is claimed; answers already coming in are finished and sent whole. Unless GOMEMLIMIT is set (or the store is memory:), Go's soft memory limit is set to 1.25 × it + " + bytesize.Format(memoryLimitBase) + ", so that the garbage collector keeps the process near it"},
 		{name: "max-response", arg: "SIZE", field: "MaxResponse", help: "largest response body stored. Answers up to it are read whole from the upstream, stored, then sent at the client's pace; larger ones are passed on as they come and stored without their body"},
 		{name: "upstream-timeout", arg: "DUR", field: "UpstreamTimeout", help: "bound on each upstream call until its answer is stored; then only each wait for the upstream's bytes"},
 		{name: "shutdown-timeout", arg: "DUR", field: "ShutdownTimeout", help: "time the requests in flight get at shutdown, and then the answers the store could not take get to be stored",
@@ -304,7 +306,8 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if f.config != "" {
 		attrs = append(attrs, "config", f.config, "routes", len(cfg.Routes))
 	}
-	logger.Info("retrysafe gateway listening", append(attrs, "store", store.Name, "version", version())...)
+	memLimit := setMemoryLimit(os.Getenv("GOMEMLIMIT") != "", store.Kind, cfg)
+	logger.Info("retrysafe gateway listening", append(attrs, "store", store.Name, "memory_limit", memLimit, "version", version())...)
 
 	// SIGHUP reloads the file; without one it is logged and ignored rather than, as by
 	// default, ending the process.
@@ -532,4 +535,53 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// memoryLimitBase is what the soft memory limit the gateway sets itself allows the
+// process beyond its bodies: its connections, their buffers and goroutines, the store's
+// client, the metrics.
+const memoryLimitBase = 64 << 20
+
+// softMemoryLimit is the soft memory limit the gateway sets itself (see
+// setMemoryLimit): the ceiling on bodies in memory, a quarter more for the garbage they
+// leave between two collections and for answers finished past the ceiling, and
+// memoryLimitBase for the rest of the process.
+func softMemoryLimit(maxBodyMemory int64) int64 {
+	return maxBodyMemory + maxBodyMemory/4 + memoryLimitBase
+}
+
+// setMemoryLimit sets Go's soft memory limit (runtime/debug.SetMemoryLimit) from the
+// ceiling on bodies in memory of cfg (resolved: a file may leave it to its default),
+// unless the environment sets GOMEMLIMIT (which then wins) or the store is the memory
+// store, and returns what it did, for the start-up line. The ceiling bounds the bodies
+// the process holds, but the garbage collector, by default, lets the heap grow to twice
+// what was live at its last cycle (GOGC=100): a gateway at its ceiling would hold as
+// much again in bodies already sent. With the limit, the collector runs sooner as the
+// heap nears it, and no sooner below it; it is soft, so a process that needs more is not
+// refused it, it collects more often (the runtime caps that at about half the CPU). The
+// memory store keeps every record in the heap, beyond any ceiling: a limit under its
+// records would have the collector run without end.
+func setMemoryLimit(fromEnv bool, storeKind string, cfg gateway.Config) string {
+	limit, what := memoryLimit(fromEnv, storeKind, cfg)
+	if limit > 0 {
+		debug.SetMemoryLimit(limit)
+	}
+	return what
+}
+
+// memoryLimit is the soft memory limit setMemoryLimit sets (0: none), and what the
+// start-up line says of it.
+func memoryLimit(fromEnv bool, storeKind string, cfg gateway.Config) (int64, string) {
+	switch {
+	case fromEnv:
+		return 0, "GOMEMLIMIT"
+	case storeKind == storedsn.KindMemory:
+		return 0, "none (memory store)"
+	}
+	ceiling := cmp.Or(cfg.Idempotency.MaxBodyMemory, idempotency.DefaultMaxBodyMemory)
+	if rc, err := cfg.Resolve(); err == nil {
+		ceiling = rc.Idempotency.MaxBodyMemory
+	}
+	limit := softMemoryLimit(ceiling)
+	return limit, bytesize.Format(limit)
 }

@@ -47,9 +47,12 @@
 //	                  answers the store could not take get to be stored. Default the
 //	                  longest upstream_timeout of the routes + gateway.DefaultShutdownGrace
 //	                  (5s).
-//	max_body_memory   request-body bytes all keyed requests together may hold in memory,
-//	                  past which 503 with Retry-After; it bounds the whole gateway.
-//	                  Default idempotency.DefaultMaxBodyMemory (256MiB).
+//	max_body_memory   the ceiling on body bytes in memory, both ways: keyed requests'
+//	                  bodies and the answers kept until they are stored and sent. Past
+//	                  it, new keyed requests get 503 with Retry-After; answers coming
+//	                  in are finished. It bounds the whole gateway, and sets retrysafe
+//	                  gateway's soft memory limit (see its --help). Default
+//	                  idempotency.DefaultMaxBodyMemory (256MiB).
 //	max_waiters       duplicates that may wait (conflict: wait) at once, in the whole
 //	                  gateway; past it a duplicate gets 409 at once. Default
 //	                  idempotency.DefaultMaxWaiters (1024).
