@@ -59,6 +59,9 @@ func (w *world) noteClaim(proc string, req idempotency.ClaimRequest, res idempot
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.facts.claims[res.Token] != nil {
+		return // a claim sent again with its ID, granted its own record: nothing new
+	}
 	w.facts.claims[res.Token] = &claimFact{Token: res.Token, Proc: w.facts.procs[proc], Scope: req.Scope, Key: req.Key,
 		At: time.Since(w.start), TookOver: res.TookOver}
 	w.fireAmbushes(sk(req.Scope, req.Key), time.Since(w.start))
@@ -67,7 +70,9 @@ func (w *world) noteClaim(proc string, req idempotency.ClaimRequest, res idempot
 func (w *world) noteComplete(c idempotency.Completion) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if f := w.facts.claims[c.Token]; f != nil {
+	// A completion sent again under its token confirms the record and changes nothing
+	// of it (its expiry runs from the first).
+	if f := w.facts.claims[c.Token]; f != nil && !f.Completed {
 		f.Completed, f.CompletedAt = true, time.Since(w.start)
 	}
 }
