@@ -70,8 +70,11 @@ func newClaimIDs() claimIDs {
 	return claimIDs{prefix: base64.RawURLEncoding.EncodeToString(b[:]) + "."}
 }
 
+// next returns a new ID, in one allocation.
 func (c *claimIDs) next() string {
-	return c.prefix + strconv.FormatUint(c.n.Add(1), 36)
+	var buf [48]byte
+	b := append(buf[:0], c.prefix...)
+	return string(strconv.AppendUint(b, c.n.Add(1), 36))
 }
 
 // unclaim releases, in the background, the claim req may have made: its call failed, so
