@@ -3,7 +3,6 @@ package pgstore_test
 import (
 	"context"
 	"net/url"
-	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/retrysafe/retrysafe/harness/pgcluster"
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/idempotency/idempotencytest"
 	"github.com/retrysafe/retrysafe/idempotency/pgstore"
 )
 
@@ -33,40 +33,7 @@ func inspect(t *testing.T, rawURL string) []idempotency.Finding {
 
 // want is a finding expected among others: its level and check, and words its setting
 // and its detail hold.
-type want struct {
-	level   idempotency.FindingLevel
-	check   string
-	setting string // in the Setting
-	detail  string // in the Detail
-}
-
-// expect checks that each of wants is among found, and that found has no refusal or
-// warning beyond those wanted.
-func expect(t *testing.T, what string, found []idempotency.Finding, wants ...want) {
-	t.Helper()
-	matched := make([]bool, len(found))
-	for _, w := range wants {
-		ok := false
-		for i, f := range found {
-			if f.Level == w.level && f.Check == w.check && strings.Contains(f.Setting, w.setting) && strings.Contains(f.Detail, w.detail) {
-				ok, matched[i] = true, true
-			}
-		}
-		if !ok {
-			t.Errorf("%s: no %s %s finding with %q and %q", what, w.level, w.check, w.setting, w.detail)
-		}
-	}
-	for i, f := range found {
-		if !matched[i] && f.Level != idempotency.FindingOK {
-			t.Errorf("%s: unexpected %+v", what, f)
-		}
-	}
-	if t.Failed() {
-		for _, f := range found {
-			t.Logf("%s: found %+v", what, f)
-		}
-	}
-}
+type want = idempotencytest.WantFinding
 
 // withUser returns rawURL with user and the query parameters of params added.
 func withUser(t *testing.T, rawURL, user string, params ...string) string {
@@ -120,23 +87,23 @@ func TestInspectSingleServer(t *testing.T) {
 	if fsync != "on" || syncCommit != "on" || names != "" {
 		t.Skipf("the shared server is not a plain primary (fsync=%s synchronous_commit=%s synchronous_standby_names=%q)", fsync, syncCommit, names)
 	}
-	expect(t, "superuser", inspect(t, base),
-		want{idempotency.FindingOK, pgstore.CheckRecovery, "=false", "primary"},
-		want{idempotency.FindingOK, pgstore.CheckFsync, "fsync=on", "flushed"},
-		want{idempotency.FindingOK, pgstore.CheckSynchronousCommit, "synchronous_commit=on", "flushed on this server"},
-		want{idempotency.FindingOK, pgstore.CheckStandby, "no standby", "as long as its disk does"})
+	idempotencytest.CheckFindings(t, "superuser", inspect(t, base),
+		want{Level: idempotency.FindingOK, Check: pgstore.CheckRecovery, Setting: "=false", Detail: "primary"},
+		want{Level: idempotency.FindingOK, Check: pgstore.CheckFsync, Setting: "fsync=on", Detail: "flushed"},
+		want{Level: idempotency.FindingOK, Check: pgstore.CheckSynchronousCommit, Setting: "synchronous_commit=on", Detail: "flushed on this server"},
+		want{Level: idempotency.FindingOK, Check: pgstore.CheckStandby, Setting: "no standby", Detail: "as long as its disk does"})
 
 	exec := func(ctx context.Context, sql string) error { _, err := admin.Exec(ctx, sql); return err }
 	role := createRole(t, exec)
 	if err := exec(t.Context(), "ALTER ROLE "+pgx.Identifier{role}.Sanitize()+" SET synchronous_commit = off"); err != nil {
 		t.Fatal(err)
 	}
-	expect(t, "least-privilege role", inspect(t, withUser(t, base, role)),
-		want{idempotency.FindingOK, pgstore.CheckRecovery, "=false", "primary"},
-		want{idempotency.FindingOK, pgstore.CheckFsync, "fsync=on", "flushed"},
-		want{idempotency.FindingWarn, pgstore.CheckSynchronousCommit, "synchronous_commit=off", "crash of the server can lose the last acknowledged keys"},
-		want{idempotency.FindingOK, pgstore.CheckStandby, "no standby", "as long as its disk does"},
-		want{idempotency.FindingOK, pgstore.CheckPrivileges, role, "GRANT pg_read_all_stats"})
+	idempotencytest.CheckFindings(t, "least-privilege role", inspect(t, withUser(t, base, role)),
+		want{Level: idempotency.FindingOK, Check: pgstore.CheckRecovery, Setting: "=false", Detail: "primary"},
+		want{Level: idempotency.FindingOK, Check: pgstore.CheckFsync, Setting: "fsync=on", Detail: "flushed"},
+		want{Level: idempotency.FindingWarn, Check: pgstore.CheckSynchronousCommit, Setting: "synchronous_commit=off", Detail: "crash of the server can lose the last acknowledged keys"},
+		want{Level: idempotency.FindingOK, Check: pgstore.CheckStandby, Setting: "no standby", Detail: "as long as its disk does"},
+		want{Level: idempotency.FindingOK, Check: pgstore.CheckPrivileges, Setting: role, Detail: "GRANT pg_read_all_stats"})
 }
 
 // TestInspectReplicated: on a primary with two standbys, each setting of
@@ -151,7 +118,7 @@ func TestInspectReplicated(t *testing.T) {
 	c := pgcluster.Start(t, pgcluster.Options{Standbys: 2, Sync: true})
 	primary, s1 := c.Primary, c.Standbys[0]
 	base := primary.URL()
-	fsyncOff := want{idempotency.FindingWarn, pgstore.CheckFsync, "fsync=off", "OS crash or power loss can lose acknowledged keys"}
+	fsyncOff := want{Level: idempotency.FindingWarn, Check: pgstore.CheckFsync, Setting: "fsync=off", Detail: "OS crash or power loss can lose acknowledged keys"}
 	// names sets synchronous_standby_names and waits until the primary reports each
 	// standby in the sync_state given.
 	names := func(value, state1, state2 string) {
@@ -166,59 +133,57 @@ func TestInspectReplicated(t *testing.T) {
 		}
 	}
 
-	expect(t, "FIRST 1 (standby1)", inspect(t, base), fsyncOff,
-		want{idempotency.FindingOK, pgstore.CheckStandby, "standby standby1 (127.0.0.1): sync_state=sync", "loses no completed key"},
-		want{idempotency.FindingWarn, pgstore.CheckStandby, "standby standby2 (127.0.0.1): sync_state=async", "asynchronous standby standby2: a failover to it can lose the last completed keys; they would run again"},
-		want{idempotency.FindingOK, pgstore.CheckSynchronousCommit, "synchronous_commit=on", "once the synchronous standbys have flushed it"})
-	expect(t, "synchronous_commit=local", inspect(t, withUser(t, base, "", "synchronous_commit", "local")), fsyncOff,
-		want{idempotency.FindingWarn, pgstore.CheckSynchronousCommit, "synchronous_commit=local", "do not wait for the synchronous standbys"},
-		want{idempotency.FindingWarn, pgstore.CheckStandby, "standby2", "asynchronous"})
+	idempotencytest.CheckFindings(t, "FIRST 1 (standby1)", inspect(t, base), fsyncOff,
+		want{Level: idempotency.FindingOK, Check: pgstore.CheckStandby, Setting: "standby standby1 (127.0.0.1): sync_state=sync", Detail: "loses no completed key"},
+		want{Level: idempotency.FindingWarn, Check: pgstore.CheckStandby, Setting: "standby standby2 (127.0.0.1): sync_state=async", Detail: "asynchronous standby standby2: a failover to it can lose the last completed keys; they would run again"},
+		want{Level: idempotency.FindingOK, Check: pgstore.CheckSynchronousCommit, Setting: "synchronous_commit=on", Detail: "once the synchronous standbys have flushed it"})
+	idempotencytest.CheckFindings(t, "synchronous_commit=local", inspect(t, withUser(t, base, "", "synchronous_commit", "local")), fsyncOff,
+		want{Level: idempotency.FindingWarn, Check: pgstore.CheckSynchronousCommit, Setting: "synchronous_commit=local", Detail: "do not wait for the synchronous standbys"},
+		want{Level: idempotency.FindingWarn, Check: pgstore.CheckStandby, Setting: "standby2", Detail: "asynchronous"})
 
 	// A role without pg_read_all_stats sees the standbys' names, not their addresses or
 	// sync_state.
 	exec := func(ctx context.Context, sql string) error { return primary.Exec(ctx, sql) }
 	role := createRole(t, exec)
-	expect(t, "least-privilege role", inspect(t, withUser(t, base, role)), fsyncOff,
-		want{idempotency.FindingWarn, pgstore.CheckStandby, "standby standby1: sync_state hidden from role " + role, "cannot tell"},
-		want{idempotency.FindingWarn, pgstore.CheckStandby, "standby standby2: sync_state hidden", "cannot tell"},
-		want{idempotency.FindingWarn, pgstore.CheckPrivileges, "role " + role + ": no pg_read_all_stats",
-			"cannot see the sync_state of the 2 standby(s) connected: GRANT pg_read_all_stats (or pg_monitor) TO \"" + role + `"`})
+	idempotencytest.CheckFindings(t, "least-privilege role", inspect(t, withUser(t, base, role)), fsyncOff,
+		want{Level: idempotency.FindingWarn, Check: pgstore.CheckStandby, Setting: "standby standby1: sync_state hidden from role " + role, Detail: "cannot tell"},
+		want{Level: idempotency.FindingWarn, Check: pgstore.CheckStandby, Setting: "standby standby2: sync_state hidden", Detail: "cannot tell"},
+		want{Level: idempotency.FindingWarn, Check: pgstore.CheckPrivileges, Setting: "role " + role + ": no pg_read_all_stats", Detail: "cannot see the sync_state of the 2 standby(s) connected: GRANT pg_read_all_stats (or pg_monitor) TO \"" + role + `"`})
 	if err := exec(ctx, "GRANT pg_read_all_stats TO "+pgx.Identifier{role}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
-	expect(t, "role granted pg_read_all_stats", inspect(t, withUser(t, base, role)), fsyncOff,
-		want{idempotency.FindingOK, pgstore.CheckStandby, "standby1 (127.0.0.1): sync_state=sync", "loses no completed key"},
-		want{idempotency.FindingWarn, pgstore.CheckStandby, "standby2 (127.0.0.1): sync_state=async", "can lose the last completed keys"})
+	idempotencytest.CheckFindings(t, "role granted pg_read_all_stats", inspect(t, withUser(t, base, role)), fsyncOff,
+		want{Level: idempotency.FindingOK, Check: pgstore.CheckStandby, Setting: "standby1 (127.0.0.1): sync_state=sync", Detail: "loses no completed key"},
+		want{Level: idempotency.FindingWarn, Check: pgstore.CheckStandby, Setting: "standby2 (127.0.0.1): sync_state=async", Detail: "can lose the last completed keys"})
 
 	names("ANY 1 (standby1, standby2)", "quorum", "quorum")
-	expect(t, "ANY 1", inspect(t, base), fsyncOff,
-		want{idempotency.FindingOK, pgstore.CheckStandby, "standby1 (127.0.0.1): sync_state=quorum", "on 1 of the quorum's standbys"},
-		want{idempotency.FindingOK, pgstore.CheckStandby, "standby2 (127.0.0.1): sync_state=quorum", "fail over to the most advanced"})
+	idempotencytest.CheckFindings(t, "ANY 1", inspect(t, base), fsyncOff,
+		want{Level: idempotency.FindingOK, Check: pgstore.CheckStandby, Setting: "standby1 (127.0.0.1): sync_state=quorum", Detail: "on 1 of the quorum's standbys"},
+		want{Level: idempotency.FindingOK, Check: pgstore.CheckStandby, Setting: "standby2 (127.0.0.1): sync_state=quorum", Detail: "fail over to the most advanced"})
 
 	names("FIRST 1 (standby1, standby2)", "sync", "potential")
-	expect(t, "FIRST 1 of two", inspect(t, base), fsyncOff,
-		want{idempotency.FindingOK, pgstore.CheckStandby, "standby1 (127.0.0.1): sync_state=sync", "loses no completed key"},
-		want{idempotency.FindingOK, pgstore.CheckStandby, "standby2 (127.0.0.1): sync_state=potential", "not to it"})
+	idempotencytest.CheckFindings(t, "FIRST 1 of two", inspect(t, base), fsyncOff,
+		want{Level: idempotency.FindingOK, Check: pgstore.CheckStandby, Setting: "standby1 (127.0.0.1): sync_state=sync", Detail: "loses no completed key"},
+		want{Level: idempotency.FindingOK, Check: pgstore.CheckStandby, Setting: "standby2 (127.0.0.1): sync_state=potential", Detail: "not to it"})
 
 	// A named standby that is not connected: with another to confirm commits nothing
 	// waits; as the second of two needed, every commit waits.
 	names(`FIRST 1 (standby1, "Ghost")`, "sync", "async")
-	expect(t, "FIRST 1 with a ghost", inspect(t, base), fsyncOff,
-		want{idempotency.FindingWarn, pgstore.CheckStandby, "standby2", "asynchronous"},
-		want{idempotency.FindingOK, pgstore.CheckStandby, "synchronous standby Ghost not connected", "the 1 connected synchronous standby(s) acknowledge commits meanwhile"})
+	idempotencytest.CheckFindings(t, "FIRST 1 with a ghost", inspect(t, base), fsyncOff,
+		want{Level: idempotency.FindingWarn, Check: pgstore.CheckStandby, Setting: "standby2", Detail: "asynchronous"},
+		want{Level: idempotency.FindingOK, Check: pgstore.CheckStandby, Setting: "synchronous standby Ghost not connected", Detail: "the 1 connected synchronous standby(s) acknowledge commits meanwhile"})
 	names(`FIRST 2 (standby1, "Ghost")`, "sync", "async")
-	expect(t, "FIRST 2 with a ghost", inspect(t, base), fsyncOff,
-		want{idempotency.FindingWarn, pgstore.CheckStandby, "standby2", "asynchronous"},
-		want{idempotency.FindingWarn, pgstore.CheckStandby, `synchronous standby Ghost not connected, synchronous_standby_names='FIRST 2 (standby1, "Ghost")'`,
-			"1 of the 2 synchronous standbys a commit needs are connected: every commit waits, so keyed requests are refused (503 store-not-durable)"})
+	idempotencytest.CheckFindings(t, "FIRST 2 with a ghost", inspect(t, base), fsyncOff,
+		want{Level: idempotency.FindingWarn, Check: pgstore.CheckStandby, Setting: "standby2", Detail: "asynchronous"},
+		want{Level: idempotency.FindingWarn, Check: pgstore.CheckStandby, Setting: `synchronous standby Ghost not connected, synchronous_standby_names='FIRST 2 (standby1, "Ghost")'`, Detail: "1 of the 2 synchronous standbys a commit needs are connected: every commit waits, so keyed requests are refused (503 store-not-durable)"})
 
 	names("", "async", "async")
-	expect(t, "asynchronous", inspect(t, base), fsyncOff,
-		want{idempotency.FindingWarn, pgstore.CheckStandby, "standby standby1 (127.0.0.1): sync_state=async", "asynchronous standby standby1: a failover to it can lose the last completed keys; they would run again"},
-		want{idempotency.FindingWarn, pgstore.CheckStandby, "standby standby2 (127.0.0.1): sync_state=async", "can lose the last completed keys"})
+	idempotencytest.CheckFindings(t, "asynchronous", inspect(t, base), fsyncOff,
+		want{Level: idempotency.FindingWarn, Check: pgstore.CheckStandby, Setting: "standby standby1 (127.0.0.1): sync_state=async", Detail: "asynchronous standby standby1: a failover to it can lose the last completed keys; they would run again"},
+		want{Level: idempotency.FindingWarn, Check: pgstore.CheckStandby, Setting: "standby standby2 (127.0.0.1): sync_state=async", Detail: "can lose the last completed keys"})
 
 	// The standby itself takes no writes.
-	expect(t, "a standby", inspect(t, s1.URL()), fsyncOff,
-		want{idempotency.FindingRefuse, pgstore.CheckRecovery, "pg_is_in_recovery()=true", "the server is a standby and takes no writes"},
-		want{idempotency.FindingOK, pgstore.CheckStandby, "no standby", "as long as its disk does"})
+	idempotencytest.CheckFindings(t, "a standby", inspect(t, s1.URL()), fsyncOff,
+		want{Level: idempotency.FindingRefuse, Check: pgstore.CheckRecovery, Setting: "pg_is_in_recovery()=true", Detail: "the server is a standby and takes no writes"},
+		want{Level: idempotency.FindingOK, Check: pgstore.CheckStandby, Setting: "no standby", Detail: "as long as its disk does"})
 }

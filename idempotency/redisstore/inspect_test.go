@@ -10,16 +10,12 @@ import (
 
 	"github.com/retrysafe/retrysafe/harness/redisha"
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/idempotency/idempotencytest"
 )
 
 // want is a finding expected among others: its level and check, and words its setting
 // and its detail hold.
-type want struct {
-	level   idempotency.FindingLevel
-	check   string
-	setting string
-	detail  string
-}
+type want = idempotencytest.WantFinding
 
 // inspected runs Inspect on s and checks that each of wants is among its findings, and
 // that it found no warning or refusal beyond those.
@@ -31,39 +27,20 @@ func inspected(t *testing.T, what string, s *Store, wants ...want) {
 	if err != nil {
 		t.Fatalf("%s: Inspect: %v", what, err)
 	}
-	matched := make([]bool, len(found))
-	for _, w := range wants {
-		ok := false
-		for i, f := range found {
-			if f.Level == w.level && f.Check == w.check && strings.Contains(f.Setting, w.setting) && strings.Contains(f.Detail, w.detail) {
-				ok, matched[i] = true, true
-			}
-		}
-		if !ok {
-			t.Errorf("%s: no %s %s finding with %q and %q", what, w.level, w.check, w.setting, w.detail)
-		}
-	}
-	for i, f := range found {
-		if !matched[i] && f.Level != idempotency.FindingOK {
-			t.Errorf("%s: unexpected %+v", what, f)
-		}
-	}
-	if t.Failed() {
-		for _, f := range found {
-			t.Logf("%s: found %+v", what, f)
-		}
-	}
+	idempotencytest.CheckFindings(t, what, found, wants...)
 }
 
 // Findings of a lone server with noeviction.
 func noEvictionOK() want {
-	return want{idempotency.FindingOK, CheckEviction, "maxmemory-policy=noeviction", "nothing is evicted"}
+	return want{Level: idempotency.FindingOK, Check: CheckEviction, Setting: "maxmemory-policy=noeviction", Detail: "nothing is evicted"}
 }
 
-func oneServer() want { return want{idempotency.FindingOK, CheckTopology, "one server", "no failover"} }
+func oneServer() want {
+	return want{Level: idempotency.FindingOK, Check: CheckTopology, Setting: "one server", Detail: "no failover"}
+}
 
 func noReplica() want {
-	return want{idempotency.FindingOK, CheckReplication, "connected_slaves=0", "no replica"}
+	return want{Level: idempotency.FindingOK, Check: CheckReplication, Setting: "connected_slaves=0", Detail: "no replica"}
 }
 
 // TestInspectPersistence: each persistence and eviction setting of a lone Redis is
@@ -77,22 +54,22 @@ func TestInspectPersistence(t *testing.T) {
 		wants []want
 	}{
 		{"AOF always", []string{"--appendonly", "yes", "--appendfsync", "always"}, []want{
-			{idempotency.FindingOK, CheckPersistence, "appendonly=yes appendfsync=always", "loses no acknowledged key"}}},
+			{Level: idempotency.FindingOK, Check: CheckPersistence, Setting: "appendonly=yes appendfsync=always", Detail: "loses no acknowledged key"}}},
 		{"AOF everysec", []string{"--appendonly", "yes", "--appendfsync", "everysec"}, []want{
-			{idempotency.FindingWarn, CheckPersistence, "appendonly=yes appendfsync=everysec", "an OS crash or power loss can lose about the last second of keys"}}},
+			{Level: idempotency.FindingWarn, Check: CheckPersistence, Setting: "appendonly=yes appendfsync=everysec", Detail: "an OS crash or power loss can lose about the last second of keys"}}},
 		{"AOF no fsync", []string{"--appendonly", "yes", "--appendfsync", "no"}, []want{
-			{idempotency.FindingWarn, CheckPersistence, "appendonly=yes appendfsync=no", "when it chooses"}}},
+			{Level: idempotency.FindingWarn, Check: CheckPersistence, Setting: "appendonly=yes appendfsync=no", Detail: "when it chooses"}}},
 		{"RDB only", []string{"--appendonly", "no", "--save", "3600 1"}, []want{
-			{idempotency.FindingWarn, CheckPersistence, "appendonly=no save='3600 1'", "RDB snapshots only: a restart loses every key since the last snapshot; they would run again"}}},
+			{Level: idempotency.FindingWarn, Check: CheckPersistence, Setting: "appendonly=no save='3600 1'", Detail: "RDB snapshots only: a restart loses every key since the last snapshot; they would run again"}}},
 		{"nothing", nil, []want{ // redisha's default: --save "" --appendonly no
-			{idempotency.FindingWarn, CheckPersistence, "appendonly=no save=''", "no persistence: a restart loses every key; they would run again"}}},
+			{Level: idempotency.FindingWarn, Check: CheckPersistence, Setting: "appendonly=no save=''", Detail: "no persistence: a restart loses every key; they would run again"}}},
 		{"allkeys-lru", []string{"--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "allkeys-lru"}, []want{
-			{idempotency.FindingOK, CheckPersistence, "appendfsync=always", ""},
-			{idempotency.FindingRefuse, CheckEviction, "maxmemory-policy=allkeys-lru", "a retry of an evicted key runs again"}}},
+			{Level: idempotency.FindingOK, Check: CheckPersistence, Setting: "appendfsync=always", Detail: ""},
+			{Level: idempotency.FindingRefuse, Check: CheckEviction, Setting: "maxmemory-policy=allkeys-lru", Detail: "a retry of an evicted key runs again"}}},
 		{"CONFIG disabled", []string{"--rename-command", "CONFIG", "", "--appendonly", "yes", "--maxmemory-policy", "volatile-ttl"}, []want{
-			{idempotency.FindingWarn, CheckConfig, "CONFIG GET refused: appendfsync, save, min-replicas-to-write, min-replicas-max-lag unread", "come from INFO"},
-			{idempotency.FindingRefuse, CheckEviction, "maxmemory-policy=volatile-ttl", "evicted"},
-			{idempotency.FindingWarn, CheckPersistence, "appendonly=yes appendfsync unknown", "could not be read"}}},
+			{Level: idempotency.FindingWarn, Check: CheckConfig, Setting: "CONFIG GET refused: appendfsync, save, min-replicas-to-write, min-replicas-max-lag unread", Detail: "come from INFO"},
+			{Level: idempotency.FindingRefuse, Check: CheckEviction, Setting: "maxmemory-policy=volatile-ttl", Detail: "evicted"},
+			{Level: idempotency.FindingWarn, Check: CheckPersistence, Setting: "appendonly=yes appendfsync unknown", Detail: "could not be read"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -115,34 +92,33 @@ func TestInspectReplicas(t *testing.T) {
 	t.Parallel()
 	g := redisha.Start(t, redisha.Options{Args: []string{"--appendonly", "yes", "--appendfsync", "always"}})
 	master, replica := g.Master(), g.Replicas()[0]
-	durable := want{idempotency.FindingOK, CheckPersistence, "appendfsync=always", ""}
+	durable := want{Level: idempotency.FindingOK, Check: CheckPersistence, Setting: "appendfsync=always", Detail: ""}
 
 	plain, _ := storeAt(t, master.Addr, Config{})
 	inspected(t, "no wait", plain, durable, noEvictionOK(), oneServer(),
-		want{idempotency.FindingWarn, CheckReplication, "replica 127.0.0.1:" + portOf(replica.Addr) + " state=online lag=",
-			"asynchronous replica: a failover to it can lose the last completed keys; they would run again"},
-		want{idempotency.FindingWarn, CheckMinReplicas, "min-replicas-to-write=0", "keeps acknowledging claims until a failover replaces it"})
+		want{Level: idempotency.FindingWarn, Check: CheckReplication, Setting: "replica 127.0.0.1:" + portOf(replica.Addr) + " state=online lag=", Detail: "asynchronous replica: a failover to it can lose the last completed keys; they would run again"},
+		want{Level: idempotency.FindingWarn, Check: CheckMinReplicas, Setting: "min-replicas-to-write=0", Detail: "keeps acknowledging claims until a failover replaces it"})
 
 	waiting, _ := storeAt(t, master.Addr, Config{Wait: 1})
 	inspected(t, "wait=1", waiting, durable, noEvictionOK(), oneServer(),
-		want{idempotency.FindingOK, CheckReplication, "state=online", "writes count once 1 replica(s) acknowledged them"})
+		want{Level: idempotency.FindingOK, Check: CheckReplication, Setting: "state=online", Detail: "writes count once 1 replica(s) acknowledged them"})
 
 	tooMany, _ := storeAt(t, master.Addr, Config{Wait: 2})
 	inspected(t, "wait=2", tooMany, durable, noEvictionOK(), oneServer(),
-		want{idempotency.FindingOK, CheckReplication, "state=online", "2 replica(s)"},
-		want{idempotency.FindingWarn, CheckReplication, "wait=2, 1 replica(s) online", "every claim is refused (503 store-not-durable) until enough are back"})
+		want{Level: idempotency.FindingOK, Check: CheckReplication, Setting: "state=online", Detail: "2 replica(s)"},
+		want{Level: idempotency.FindingWarn, Check: CheckReplication, Setting: "wait=2, 1 replica(s) online", Detail: "every claim is refused (503 store-not-durable) until enough are back"})
 
 	// The master is disposable: its settings are the test's to change.
 	if err := master.Client().ConfigSet(context.Background(), "min-replicas-to-write", "1").Err(); err != nil {
 		t.Fatal(err)
 	}
 	inspected(t, "min-replicas-to-write=1", plain, durable, noEvictionOK(), oneServer(),
-		want{idempotency.FindingWarn, CheckReplication, "state=online", "asynchronous replica"},
-		want{idempotency.FindingOK, CheckMinReplicas, "min-replicas-to-write=1 min-replicas-max-lag=10", "stops taking claims (503) within 10 s"})
+		want{Level: idempotency.FindingWarn, Check: CheckReplication, Setting: "state=online", Detail: "asynchronous replica"},
+		want{Level: idempotency.FindingOK, Check: CheckMinReplicas, Setting: "min-replicas-to-write=1 min-replicas-max-lag=10", Detail: "stops taking claims (503) within 10 s"})
 
 	onReplica, _ := storeAt(t, replica.Addr, Config{})
 	inspected(t, "a replica", onReplica, durable, noEvictionOK(), oneServer(),
-		want{idempotency.FindingRefuse, CheckRole, "role=slave of 127.0.0.1:", "the store writes to a replica"})
+		want{Level: idempotency.FindingRefuse, Check: CheckRole, Setting: "role=slave of 127.0.0.1:", Detail: "the store writes to a replica"})
 
 	opts, err := redis.ParseFailoverURL(g.URL())
 	if err != nil {
@@ -152,16 +128,16 @@ func TestInspectReplicas(t *testing.T) {
 	t.Cleanup(func() { _ = client.Close() })
 	sentinel, _ := storeWith(t, client, Config{Wait: 1})
 	inspected(t, "Sentinel", sentinel, durable, noEvictionOK(),
-		want{idempotency.FindingOK, CheckTopology, "Sentinel (failover client)", "follows the master the Sentinels name"},
-		want{idempotency.FindingOK, CheckReplication, "state=online", "writes count once 1 replica(s)"},
-		want{idempotency.FindingOK, CheckMinReplicas, "min-replicas-to-write=1", ""})
+		want{Level: idempotency.FindingOK, Check: CheckTopology, Setting: "Sentinel (failover client)", Detail: "follows the master the Sentinels name"},
+		want{Level: idempotency.FindingOK, Check: CheckReplication, Setting: "state=online", Detail: "writes count once 1 replica(s)"},
+		want{Level: idempotency.FindingOK, Check: CheckMinReplicas, Setting: "min-replicas-to-write=1", Detail: ""})
 
 	// Waiting for one of two replicas: a failover may promote the other.
 	g.AddReplica()
 	inspected(t, "wait=1 of two", waiting, durable, noEvictionOK(), oneServer(),
-		want{idempotency.FindingOK, CheckReplication, "state=online", "writes count once 1 replica(s)"},
-		want{idempotency.FindingOK, CheckMinReplicas, "min-replicas-to-write=1", ""},
-		want{idempotency.FindingWarn, CheckReplication, "wait=1, 2 replicas online", "WAIT is not consensus"})
+		want{Level: idempotency.FindingOK, Check: CheckReplication, Setting: "state=online", Detail: "writes count once 1 replica(s)"},
+		want{Level: idempotency.FindingOK, Check: CheckMinReplicas, Setting: "min-replicas-to-write=1", Detail: ""},
+		want{Level: idempotency.FindingWarn, Check: CheckReplication, Setting: "wait=1, 2 replicas online", Detail: "WAIT is not consensus"})
 }
 
 // TestInspectCluster: each master of a Cluster is inspected, its findings labelled with
@@ -172,12 +148,12 @@ func TestInspectCluster(t *testing.T) {
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	t.Cleanup(func() { _ = client.Close() })
 	s, _ := storeWith(t, client, Config{})
-	wants := []want{{idempotency.FindingOK, CheckTopology, "Cluster, 3 masters", "each shard fails over on its own"}}
+	wants := []want{{Level: idempotency.FindingOK, Check: CheckTopology, Setting: "Cluster, 3 masters", Detail: "each shard fails over on its own"}}
 	for _, addr := range addrs {
 		wants = append(wants,
-			want{idempotency.FindingOK, CheckEviction, "node " + addr + ": maxmemory-policy=noeviction", ""},
-			want{idempotency.FindingWarn, CheckPersistence, "node " + addr + ": appendonly=no save=''", "no persistence"},
-			want{idempotency.FindingOK, CheckReplication, "node " + addr + ": role=master connected_slaves=0", "no replica"})
+			want{Level: idempotency.FindingOK, Check: CheckEviction, Setting: "node " + addr + ": maxmemory-policy=noeviction", Detail: ""},
+			want{Level: idempotency.FindingWarn, Check: CheckPersistence, Setting: "node " + addr + ": appendonly=no save=''", Detail: "no persistence"},
+			want{Level: idempotency.FindingOK, Check: CheckReplication, Setting: "node " + addr + ": role=master connected_slaves=0", Detail: "no replica"})
 	}
 	inspected(t, "Cluster", s, wants...)
 }
