@@ -51,9 +51,10 @@ const (
 	// 5s and then at full speed takes about 6s, and one whose first answer was lost on
 	// the upstream link (a lease and the upstream timeout), that met a store partition
 	// (up to 6s) and the lease after it in which no replica takes a key over, about 20s;
-	// slow readers begin none in the last slowStop of the load, so that they do not
-	// stretch the drain.
-	slowPatience, slowStop = 30 * time.Second, 15 * time.Second
+	// partitions come every 4–8s, so it may meet two, and replicas killed meanwhile:
+	// about 32s was seen. Slow readers begin none in the last slowStop of the load, so
+	// that they do not stretch the drain.
+	slowPatience, slowStop = 45 * time.Second, 20 * time.Second
 
 	// Client ↔ gateway fault rates of each proxy: per connection, then per request.
 	rateRefuse, rateBlackHole                    = 0.02, 0.02
