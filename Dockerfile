@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # The retrysafe gateway image: one static binary on an empty base, run as 65532:65532.
 #
 #   docker build --build-arg VERSION=v0.1.0 -t ghcr.io/retrysafe/retrysafe:v0.1.0 .

@@ -51,7 +51,7 @@ func (p *Plan) Build(ctx context.Context) (v1.Image, error) {
 	}
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(layerTar)), nil
-	}, tarball.WithMediaType(types.OCILayer))
+	}, tarball.WithMediaType(types.OCILayer), tarball.WithCompressedCaching)
 	if err != nil {
 		return nil, fmt.Errorf("image: layer: %w", err)
 	}

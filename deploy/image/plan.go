@@ -225,10 +225,11 @@ func finalStage(final *stage, earlier []*stage, buildArgs map[string]string, opt
 				return nil, in.errorf("want one absolute directory (%v)", err)
 			}
 			cfg.WorkingDir = path.Clean(ws[0])
-			if e, ok := p.Files[cfg.WorkingDir]; ok && !e.Dir {
-				return nil, in.errorf("%s is a file", cfg.WorkingDir)
+			// An engine creates a missing one, with an owner that depends on the engine
+			// and on USER: the builder wants it copied in, its owner said.
+			if e, ok := p.Files[cfg.WorkingDir]; !ok || !e.Dir {
+				return nil, in.errorf("%s is not a directory copied in before it", cfg.WorkingDir)
 			}
-			mkdirAll(p.Files, cfg.WorkingDir) // as the engine does, root's and 0755
 		case "ENV":
 			kvs, err := keyValues(in.rest, lookup, true)
 			if err != nil {
@@ -282,6 +283,11 @@ func finalStage(final *stage, earlier []*stage, buildArgs map[string]string, opt
 			for _, v := range vols {
 				if !path.IsAbs(v) {
 					return nil, in.errorf("%q is not an absolute path", v)
+				}
+				// A new volume starts as a copy of the image's directory, its owner
+				// included: the builder wants it copied in, its owner said.
+				if e, ok := p.Files[path.Clean(v)]; !ok || !e.Dir {
+					return nil, in.errorf("%s is not a directory copied in before it", v)
 				}
 				cfg.Volumes[path.Clean(v)] = struct{}{}
 			}

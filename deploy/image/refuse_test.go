@@ -58,6 +58,8 @@ func TestRefused(t *testing.T) {
 		{"a command substitution", replace("-s -w", "-s -w -X main.date=$(date)"), "shell syntax the image builder does not interpret"},
 		{"an undeclared variable", replace("${VERSION}", "${REVISION}"), "$REVISION"},
 		{"ENTRYPOINT not in the image", replace(final, `ENTRYPOINT ["/bin/retrysafe"]`), "not an executable file of the image"},
+		{"a WORKDIR not copied in", replace("WORKDIR /data", "WORKDIR /home"), "/home is not a directory copied in"},
+		{"a VOLUME not copied in", replace("VOLUME /data", "VOLUME /data /var/lib/retrysafe"), "/var/lib/retrysafe is not a directory copied in"},
 		{"another escape character", "# escape=`\n" + string(orig), "only the backslash escape"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
