@@ -240,7 +240,11 @@ func checkGrace(t *testing.T, pod corev1.PodSpec, c corev1.Container, preStop, u
 		t.Errorf("--shutdown-timeout %ds, want %d", got, shutdown)
 	}
 	if g := pod.TerminationGracePeriodSeconds; g == nil || *g <= preStop+upstream+shutdown {
-		t.Errorf("terminationGracePeriodSeconds %v: want more than %d + %d + %d", g, preStop, upstream, shutdown)
+		got := "unset"
+		if g != nil {
+			got = strconv.FormatInt(*g, 10)
+		}
+		t.Errorf("terminationGracePeriodSeconds %s: want more than %d + %d + %d", got, preStop, upstream, shutdown)
 	}
 }
 
@@ -343,6 +347,10 @@ func TestRoutes(t *testing.T) {
 	}
 	if checksum(b) != checksum(render(t, map[string]any{"routes": routesB})) {
 		t.Errorf("the checksum of the same routes differs between two renders")
+	}
+
+	if off := render(t, map[string]any{"routes": routesA, "rollOnRoutesChange": false}); off.deployment.Spec.Template.Annotations["checksum/config"] != "" {
+		t.Errorf("a checksum with rollOnRoutesChange false")
 	}
 
 	for name, m := range map[string]*manifests{"object": a, "text": b} {
