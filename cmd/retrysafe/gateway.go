@@ -77,6 +77,7 @@ examples:
   RETRYSAFE_UPSTREAM=http://api:3000 RETRYSAFE_STORE=redis://cache:6379/0 retrysafe gateway
   retrysafe gateway --upstream http://api:3000 \
       --store 'redis://sentinel-1:26379/0?master_name=retrysafe&addr=sentinel-2:26379&wait=1'
+  retrysafe gateway --check --config gateway.yaml --listen :8080 --admin :9090   # before a rollout
   curl -i -X POST http://127.0.0.1:8080/payments -H 'Idempotency-Key: 7c0e…' -d '{"amount":100}'
 `
 
