@@ -9,9 +9,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -54,12 +56,15 @@ new routes, those in flight finish under theirs, and a file that fails to load i
 refused with one log line while the running routes stay.
 
 flags (each can also be set from the environment: --max-body from RETRYSAFE_MAX_BODY,
---upstream from RETRYSAFE_UPSTREAM, and so on; a flag on the command line wins):
+--upstream from RETRYSAFE_UPSTREAM, and so on, all but --check; a flag on the command
+line wins):
 `
 
 const gatewayOutro = `
 Sizes: bytes, or 512KiB, 4MiB, 1GiB (also KB, MB, GB in powers of 1000).
-Bad flags, an unreachable store or an unparsable upstream: one line on stderr, exit 2.
+Bad flags, an unreachable store or an unparsable upstream: one line on stderr per
+problem, exit 2. --check stops before the store is opened: it finds all but the store's
+reachability and settings, and prints what would run.
 A store whose settings break the promise that a keyed request runs once (a Redis that
 may evict records, a PostgreSQL standby…, unless allowed; retrysafe doctor lists what
 is checked): one line on stderr per such setting, exit 2; a setting that narrows the
@@ -72,12 +77,14 @@ examples:
   RETRYSAFE_UPSTREAM=http://api:3000 RETRYSAFE_STORE=redis://cache:6379/0 retrysafe gateway
   retrysafe gateway --upstream http://api:3000 \
       --store 'redis://sentinel-1:26379/0?master_name=retrysafe&addr=sentinel-2:26379&wait=1'
+  retrysafe gateway --check --config gateway.yaml --listen :8080 --admin :9090   # before a rollout
   curl -i -X POST http://127.0.0.1:8080/payments -H 'Idempotency-Key: 7c0e…' -d '{"amount":100}'
 `
 
 type gatewayFlags struct {
 	upstream, listen, admin, store, methods, scopeHeader, logFormat, logLevel, conflict string
 	config                                                                              string
+	check                                                                               bool
 	keyHeader, keyPointer, fingerprintIgnore, scopeCookie                               string
 	ttl, lease, upstreamTimeout, shutdownTimeout, bodyTimeout, waitTimeout              time.Duration
 	requireKey, failOpen, scopeNone, otel, allowEvicting                                bool
@@ -97,6 +104,7 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 		maxBodyMemory: idempotency.DefaultMaxBodyMemory}
 	fs := newFlagSet("retrysafe gateway")
 	fs.StringVar(&f.config, "config", "", "")
+	fs.BoolVar(&f.check, "check", false, "")
 	fs.StringVar(&f.upstream, "upstream", "", "")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "")
 	fs.StringVar(&f.admin, "admin", "127.0.0.1:9090", "")
@@ -132,6 +140,7 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 	fs.BoolVar(&f.otel, "otel", false, "")
 	docs := []flagDoc{
 		{name: "config", arg: "FILE", help: "a YAML file of routes, each with its own policy and upstream (see retrysafe config check --help and examples/gateway.yaml); the flags set beside it override its defaults; SIGHUP reloads it", def: "-"},
+		{name: "check", help: "check the flags, the environment and the --config file as a start does, store DSN included, and connect to nothing (no store opened, no port bound): print a summary (store, upstreams, addresses, routes) and exit 0, or one line per problem on stderr and exit 2. For a deployment's configuration before it rolls out. Not read from the environment", def: "false"},
 		{name: "upstream", arg: "URL", help: "the API to protect: http:// or https:// (required without --config)", def: "-"},
 		{name: "listen", arg: "ADDR", help: "proxy address; port 0 picks one, and the address is logged"},
 		{name: "admin", arg: "ADDR", help: `/healthz, /readyz, /metrics and the operator console at /; "off" disables`},
@@ -179,65 +188,19 @@ func gatewayHelp() string {
 func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	const cmd = "retrysafe gateway"
 	fs, f, docs := newGatewayFlags()
-	if ok, status := parse(fs, args, gatewayHelp(), nil, false, stdout, stderr); !ok {
+	if ok, status := parse(fs, args, gatewayHelp(), envFlags(fs, "check"), false, stdout, stderr); !ok {
 		return status
 	}
-	// Everything that can be checked without I/O, before the store is opened.
-	var (
-		s      gatewaySetup
-		reload func() (*configfile.File, error)
-		loaded *configfile.File // the file reload read last
-	)
-	if f.config != "" {
-		opts := configfile.Options{Overrides: flagOverrides(fs), CheckStore: checkStoreDSN}
-		reload = func() (*configfile.File, error) {
-			file, err := configfile.Load(f.config, opts)
-			loaded = file // the console's route table, once the gateway has taken it
-			return file, err
-		}
-		file, err := reload()
-		if err != nil {
-			return failConfig(stderr, cmd, err)
-		}
-		if s, err = fileSetup(f, file, stderr); err != nil {
-			return fail(stderr, cmd, err, exitUsage)
-		}
-	} else {
-		var err error
-		if s, err = flagSetup(f, docs, stderr); err != nil {
-			return fail(stderr, cmd, err, exitUsage)
-		}
+	p, err := planGateway(fs, f, docs, stderr)
+	if err != nil {
+		return failConfig(stderr, cmd, err)
 	}
-	cfg, logger := s.cfg, s.cfg.Logger
-	adminAddr := s.admin
-	if strings.EqualFold(adminAddr, "off") {
-		adminAddr = ""
+	if f.check {
+		p.writeSummary(stdout)
+		return exitOK
 	}
-	// The file's console and admin_token hold the flags' values when the flags were
-	// given (they override the file), and are empty when neither set them.
-	consoleMode, adminToken := f.consoleMode, f.adminToken
-	if s.file != nil {
-		consoleMode, adminToken = cmp.Or(s.file.Console, consoleMode), cmp.Or(s.file.AdminToken, adminToken)
-	}
-	if err := checkConsoleMode(consoleMode); err != nil {
-		return fail(stderr, cmd, err, exitUsage)
-	}
-	if err := checkDLQFlags(f.amqpURL, f.natsURL, f.queues); err != nil {
-		return fail(stderr, cmd, err, exitUsage)
-	}
-	if len(f.queues) > 0 && (adminAddr == "" || consoleMode == consoleOff) {
-		return fail(stderr, cmd, errors.New("--queue shows dead letters in the console, which --admin off or --console off leaves out"), exitUsage)
-	}
-	if adminAddr != "" && consoleMode != consoleOff {
-		if err := checkExposure("--admin", adminAddr, adminToken, ", or --console off"); err != nil {
-			return fail(stderr, cmd, err, exitUsage)
-		}
-	}
-
-	allowed := f.allowRisks
-	if f.allowEvicting {
-		allowed = append(allowed, redisstore.CheckEviction)
-	}
+	s, cfg, logger := p.gatewaySetup, p.cfg, p.cfg.Logger
+	adminAddr, consoleMode, adminToken, allowed := p.adminAddr, p.consoleMode, p.adminToken, p.allowed
 	eviction := redisstore.EvictionRefuse
 	if allowed.allows(redisstore.CheckEviction) {
 		eviction = redisstore.EvictionAllow
@@ -323,13 +286,13 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			case <-runCtx.Done():
 				return
 			case <-hup:
-				if reload == nil {
+				if p.reload == nil {
 					logger.Warn("SIGHUP ignored: there is no --config file to reload")
 					continue
 				}
 				before := s.file
-				if s = reloadConfig(gw, reload, s, logger); s.file != before {
-					routes.set(loaded)
+				if s = reloadConfig(gw, p.reload, s, logger); s.file != before {
+					routes.set(p.loaded)
 				}
 			}
 		}
@@ -345,6 +308,137 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	return exitOK
 }
 
+// gatewayPlan is the gateway that the flags, the environment and the --config file
+// describe, checked as far as it can be without I/O beyond reading the file. The
+// gateway's start and --check both make it with planGateway, so that --check accepts
+// exactly what a start gets past before it opens the store and its listeners.
+type gatewayPlan struct {
+	gatewaySetup
+	storeKind, storeName    string // storedsn's kind and redacted name of the store
+	adminAddr               string // "" when the admin listener is off
+	consoleMode, adminToken string
+	allowed                 allowedRisks // --allow-store-risk, and --allow-evicting-store as its check
+	// reload reads the --config file again (nil without one); loaded is the file it
+	// read last, for the console's route table once the gateway has taken it.
+	reload func() (*configfile.File, error)
+	loaded *configfile.File
+}
+
+// planGateway checks the parsed flags, the environment they were set from and the
+// --config file, connecting to nothing. Its error joins one error per problem, each
+// in the command line's terms.
+func planGateway(fs *flag.FlagSet, f *gatewayFlags, docs []flagDoc, stderr io.Writer) (*gatewayPlan, error) {
+	p := &gatewayPlan{}
+	var errs []error
+	// The console's dead letters are flags alone: checked whatever the rest says.
+	dlqErr := checkDLQFlags(f.amqpURL, f.natsURL, f.queues)
+	if f.config != "" {
+		opts := configfile.Options{Overrides: flagOverrides(fs), CheckStore: checkStoreDSN}
+		p.reload = func() (*configfile.File, error) {
+			file, err := configfile.Load(f.config, opts)
+			p.loaded = file
+			return file, err
+		}
+		file, err := p.reload()
+		if err == nil {
+			p.gatewaySetup, err = fileSetup(f, file, stderr)
+		}
+		if err != nil {
+			return nil, errors.Join(append(joined(err), dlqErr)...)
+		}
+	} else {
+		s, err := flagSetup(f, docs, stderr)
+		if err != nil {
+			// The addresses and the store are the flags' still: checked below too.
+			for _, e := range joined(err) {
+				errs = append(errs, flagError(e, docs))
+			}
+			s = gatewaySetup{listen: f.listen, admin: f.admin, store: f.store}
+		}
+		p.gatewaySetup = s
+	}
+	if dlqErr != nil {
+		errs = append(errs, dlqErr)
+	}
+	var err error
+	if p.storeKind, p.storeName, err = storedsn.Describe(p.store); err != nil {
+		errs = append(errs, fmt.Errorf("--store: %s", strings.TrimPrefix(err.Error(), "storedsn: ")))
+	}
+	p.adminAddr = p.admin
+	if strings.EqualFold(p.adminAddr, "off") {
+		p.adminAddr = ""
+	}
+	// The file's console and admin_token hold the flags' values when the flags were
+	// given (they override the file), and are empty when neither set them.
+	p.consoleMode, p.adminToken = f.consoleMode, f.adminToken
+	if p.file != nil {
+		p.consoleMode, p.adminToken = cmp.Or(p.file.Console, p.consoleMode), cmp.Or(p.file.AdminToken, p.adminToken)
+	}
+	if err := checkConsoleMode(p.consoleMode); err != nil {
+		errs = append(errs, err)
+	}
+	if len(f.queues) > 0 && (p.adminAddr == "" || p.consoleMode == consoleOff) {
+		errs = append(errs, errors.New("--queue shows dead letters in the console, which --admin off or --console off leaves out"))
+	}
+	if p.adminAddr != "" && p.consoleMode != consoleOff {
+		if err := checkExposure("--admin", p.adminAddr, p.adminToken, ", or --console off"); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	p.allowed = slices.Clone(f.allowRisks)
+	if f.allowEvicting {
+		p.allowed = append(p.allowed, redisstore.CheckEviction)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return p, nil
+}
+
+// writeSummary prints what a start would run, for --check: the store, the upstreams,
+// the addresses and the routes, one per line, no secret shown.
+func (p *gatewayPlan) writeSummary(w io.Writer) {
+	var upstreams []string
+	add := func(u *url.URL) {
+		if u != nil && !slices.Contains(upstreams, u.Redacted()) {
+			upstreams = append(upstreams, u.Redacted())
+		}
+	}
+	add(p.cfg.Upstream)
+	for _, r := range p.cfg.Routes {
+		add(r.Upstream)
+	}
+	admin := "off"
+	if p.adminAddr != "" {
+		token := "no token"
+		if p.adminToken != "" {
+			token = "token set"
+		}
+		admin = fmt.Sprintf("%s (console %s, %s)", p.adminAddr, p.consoleMode, token)
+	}
+	routes := "none: one policy for every request"
+	if p.file != nil {
+		routes = fmt.Sprintf("%d (%s)", len(p.cfg.Routes), p.file.Path)
+	}
+	fmt.Fprintf(w, "retrysafe gateway --check: ok, nothing was connected to\n")
+	fmt.Fprintf(w, "  store     %s (%s)\n", p.storeKind, p.storeName)
+	fmt.Fprintf(w, "  upstream  %s\n", cmp.Or(strings.Join(upstreams, ", "), "none"))
+	fmt.Fprintf(w, "  listen    %s\n", p.listen)
+	fmt.Fprintf(w, "  admin     %s\n", admin)
+	fmt.Fprintf(w, "  routes    %s\n", routes)
+}
+
+// envFlags names the flags of fs that parse sets from the environment: all but skip.
+func envFlags(fs *flag.FlagSet, skip ...string) []string {
+	var out []string
+	fs.VisitAll(func(fl *flag.Flag) {
+		if !slices.Contains(skip, fl.Name) {
+			out = append(out, fl.Name)
+		}
+	})
+	return out
+}
+
 // gatewaySetup is what the flags or the file say to run: the gateway's Config (its
 // Logger set, its Store not) and the addresses and store it needs.
 type gatewaySetup struct {
@@ -353,18 +447,19 @@ type gatewaySetup struct {
 	file                 *configfile.File // nil without --config
 }
 
-// flagSetup is the one-route gateway of the flags alone.
+// flagSetup is the one-route gateway of the flags alone. Its error joins one error per
+// problem found, so that a check lists them all.
 func flagSetup(f *gatewayFlags, docs []flagDoc, stderr io.Writer) (gatewaySetup, error) {
+	var errs []error
 	logger, err := newLogger(stderr, f.logFormat, f.logLevel)
 	if err != nil {
-		return gatewaySetup{}, err
+		errs = append(errs, err)
 	}
+	var upstream *url.URL
 	if f.upstream == "" {
-		return gatewaySetup{}, errors.New("--upstream is required (the URL of the API to protect; see --help), or --config FILE")
-	}
-	upstream, err := gateway.ParseUpstream(f.upstream)
-	if err != nil {
-		return gatewaySetup{}, err
+		errs = append(errs, errors.New("--upstream is required (the URL of the API to protect; see --help), or --config FILE"))
+	} else if upstream, err = gateway.ParseUpstream(f.upstream); err != nil {
+		errs = append(errs, err)
 	}
 	// Zero means "the default" to the packages; on the command line it is a mistake.
 	for _, d := range []struct {
@@ -372,18 +467,21 @@ func flagSetup(f *gatewayFlags, docs []flagDoc, stderr io.Writer) (gatewaySetup,
 		v    time.Duration
 	}{{"--ttl", f.ttl}, {"--lease", f.lease}, {"--upstream-timeout", f.upstreamTimeout}, {"--body-timeout", f.bodyTimeout}, {"--wait-timeout", f.waitTimeout}} {
 		if d.v <= 0 {
-			return gatewaySetup{}, fmt.Errorf("%s must be positive, not %s", d.name, d.v)
+			errs = append(errs, fmt.Errorf("%s must be positive, not %s", d.name, d.v))
 		}
 	}
 	if f.shutdownTimeout < 0 {
-		return gatewaySetup{}, fmt.Errorf("--shutdown-timeout must not be negative")
+		errs = append(errs, fmt.Errorf("--shutdown-timeout must not be negative"))
 	}
 	if f.maxBody <= 0 || f.maxResponse <= 0 || f.maxBodyMemory <= 0 {
-		return gatewaySetup{}, errors.New("--max-body, --max-body-memory and --max-response must be positive")
+		errs = append(errs, errors.New("--max-body, --max-body-memory and --max-response must be positive"))
 	}
 	methods := splitList(strings.ToUpper(f.methods))
 	if len(methods) == 0 {
-		return gatewaySetup{}, errors.New("--methods is empty")
+		errs = append(errs, errors.New("--methods is empty"))
+	}
+	if len(errs) > 0 {
+		return gatewaySetup{}, errors.Join(errs...)
 	}
 	cfg := gateway.Config{
 		Upstream:        upstream,
@@ -501,7 +599,7 @@ func flagOverrides(fs *flag.FlagSet) []configfile.Override {
 	fs.Visit(func(fl *flag.Flag) {
 		o := configfile.Override{Key: overrideKeys[fl.Name], Value: fl.Value.String(), Source: "--" + fl.Name}
 		switch fl.Name {
-		case "config", "otel", "amqp", "nats", "queue", "allow-evicting-store", "allow-store-risk": // not keys of the file
+		case "config", "check", "otel", "amqp", "nats", "queue", "allow-evicting-store", "allow-store-risk": // not keys of the file
 			return
 		case "require-key":
 			o.Key, o.Value = "defaults.mode", map[bool]string{true: "required", false: "optional"}[fl.Value.String() == "true"]

@@ -133,3 +133,22 @@ func TestParsePostgresPool(t *testing.T) {
 		}
 	}
 }
+
+// Describe names the kind and the redacted name Open would give, and Check's error for
+// what Open refuses, connecting to nothing (the addresses below have no server).
+func TestDescribe(t *testing.T) {
+	for _, c := range []struct{ dsn, kind, name string }{
+		{"sqlite:/data/r.db", KindSQLite, "sqlite:/data/r.db"},
+		{"postgres://u:secret@127.0.0.1:1/db", KindPostgres, "postgres://u:xxxxx@127.0.0.1:1/db"},
+		{"redis://:secret@127.0.0.1:1/0", KindRedis, "redis://:xxxxx@127.0.0.1:1/0"},
+		{"memory:", KindMemory, "memory:"},
+	} {
+		kind, name, err := Describe(c.dsn)
+		if err != nil || kind != c.kind || name != c.name {
+			t.Errorf("Describe(%q) = %q, %q, %v; want %q, %q", c.dsn, kind, name, err, c.kind, c.name)
+		}
+	}
+	if _, _, err := Describe("mysql://db"); !errors.Is(err, ErrUnknownScheme) {
+		t.Errorf("Describe(mysql://db): %v, want ErrUnknownScheme", err)
+	}
+}

@@ -262,6 +262,17 @@ func Check(dsn string) error {
 	return err
 }
 
+// Describe is Check that also returns the kind of store dsn names (one of the Kind
+// constants) and its name as Opened.Name gives it (any password redacted), without
+// opening or connecting to anything.
+func Describe(dsn string) (kind, name string, err error) {
+	sp, err := parse(dsn)
+	if err != nil {
+		return "", "", err
+	}
+	return sp.kind, sp.name, nil
+}
+
 // parse reads dsn (see the package doc) without opening anything. Its errors match
 // ErrUnknownScheme or ErrInvalid.
 func parse(dsn string) (*spec, error) {
