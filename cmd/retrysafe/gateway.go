@@ -310,6 +310,13 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}
+	// SIGHUP reads the certificates and the file again; without either it is logged
+	// and ignored rather than, as by default, ending the process. It is caught from
+	// before the listeners, so that one sent as soon as the gateway says it listens
+	// (a certificate renewed meanwhile) cannot end it.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	ln, err := net.Listen("tcp", s.listen)
 	if err != nil {
 		return fail(stderr, cmd, fmt.Errorf("--listen: %w", err), exitUsage)
@@ -338,11 +345,6 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	memLimit := setMemoryLimit(os.Getenv("GOMEMLIMIT") != "", store.Kind, cfg)
 	logger.Info("retrysafe gateway listening", append(attrs, "store", store.Name, "memory_limit", memLimit, "version", version())...)
 
-	// SIGHUP reads the certificates and the file again; without either it is logged
-	// and ignored rather than, as by default, ending the process.
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	runCtx, stopReloads := context.WithCancel(ctx)
 	reloaded := make(chan struct{})
 	go func() {
