@@ -95,9 +95,6 @@ func (p *Pair) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 // Leaf returns the certificate now served.
 func (p *Pair) Leaf() *x509.Certificate { return p.cur.Load().Leaf }
 
-// Files returns the certificate's and the key's file names.
-func (p *Pair) Files() (certFile, keyFile string) { return p.certFile, p.keyFile }
-
 // ServerConfig returns a server configuration that serves the pair (reloads
 // included), TLS 1.2 at least, with HTTP/2 offered before HTTP/1.1 (ALPN), so that an
 // http.Server serving a tls.NewListener of it speaks both.
@@ -150,14 +147,14 @@ func (p *Pair) logServed(msg string, c *tls.Certificate) {
 	attrs := []any{"cert", p.certFile, "subject", c.Leaf.Subject.String(), "serial", serial(c.Leaf),
 		"not_after", c.Leaf.NotAfter.UTC().Format(time.RFC3339)}
 	p.opt.Logger.Info(msg, attrs...)
-	if left, soon := ExpiresSoon(c.Leaf, p.opt.Now()); soon {
+	if left, soon := expiresSoon(c.Leaf, p.opt.Now()); soon {
 		p.opt.Logger.Warn("TLS certificate expires soon; renew it and send SIGHUP", append(attrs, "left", left.Round(time.Minute).String())...)
 	}
 }
 
-// ExpiresSoon reports how long leaf has left at now, and whether that is less than
+// expiresSoon reports how long leaf has left at now, and whether that is less than
 // SoonWindow or a third of its lifetime, whichever is shorter.
-func ExpiresSoon(leaf *x509.Certificate, now time.Time) (time.Duration, bool) {
+func expiresSoon(leaf *x509.Certificate, now time.Time) (time.Duration, bool) {
 	left := leaf.NotAfter.Sub(now)
 	return left, left < min(SoonWindow, leaf.NotAfter.Sub(leaf.NotBefore)/3)
 }
