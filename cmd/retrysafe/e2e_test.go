@@ -131,8 +131,15 @@ func startGateway(t *testing.T, extraEnv []string, args ...string) *proc {
 	})
 	select {
 	case m := <-ready:
-		p.addr = "http://" + m["addr"].(string)
-		p.admin = "http://" + m["admin"].(string)
+		// The listeners that serve HTTPS are named by the line's tls.
+		scheme := func(listener string) string {
+			if on, _ := m["tls"].(string); strings.Contains(on, listener) {
+				return "https://"
+			}
+			return "http://"
+		}
+		p.addr = scheme("proxy") + m["addr"].(string)
+		p.admin = scheme("admin") + m["admin"].(string)
 	case code := <-p.exit:
 		p.exit <- code
 		t.Fatalf("gateway exited with %d before listening:\n%s", code, p.log())

@@ -55,6 +55,13 @@ prints the route table it makes. SIGHUP reloads the file: the next requests have
 new routes, those in flight finish under theirs, and a file that fails to load is
 refused with one log line while the running routes stay.
 
+With --tls-cert and --tls-key, the proxy and the admin listener serve HTTPS (TLS 1.2
+at least, HTTP/2 and HTTP/1.1); --admin-tls-cert and --admin-tls-key give the admin
+listener its own pair. SIGHUP reads the certificate files again, with or without
+--config: the next connections get the new certificate, and a pair that does not load
+(half written, mismatched, expired) is refused with one log line while the served one
+stays. Renew, then send SIGHUP.
+
 flags (each can also be set from the environment: --max-body from RETRYSAFE_MAX_BODY,
 --upstream from RETRYSAFE_UPSTREAM, and so on, all but --check; a flag on the command
 line wins):
@@ -62,9 +69,9 @@ line wins):
 
 const gatewayOutro = `
 Sizes: bytes, or 512KiB, 4MiB, 1GiB (also KB, MB, GB in powers of 1000).
-Bad flags, an unreachable store or an unparsable upstream: one line on stderr per
-problem, exit 2. --check stops before the store is opened: it finds all but the store's
-reachability and settings, and prints what would run.
+Bad flags, an unreachable store, an unparsable upstream or a certificate that does not
+load: one line on stderr per problem, exit 2. --check stops before the store is opened:
+it finds all but the store's reachability and settings, and prints what would run.
 A store whose settings break the promise that a keyed request runs once (a Redis that
 may evict records, a PostgreSQL standby…, unless allowed; retrysafe doctor lists what
 is checked): one line on stderr per such setting, exit 2; a setting that narrows the
@@ -78,6 +85,9 @@ examples:
   retrysafe gateway --upstream http://api:3000 \
       --store 'redis://sentinel-1:26379/0?master_name=retrysafe&addr=sentinel-2:26379&wait=1'
   retrysafe gateway --check --config gateway.yaml --listen :8080 --admin :9090   # before a rollout
+  retrysafe gateway --upstream http://api:3000 --listen :8443 \
+      --tls-cert /etc/retrysafe/tls.crt --tls-key /etc/retrysafe/tls.key
+  kill -HUP "$(pidof retrysafe)"   # after the certificate was renewed
   curl -i -X POST http://127.0.0.1:8080/payments -H 'Idempotency-Key: 7c0e…' -d '{"amount":100}'
 `
 
@@ -90,6 +100,7 @@ type gatewayFlags struct {
 	requireKey, failOpen, scopeNone, otel, allowEvicting                                bool
 	maxBody, maxResponse, maxBodyMemory                                                 byteSize
 	adminToken, consoleMode                                                             string
+	tlsCert, tlsKey, adminTLSCert, adminTLSKey                                          string
 	amqpURL, natsURL                                                                    string // the console's dead letters
 	queues                                                                              queueNames
 	allowRisks                                                                          allowedRisks
@@ -109,6 +120,10 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "")
 	fs.StringVar(&f.admin, "admin", "127.0.0.1:9090", "")
 	fs.StringVar(&f.adminToken, "admin-token", "", "")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "")
+	fs.StringVar(&f.adminTLSCert, "admin-tls-cert", "", "")
+	fs.StringVar(&f.adminTLSKey, "admin-tls-key", "", "")
 	fs.StringVar(&f.consoleMode, "console", consoleOn, "")
 	fs.StringVar(&f.amqpURL, "amqp", "", "")
 	fs.StringVar(&f.natsURL, "nats", "", "")
@@ -145,6 +160,10 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 		{name: "listen", arg: "ADDR", help: "proxy address; port 0 picks one, and the address is logged"},
 		{name: "admin", arg: "ADDR", help: `/healthz, /readyz, /metrics and the operator console at /; "off" disables`},
 		{name: "admin-token", arg: "TOKEN", help: "the token the console and /metrics ask for (Authorization: Bearer, or the console's login form); required when --admin is not a loopback address and the console is on", def: "-"},
+		{name: "tls-cert", arg: "FILE", help: "serve HTTPS on --listen, and on --admin unless --admin-tls-cert is set, with this certificate (PEM: the leaf, then any intermediates); needs --tls-key. TLS 1.2 at least; HTTP/2 and HTTP/1.1. SIGHUP reads both files again: the next connections get a pair that loads, and one that does not (half written, mismatched, expired) is refused with an ERROR line while the served one stays", def: "-"},
+		{name: "tls-key", arg: "FILE", help: "the private key of --tls-cert (PEM)", def: "-"},
+		{name: "admin-tls-cert", arg: "FILE", help: "the admin listener's own certificate, read again on SIGHUP as --tls-cert; needs --admin-tls-key", def: "--tls-cert's"},
+		{name: "admin-tls-key", arg: "FILE", help: "the private key of --admin-tls-cert", def: "-"},
 		{name: "console", arg: "on|off|read-only", help: "the operator console on the admin listener: keys (search, filter by route, evict), outcomes per route, routes; read-only hides and refuses the actions"},
 		{name: "amqp", arg: "URL", help: "RabbitMQ (amqp://, amqps://) whose dead letters the console shows: the DLQ NAME.dlq of each --queue", def: "-"},
 		{name: "nats", arg: "URL", help: "NATS JetStream (nats://, tls://) whose dead letters the console shows: the DLQ stream of each --queue", def: "-"},
@@ -249,10 +268,18 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err != nil {
 		return fail(stderr, cmd, err, exitUsage)
 	}
+	// SIGHUP reads the certificates and the file again; without either it is logged
+	// and ignored rather than, as by default, ending the process. It is caught from
+	// before the listeners, so that one sent as soon as the gateway says it listens
+	// (a certificate renewed meanwhile) cannot end it.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	ln, err := net.Listen("tcp", s.listen)
 	if err != nil {
 		return fail(stderr, cmd, fmt.Errorf("--listen: %w", err), exitUsage)
 	}
+	ln = serveTLS(ln, p.certs.proxy)
 	var adminLn net.Listener
 	adminBound := "off"
 	if adminAddr != "" {
@@ -261,8 +288,12 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			return fail(stderr, cmd, fmt.Errorf("--admin: %w", err), exitUsage)
 		}
 		adminBound = adminLn.Addr().String()
+		adminLn = serveTLS(adminLn, p.certs.admin)
 	}
 	attrs := []any{"addr", ln.Addr().String(), "admin", adminBound}
+	if on := p.certs.describe(); on != "" {
+		attrs = append(attrs, "tls", on)
+	}
 	if cfg.Upstream != nil {
 		attrs = append(attrs, "upstream", cfg.Upstream.Redacted())
 	}
@@ -272,11 +303,6 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	memLimit := setMemoryLimit(os.Getenv("GOMEMLIMIT") != "", store.Kind, cfg)
 	logger.Info("retrysafe gateway listening", append(attrs, "store", store.Name, "memory_limit", memLimit, "version", version())...)
 
-	// SIGHUP reloads the file; without one it is logged and ignored rather than, as by
-	// default, ending the process.
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	runCtx, stopReloads := context.WithCancel(ctx)
 	reloaded := make(chan struct{})
 	go func() {
@@ -286,8 +312,11 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			case <-runCtx.Done():
 				return
 			case <-hup:
+				p.certs.reload()
 				if p.reload == nil {
-					logger.Warn("SIGHUP ignored: there is no --config file to reload")
+					if len(p.certs.pairs()) == 0 {
+						logger.Warn("SIGHUP ignored: there is no --config file or TLS certificate to reload")
+					}
 					continue
 				}
 				before := s.file
@@ -317,7 +346,8 @@ type gatewayPlan struct {
 	storeKind, storeName    string // storedsn's kind and redacted name of the store
 	adminAddr               string // "" when the admin listener is off
 	consoleMode, adminToken string
-	allowed                 allowedRisks // --allow-store-risk, and --allow-evicting-store as its check
+	allowed                 allowedRisks  // --allow-store-risk, and --allow-evicting-store as its check
+	certs                   listenerCerts // the listeners' certificates, read from their files
 	// reload reads the --config file again (nil without one); loaded is the file it
 	// read last, for the console's route table once the gateway has taken it.
 	reload func() (*configfile.File, error)
@@ -385,6 +415,12 @@ func planGateway(fs *flag.FlagSet, f *gatewayFlags, docs []flagDoc, stderr io.Wr
 			errs = append(errs, err)
 		}
 	}
+	// Reading the certificate files is the one I/O a check does: a pair that does not
+	// load would stop the start.
+	logger := cmp.Or(p.cfg.Logger, slog.New(slog.DiscardHandler))
+	if p.certs, err = loadListenerCerts(p.gatewaySetup, p.adminAddr != "", logger); err != nil {
+		errs = append(errs, err)
+	}
 	p.allowed = slices.Clone(f.allowRisks)
 	if f.allowEvicting {
 		p.allowed = append(p.allowed, redisstore.CheckEviction)
@@ -444,7 +480,8 @@ func envFlags(fs *flag.FlagSet, skip ...string) []string {
 type gatewaySetup struct {
 	cfg                  gateway.Config
 	listen, admin, store string
-	file                 *configfile.File // nil without --config
+	tls, adminTLS        configfile.TLSFiles // the listeners' certificates; zero: plain HTTP
+	file                 *configfile.File    // nil without --config
 }
 
 // flagSetup is the one-route gateway of the flags alone. Its error joins one error per
@@ -514,7 +551,9 @@ func flagSetup(f *gatewayFlags, docs []flagDoc, stderr io.Writer) (gatewaySetup,
 	if _, err := cfg.Resolve(); err != nil {
 		return gatewaySetup{}, flagError(err, docs)
 	}
-	return gatewaySetup{cfg: cfg, listen: f.listen, admin: f.admin, store: f.store}, nil
+	return gatewaySetup{cfg: cfg, listen: f.listen, admin: f.admin, store: f.store,
+		tls:      configfile.TLSFiles{Cert: f.tlsCert, Key: f.tlsKey},
+		adminTLS: configfile.TLSFiles{Cert: f.adminTLSCert, Key: f.adminTLSKey}}, nil
 }
 
 // fileSetup is the gateway of a --config file, whose flags have been applied to it as
@@ -527,7 +566,7 @@ func fileSetup(f *gatewayFlags, file *configfile.File, stderr io.Writer) (gatewa
 	cfg := file.Gateway
 	cfg.Logger = logger
 	return gatewaySetup{cfg: cfg, listen: cmp.Or(file.Listen, f.listen), admin: cmp.Or(file.Admin, f.admin),
-		store: cmp.Or(file.Store, f.store), file: file}, nil
+		store: cmp.Or(file.Store, f.store), tls: file.TLS, adminTLS: file.AdminTLS, file: file}, nil
 }
 
 // reloadConfig reads the file again and gives the gateway its routes. A file that
@@ -548,6 +587,7 @@ func reloadConfig(gw *gateway.Gateway, load func() (*configfile.File, error), ru
 		was, now any
 	}{
 		{"listen", old.Listen, file.Listen}, {"admin", old.Admin, file.Admin}, {"store", old.Store, file.Store},
+		{"tls", old.TLS, file.TLS}, {"admin_tls", old.AdminTLS, file.AdminTLS},
 		{"log", old.LogFormat + " " + old.LogLevel, file.LogFormat + " " + file.LogLevel},
 		{"otel", old.Otel, file.Otel},
 		{"console", old.Console, file.Console}, {"admin_token", old.AdminToken != file.AdminToken, false},
@@ -571,7 +611,7 @@ func reloadConfig(gw *gateway.Gateway, load func() (*configfile.File, error), ru
 	logger.Info("config reloaded", "file", file.Path, "routes", len(cfg.Routes))
 	running.file = &configfile.File{Path: file.Path, Listen: old.Listen, Admin: old.Admin, Store: old.Store,
 		LogFormat: old.LogFormat, LogLevel: old.LogLevel, Otel: old.Otel, Console: old.Console,
-		AdminToken: old.AdminToken, Gateway: cfg}
+		AdminToken: old.AdminToken, TLS: old.TLS, AdminTLS: old.AdminTLS, Gateway: cfg}
 	running.file.Gateway.ShutdownTimeout = old.Gateway.ShutdownTimeout
 	running.file.Gateway.Idempotency.MaxBodyMemory = old.Gateway.Idempotency.MaxBodyMemory
 	running.file.Gateway.Idempotency.MaxWaiters = old.Gateway.Idempotency.MaxWaiters
@@ -590,6 +630,7 @@ var overrideKeys = map[string]string{
 	"shutdown-timeout": "shutdown_timeout", "conflict": "defaults.conflict",
 	"wait-timeout": "defaults.wait_timeout", "log-format": "log.format", "log-level": "log.level",
 	"console": "console", "admin-token": "admin_token",
+	"tls-cert": "tls.cert", "tls-key": "tls.key", "admin-tls-cert": "admin_tls.cert", "admin-tls-key": "admin_tls.key",
 }
 
 // flagOverrides returns the flags set on the command line or from the environment as
@@ -601,6 +642,10 @@ func flagOverrides(fs *flag.FlagSet) []configfile.Override {
 		switch fl.Name {
 		case "config", "check", "otel", "amqp", "nats", "queue", "allow-evicting-store", "allow-store-risk": // not keys of the file
 			return
+		case "tls-cert", "tls-key", "admin-tls-cert", "admin-tls-key":
+			if o.Value == "" { // no file, as without --config (RETRYSAFE_TLS_CERT= in a template)
+				return
+			}
 		case "require-key":
 			o.Key, o.Value = "defaults.mode", map[bool]string{true: "required", false: "optional"}[fl.Value.String() == "true"]
 		case "fail-open":

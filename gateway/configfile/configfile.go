@@ -118,6 +118,14 @@ type File struct {
 	// ${NAME} expanded (so that the file need not hold the secret); "" when not set.
 	AdminToken string
 
+	// TLS is the certificate and key the proxy listener serves HTTPS with, and the
+	// admin listener too unless AdminTLS is set, as --tls-cert and --tls-key; zero
+	// when not set (plain HTTP).
+	TLS TLSFiles
+	// AdminTLS is the admin listener's own certificate and key, as --admin-tls-cert
+	// and --admin-tls-key; zero when not set.
+	AdminTLS TLSFiles
+
 	// Gateway is the gateway the file describes, but for Idempotency.Store and Logger,
 	// which are the caller's: its own fields are the catch-all policy (Upstream nil
 	// when there is none), and Routes the file's routes, in the file's order, with the
@@ -132,6 +140,13 @@ type File struct {
 	routes       []routeInfo // beside Gateway.Routes
 	catchAll     string      // the upstream of the catch-all of the Config's own fields, "" for none
 	declaredHere int         // the routes the file declares
+}
+
+// TLSFiles names a certificate's PEM file (the leaf first, then any intermediates) and
+// its private key's. The file holds both or neither; the files themselves are read by
+// the caller, which reads them again on SIGHUP.
+type TLSFiles struct {
+	Cert, Key string
 }
 
 // routeInfo is what the table shows of a route beside its gateway.Route.

@@ -36,6 +36,15 @@
 //	                  the secret in the file. Required (here, by flag or by
 //	                  RETRYSAFE_ADMIN_TOKEN) when admin is not a loopback address and the
 //	                  console is on.
+//	tls               {cert: FILE, key: FILE}: serve HTTPS on the proxy listener, and on
+//	                  the admin listener unless admin_tls is set, with the certificate
+//	                  in cert (PEM, the leaf first, then any intermediates) and its
+//	                  private key in key, as --tls-cert and --tls-key; both or neither.
+//	                  retrysafe gateway reads the files at start and again on SIGHUP
+//	                  (a pair that does not load is refused and the served one stays);
+//	                  changing the file names takes a restart. Default: plain HTTP.
+//	admin_tls         {cert: FILE, key: FILE}: the admin listener's own pair, as
+//	                  --admin-tls-cert and --admin-tls-key. Default: that of tls.
 //	store             the store's DSN, as --store takes it (sqlite:PATH, postgres://…,
 //	                  redis://…, memory:). Default: the caller's (sqlite:retrysafe.db).
 //	log               {format: text|json, level: debug|info|warn|error}. Default: the

@@ -197,6 +197,10 @@ func (p *parser) parse(data []byte) *File {
 			if raw, at, ok = p.scalar(k, v, key); ok {
 				f.AdminToken, ok = p.expand(at, key, raw)
 			}
+		case "tls":
+			f.TLS, ok = p.tlsFiles(k, v, key)
+		case "admin_tls":
+			f.AdminTLS, ok = p.tlsFiles(k, v, key)
 		case "shutdown_timeout":
 			f.Gateway.ShutdownTimeout, at, ok = p.duration(k, v, key)
 		case "max_body_memory":
@@ -213,7 +217,7 @@ func (p *parser) parse(data []byte) *File {
 		case "routes":
 			p.routes(k, v, d)
 		default:
-			p.unknown(k, "", []string{"listen", "admin", "store", "log", "otel", "console", "admin_token", "shutdown_timeout", "max_body_memory", "max_waiters", "upstreams", "defaults", "routes"})
+			p.unknown(k, "", []string{"listen", "admin", "store", "log", "otel", "console", "admin_token", "tls", "admin_tls", "shutdown_timeout", "max_body_memory", "max_waiters", "upstreams", "defaults", "routes"})
 			return
 		}
 		if ok {
@@ -488,6 +492,43 @@ func (p *parser) address(k, v *yaml.Node, path string, allowOff bool) (string, b
 		return "", false
 	}
 	return s, true
+}
+
+// tlsFiles reads {cert: FILE, key: FILE}: both, or neither (an empty mapping).
+func (p *parser) tlsFiles(k, v *yaml.Node, path string) (TLSFiles, bool) {
+	var t TLSFiles
+	bad := false // an error reported in a member: a member missing too says nothing more
+	ok := p.mapping(v, path, func(sub string, k, v *yaml.Node) {
+		var dst *string
+		switch sub {
+		case "cert":
+			dst = &t.Cert
+		case "key":
+			dst = &t.Key
+		default:
+			p.unknown(k, path, []string{"cert", "key"})
+			bad = true
+			return
+		}
+		s, at, good := p.scalar(k, v, join(path, sub))
+		switch {
+		case !good:
+			bad = true
+		case s == "":
+			p.errorf(at, join(path, sub), "is empty: want a file name")
+			bad = true
+		default:
+			*dst = s
+		}
+	})
+	if !ok || bad {
+		return TLSFiles{}, false
+	}
+	if (t.Cert == "") != (t.Key == "") {
+		p.errorf(p.atKV(k, v), path, "want both cert and key (the certificate's file and its private key's), or neither")
+		return TLSFiles{}, false
+	}
+	return t, true
 }
 
 // expand replaces each ${NAME} in s, a value of the file, with the environment
