@@ -123,6 +123,9 @@ func TestE2EGatewayCheckProblems(t *testing.T) {
 		{"no upstream", nil, []string{"--store", "memory:"}, []string{"--upstream is required"}},
 		{"file", nil, []string{"--config", badFile}, []string{"nowhere", "soon"}},
 		{"missing file", nil, []string{"--config", filepath.Join(dir, "none.yaml")}, []string{"none.yaml"}},
+		{"certificate that does not load", nil,
+			[]string{"--upstream", "http://x", "--tls-cert", filepath.Join(dir, "none.crt"), "--tls-key", filepath.Join(dir, "none.key")},
+			[]string{"none.crt"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
