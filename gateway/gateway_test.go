@@ -891,7 +891,7 @@ func TestAdminAndMetrics(t *testing.T) {
 		}
 	}
 	logs := f.logs.String()
-	for _, want := range []string{`"outcome":"executed"`, `"outcome":"replayed"`, `"outcome":"missing-key"`, `"latency":`, `"key":"m1"`} {
+	for _, want := range []string{`"outcome":"executed"`, `"outcome":"replayed"`, `"outcome":"missing-key"`, `"latency_ms":`, `"key":"m1"`} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("logs lack %s:\n%s", want, logs)
 		}
