@@ -328,9 +328,10 @@ func (rt *route) hopByHop(r *http.Request) string {
 // hooks (modifyResponse, upstreamError), handed only the request, in the context of the
 // upstream call (exchangeFrom).
 type exchange struct {
-	start  time.Time
-	client clientWriter
-	rt     *route // nil: no route matched
+	start   time.Time
+	client  clientWriter
+	reqBody clientBody // the client's request body, as the gateway's layers read it
+	rt      *route     // nil: no route matched
 
 	sent     atomic.Bool           // the upstream request's headers were written
 	trace    httptrace.ClientTrace // sets sent; see bodyStep
@@ -390,6 +391,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt := g.table.Load().match(r)
 	ex := &exchange{start: time.Now(), client: clientWriter{ResponseWriter: w, ctx: r.Context()}, rt: rt}
 	ex.client.ex = ex
+	if r.Body != nil && r.Body != http.NoBody {
+		ex.reqBody.ReadCloser = r.Body
+		r.Body = &ex.reqBody
+	}
 	if g.tracing != nil {
 		r = g.tracing.start(r, ex)
 	}
@@ -669,7 +674,7 @@ func (g *Gateway) finish(r *http.Request, ex *exchange) {
 	status, gone := cw.status, cw.gone
 	switch {
 	case cw.statusLost:
-		status = 0
+		status, gone = 0, true
 	case status == 0 && f == failBody:
 		// The answer broke off before its status was sent: the client got none of it.
 	case status == 0 && cw.ctx.Err() != nil:
@@ -759,7 +764,7 @@ type clientWriter struct {
 	// then: nothing written after its connection closed reaches it.
 	status     int
 	statusLost bool
-	gone       bool // the client has gone: a write failed, or statusLost
+	gone       bool // a write failed: the client has gone
 }
 
 // wrote records the status code written, the first final one.
@@ -768,9 +773,28 @@ func (w *clientWriter) wrote(code int) {
 		return
 	}
 	w.status = code
-	if w.ctx.Err() != nil {
-		w.statusLost, w.gone = true, true
+	w.statusLost = w.left()
+}
+
+// left reports whether the client has gone: net/http cancels its request's context
+// when its connection closes, and also when a read of its body fails (a body timeout),
+// the client being still there to be answered; so only when no read failed.
+func (w *clientWriter) left() bool {
+	return w.ctx.Err() != nil && !w.ex.reqBody.failed.Load()
+}
+
+// clientBody is the client's request body, which says whether a read of it failed.
+type clientBody struct {
+	io.ReadCloser
+	failed atomic.Bool
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.failed.Store(true)
 	}
+	return n, err
 }
 
 func (w *clientWriter) WriteHeader(code int) {

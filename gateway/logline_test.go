@@ -1,13 +1,18 @@
 package gateway_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/retrysafe/retrysafe/gateway"
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency/memstore"
 )
@@ -122,5 +127,32 @@ func TestLogClientGoneSendsNoStatus(t *testing.T) {
 	line = f.requestLine(stays)
 	if line["status"] != float64(http.StatusCreated) || line["upstream_status"] != float64(http.StatusCreated) || line["client_gone"] != nil {
 		t.Errorf("client stayed: %v, want status and upstream_status 201, no client_gone", line)
+	}
+}
+
+// A client whose body is late is still there to be answered 408, though net/http
+// cancelled its request's context when the read failed: the line names the status.
+func TestLogBodyTimeoutNamesItsStatus(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, memstore.New(), nil, func(c *gateway.Config) { c.Idempotency.BodyTimeout = 100 * time.Millisecond })
+	key := testenv.Name("slow")
+	conn, err := net.Dial("tcp", strings.TrimPrefix(f.front.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// Two bytes of the ten announced, and then nothing: the answer comes at the timeout.
+	fmt.Fprintf(conn, "POST /pay HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n{}", key)
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusRequestTimeout {
+		t.Fatalf("%d, want 408", res.StatusCode)
+	}
+	line := f.requestLine(key)
+	if line["outcome"] != "body-timeout" || line["status"] != float64(http.StatusRequestTimeout) || line["client_gone"] != nil {
+		t.Errorf("%v, want outcome body-timeout, status 408, no client_gone", line)
 	}
 }
