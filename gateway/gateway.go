@@ -678,7 +678,9 @@ func (g *Gateway) finish(r *http.Request, ex *exchange) {
 	case status == 0 && f == failBody:
 		// The answer broke off before its status was sent: the client got none of it.
 	case status == 0 && cw.ctx.Err() != nil:
-		gone = true
+		// Nothing written, and the context ended: a word now would reach no one,
+		// unless only a read of the body failed, which is not the client's leaving.
+		gone = gone || cw.left()
 	case status == 0 && outcome == outcomeError:
 		// A panic: net/http cuts the connection without a word.
 	case status == 0:
