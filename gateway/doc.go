@@ -87,8 +87,12 @@
 // flight finish and record their responses, gives the answers the store could not take
 // (it was unreachable) their chance to be stored, logs each one it could not store, and
 // returns. It runs the store's janitor
-// when the store has one. Every keyed request is logged on one line (log/slog) with its
-// outcome and latency. Metrics (all prefixed retrysafe_gateway_):
+// when the store has one. Every keyed request is logged on one line (log/slog, message
+// "request") with its method, path and outcome; status, the status the client was sent,
+// absent when it was sent none (it had gone: client_gone=true); upstream_status, what
+// the upstream answered, when it did (for a client that had gone, what its retry is
+// replayed); latency_ms and upstream_latency_ms, in milliseconds; the key, and the
+// upstream's failure (upstream_error, err). Metrics (all prefixed retrysafe_gateway_):
 //
 //	requests_total{route,outcome}             counter: requests by route (its pattern;
 //	                                          "/" for the catch-all) and outcome

@@ -22,6 +22,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/deadline"
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/internal/durfmt"
 	"github.com/retrysafe/retrysafe/internal/promreg"
 	"github.com/retrysafe/retrysafe/retry"
 )
@@ -327,9 +328,10 @@ func (rt *route) hopByHop(r *http.Request) string {
 // hooks (modifyResponse, upstreamError), handed only the request, in the context of the
 // upstream call (exchangeFrom).
 type exchange struct {
-	start  time.Time
-	client clientWriter
-	rt     *route // nil: no route matched
+	start   time.Time
+	client  clientWriter
+	reqBody clientBody // the client's request body, as the gateway's layers read it
+	rt      *route     // nil: no route matched
 
 	sent     atomic.Bool           // the upstream request's headers were written
 	trace    httptrace.ClientTrace // sets sent; see bodyStep
@@ -387,8 +389,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.active.add()
 	defer g.active.done()
 	rt := g.table.Load().match(r)
-	ex := &exchange{start: time.Now(), client: clientWriter{ResponseWriter: w}, rt: rt}
+	ex := &exchange{start: time.Now(), client: clientWriter{ResponseWriter: w, ctx: r.Context()}, rt: rt}
 	ex.client.ex = ex
+	if r.Body != nil && r.Body != http.NoBody {
+		ex.reqBody.ReadCloser = r.Body
+		r.Body = &ex.reqBody
+	}
 	if g.tracing != nil {
 		r = g.tracing.start(r, ex)
 	}
@@ -663,12 +669,30 @@ func (g *Gateway) finish(r *http.Request, ex *exchange) {
 		outcome = outcomeError // ServeHTTP did not get to the end: the request panicked
 	}
 	cw := &ex.client
-	status := cw.status
+	// status is what the client was sent; 0 when it was sent nothing, having gone
+	// before it was written anything or before the handler ended without a word.
+	status, gone := cw.status, cw.gone
 	switch {
+	case cw.statusLost:
+		status, gone = 0, true
 	case status == 0 && f == failBody:
-		status = upstreamSt // the answer that broke off; the client got none of it
+		// The answer broke off before its status was sent: the client got none of it.
+	case status == 0 && cw.ctx.Err() != nil:
+		// Nothing written, and the context ended: a word now would reach no one,
+		// unless only a read of the body failed, which is not the client's leaving.
+		gone = gone || cw.left()
+	case status == 0 && outcome == outcomeError:
+		// A panic: net/http cuts the connection without a word.
 	case status == 0:
 		status = http.StatusOK // what net/http sends for a handler that wrote nothing
+	}
+	// A span says what the client was answered, or would have been had it stayed.
+	traced := cw.status
+	switch {
+	case traced == 0 && f == failBody:
+		traced = upstreamSt
+	case traced == 0:
+		traced = http.StatusOK
 	}
 	label, keyHeader := "", ""
 	if ex.rt != nil {
@@ -681,7 +705,7 @@ func (g *Gateway) finish(r *http.Request, ex *exchange) {
 		g.metrics.requestDur.WithLabelValues(label, outcome).Observe(d.Seconds())
 	}
 	if ex.tr != nil {
-		g.tracing.end(ex, outcome, status)
+		g.tracing.end(ex, outcome, traced)
 	}
 
 	level := slog.LevelInfo
@@ -692,14 +716,22 @@ func (g *Gateway) finish(r *http.Request, ex *exchange) {
 	if !g.cfg.Logger.Enabled(ctx, level) {
 		return
 	}
-	attrs := make([]slog.Attr, 0, 12)
+	// The line names only a status the client was sent (status), and what the
+	// upstream answered (upstream_status), which is what is stored for a retry when the
+	// client had gone (client_gone). Durations are in milliseconds (_ms).
+	attrs := make([]slog.Attr, 0, 13)
 	attrs = append(attrs,
 		slog.String("method", r.Method),
 		slog.String("path", r.URL.Path),
 		slog.String("outcome", outcome),
-		slog.Int("status", status),
-		slog.Duration("latency", d),
 	)
+	if status != 0 {
+		attrs = append(attrs, slog.Int("status", status))
+	}
+	if upstreamSt != 0 {
+		attrs = append(attrs, slog.Int("upstream_status", upstreamSt))
+	}
+	attrs = append(attrs, durfmt.Millis("latency_ms", d))
 	if ex.rt != nil && ex.rt.logRoute {
 		attrs = append(attrs, slog.String("route", label))
 	}
@@ -710,12 +742,12 @@ func (g *Gateway) finish(r *http.Request, ex *exchange) {
 		attrs = append(attrs, slog.String("key", k))
 	}
 	if udur > 0 {
-		attrs = append(attrs, slog.Duration("upstream_latency", udur))
+		attrs = append(attrs, durfmt.Millis("upstream_latency_ms", udur))
 	}
 	if f != failNone {
 		attrs = append(attrs, slog.String("upstream_error", f.String()), slog.String("err", uerr.Error()))
 	}
-	if cw.gone {
+	if gone {
 		attrs = append(attrs, slog.Bool("client_gone", true))
 	}
 	attrs = append(attrs, slog.String("remote", r.RemoteAddr))
@@ -723,27 +755,57 @@ func (g *Gateway) finish(r *http.Request, ex *exchange) {
 }
 
 // clientWriter is the client's ResponseWriter as the gateway's layers see it. It
-// remembers the status, and hides write errors: when the client has gone, the rest of
-// the upstream's answer is still read and recorded (for the client's retry) instead of
-// aborting the copy.
+// remembers the status, whether the client was there to be sent it, and hides write
+// errors: when the client has gone, the rest of the upstream's answer is still read and
+// recorded (for the client's retry) instead of aborting the copy.
 type clientWriter struct {
 	http.ResponseWriter
-	ex     *exchange // whose client this is
-	status int
-	gone   bool
+	ex  *exchange       // whose client this is
+	ctx context.Context // the client's request's, which net/http cancels when it goes
+	// status is the status written, statusLost true when the client had gone by
+	// then: nothing written after its connection closed reaches it.
+	status     int
+	statusLost bool
+	gone       bool // a write failed: the client has gone
+}
+
+// wrote records the status code written, the first final one.
+func (w *clientWriter) wrote(code int) {
+	if w.status != 0 || code < 200 && code != http.StatusSwitchingProtocols {
+		return
+	}
+	w.status = code
+	w.statusLost = w.left()
+}
+
+// left reports whether the client has gone: net/http cancels its request's context
+// when its connection closes, and also when a read of its body fails (a body timeout),
+// the client being still there to be answered; so only when no read failed.
+func (w *clientWriter) left() bool {
+	return w.ctx.Err() != nil && !w.ex.reqBody.failed.Load()
+}
+
+// clientBody is the client's request body, which says whether a read of it failed.
+type clientBody struct {
+	io.ReadCloser
+	failed atomic.Bool
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.failed.Store(true)
+	}
+	return n, err
 }
 
 func (w *clientWriter) WriteHeader(code int) {
-	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
-		w.status = code
-	}
+	w.wrote(code)
 	w.ResponseWriter.WriteHeader(code)
 }
 
 func (w *clientWriter) Write(p []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
+	w.wrote(http.StatusOK)
 	if w.gone {
 		return len(p), nil
 	}
@@ -755,9 +817,7 @@ func (w *clientWriter) Write(p []byte) (int, error) {
 
 // Flush implements http.Flusher.
 func (w *clientWriter) Flush() {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
+	w.wrote(http.StatusOK)
 	if !w.gone {
 		if err := http.NewResponseController(w.ResponseWriter).Flush(); err != nil {
 			w.gone = true

@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -157,7 +158,8 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Add("X-Multi", "a")
 	w.Header().Add("X-Multi", "b")
-	w.Header().Set("Set-Cookie", "session=secret")
+	w.Header().Add("Set-Cookie", "session=s1; Path=/; HttpOnly")
+	w.Header().Add("Set-Cookie", "theme=dark; Path=/")
 	w.WriteHeader(http.StatusCreated)
 	fmt.Fprintf(w, `{"call":%d,"key":%q,"body":%q}`+"\n", n, key, body)
 }
@@ -414,8 +416,10 @@ var contractCases = []struct {
 		if got := again.header.Values("X-Multi"); len(got) != 2 || got[0] != "a" || got[1] != "b" {
 			t.Errorf("replayed X-Multi = %q", got)
 		}
-		if again.header.Get("Set-Cookie") != "" {
-			t.Error("Set-Cookie replayed")
+		// The replay goes only to the same key in the same scope and carries the body
+		// whole: the cookies the first answer set come back too, all and in order.
+		if got, want := again.header.Values("Set-Cookie"), first.header.Values("Set-Cookie"); len(want) != 2 || !slices.Equal(got, want) {
+			t.Errorf("replayed Set-Cookie = %q, first answer's %q", got, want)
 		}
 		if n := f.up.callsFor(key); n != 1 {
 			t.Fatalf("upstream called %d times", n)
@@ -887,7 +891,7 @@ func TestAdminAndMetrics(t *testing.T) {
 		}
 	}
 	logs := f.logs.String()
-	for _, want := range []string{`"outcome":"executed"`, `"outcome":"replayed"`, `"outcome":"missing-key"`, `"latency":`, `"key":"m1"`} {
+	for _, want := range []string{`"outcome":"executed"`, `"outcome":"replayed"`, `"outcome":"missing-key"`, `"latency_ms":`, `"key":"m1"`} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("logs lack %s:\n%s", want, logs)
 		}

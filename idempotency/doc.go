@@ -55,6 +55,12 @@
 // application/problem+json. When the store is down the middleware fails closed (503, the
 // handler never runs) unless Config.FailOpen is set.
 //
+// A replay carries the stored status, body, trailers and headers byte for byte, each
+// name's values in order, Set-Cookie included (it goes only to the same key in the same
+// scope, and carries the body whole already); its Date is its own, Content-Length is
+// the stored body's, and the hop-by-hop headers, those the answer's Connection header
+// names and Authorization are never stored. Response.Header gives the whole rule.
+//
 // Stores: memstore (in process), sqlitestore (embedded, the default of the gateway),
 // pgstore (PostgreSQL, with a transaction mode that commits the handler's business write
 // and the stored response together) and redisstore. Every store passes the same

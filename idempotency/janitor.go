@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/retrysafe/retrysafe/internal/durfmt"
 )
 
 // JanitorConfig configures RunJanitor. Zero fields mean the defaults documented on them.
@@ -61,7 +63,7 @@ func RunJanitor(ctx context.Context, j Janitor, cfg JanitorConfig) {
 	defer t.Stop()
 	for {
 		if wait := cfg.Middleware.sweepWait(ctx); wait > 0 {
-			cfg.Logger.DebugContext(ctx, "idempotency: janitor held back: the store failed, or the process started, less than a lease ago", "for", wait)
+			cfg.Logger.DebugContext(ctx, "idempotency: janitor held back: the store failed, or the process started, less than a lease ago", durfmt.Millis("wait_ms", wait))
 			hold := time.NewTimer(min(wait, cfg.Interval))
 			select {
 			case <-ctx.Done():

@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -140,6 +141,75 @@ func TestKeySourceConfigErrors(t *testing.T) {
 	} {
 		if _, err := cfg.Resolve(); err == nil {
 			t.Errorf("%+v accepted", cfg)
+		}
+	}
+}
+
+// A request without its key is answered in the words of whoever sends it. A webhook
+// route (the key in the body, or in a sender's own header) is told where the key was
+// expected, with no advice on making keys: its sender has one per event already. An
+// API route keeps the advice its clients need.
+func TestMissingKeyWording(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		cfg        idempotency.Config
+		body       string
+		want, lack []string
+	}{
+		{"body pointer", idempotency.Config{KeyPointer: "/data/id"}, `{"type":"x","data":{}}`,
+			[]string{"/data/id", "body"}, []string{"Idempotency-Key", "UUID", "generated"}},
+		{"body not JSON", idempotency.Config{KeyPointer: "/id"}, `id=1`,
+			[]string{"/id", "JSON"}, []string{"Idempotency-Key", "UUID", "generated"}},
+		{"sender's header", idempotency.Config{KeyHeader: "X-GitHub-Delivery"}, `{}`,
+			[]string{"X-GitHub-Delivery"}, []string{"Idempotency-Key", "UUID", "generated"}},
+		{"API client", idempotency.Config{}, `{}`,
+			[]string{"Idempotency-Key", "UUID"}, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var n atomic.Int64
+			w := do(newKeyed(t, c.cfg, &n), c.body)
+			var p idempotency.Problem
+			if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || w.Code != http.StatusBadRequest || p.Type != idempotency.ProblemMissingKey {
+				t.Fatalf("%d %s (%v): want 400 %s", w.Code, w.Body, err, idempotency.ProblemMissingKey)
+			}
+			text := p.Title + "\n" + p.Detail
+			for _, s := range c.want {
+				if !strings.Contains(text, s) {
+					t.Errorf("the problem does not say %q:\n%s", s, text)
+				}
+			}
+			for _, s := range c.lack {
+				if strings.Contains(text, s) {
+					t.Errorf("the problem says %q:\n%s", s, text)
+				}
+			}
+			if n.Load() != 0 {
+				t.Errorf("%d executions, want none", n.Load())
+			}
+		})
+	}
+}
+
+// A malformed key is reported under the name of where it came from: the body's
+// pointer, or the sender's header.
+func TestInvalidKeyWording(t *testing.T) {
+	for _, c := range []struct {
+		cfg    idempotency.Config
+		body   string
+		header []string
+		want   string
+	}{
+		{idempotency.Config{KeyPointer: "/id"}, `{"id":""}`, nil, "/id"},
+		{idempotency.Config{KeyHeader: "X-GitHub-Delivery"}, `{}`, []string{"X-GitHub-Delivery", "a b"}, "X-GitHub-Delivery"},
+	} {
+		var n atomic.Int64
+		w := do(newKeyed(t, c.cfg, &n), c.body, c.header...)
+		var p idempotency.Problem
+		if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || p.Type != idempotency.ProblemInvalidKey {
+			t.Fatalf("key at %s: %d %s", c.want, w.Code, w.Body)
+		}
+		if text := p.Title + "\n" + p.Detail; !strings.Contains(text, c.want) || strings.Contains(text, "Idempotency-Key") {
+			t.Errorf("the problem does not name %s alone:\n%s", c.want, text)
 		}
 	}
 }

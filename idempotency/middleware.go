@@ -728,13 +728,29 @@ func (m *Middleware) noKey(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return OutcomePassThrough, nil
 	}
-	where := "an " + m.cfg.KeyHeader + " header"
-	if m.keyPointer != nil {
-		where = "a key in the JSON body at " + m.cfg.KeyPointer
+	p := Problem{Type: ProblemMissingKey, Title: "Idempotency-Key required", Status: http.StatusBadRequest,
+		Detail: r.Method + " requests to this endpoint need an " + m.cfg.KeyHeader + " header: a unique value (such as a UUID) generated once per operation and sent again on every retry."}
+	switch {
+	case m.keyPointer != nil:
+		p.Title = "Key missing from the body"
+		p.Detail = r.Method + " requests to this endpoint are keyed by the member of their JSON body at " + m.cfg.KeyPointer +
+			" (a JSON pointer), which this body lacks or is not JSON with: the request was not executed."
+	case m.senderKeyed():
+		p.Title = m.cfg.KeyHeader + " required"
+		p.Detail = r.Method + " requests to this endpoint are keyed by their " + m.cfg.KeyHeader +
+			" header, which this request lacks: the request was not executed."
 	}
-	WriteProblem(w, Problem{Type: ProblemMissingKey, Title: "Idempotency-Key required", Status: http.StatusBadRequest,
-		Detail: r.Method + " requests to this endpoint need " + where + ": a unique value (such as a UUID) generated once per operation and sent again on every retry."}, 0)
+	WriteProblem(w, p, 0)
 	return OutcomeMissingKey, nil
+}
+
+// senderKeyed reports whether requests are keyed the way their sender keys them (a
+// webhook's event id in the body, or its delivery header such as X-GitHub-Delivery)
+// rather than with an Idempotency-Key their client makes: the answers to a request
+// without its key, or with a malformed one, then name where the key was expected and
+// give no advice on making keys, which such a sender does not take.
+func (m *Middleware) senderKeyed() bool {
+	return m.keyPointer != nil || http.CanonicalHeaderKey(m.cfg.KeyHeader) != DefaultKeyHeader
 }
 
 // invalidKey answers a request whose key is malformed. ParseKey's errors name the
@@ -745,7 +761,14 @@ func (m *Middleware) invalidKey(w http.ResponseWriter, err error) Outcome {
 	if m.keyPointer == nil && m.cfg.KeyHeader != DefaultKeyHeader {
 		detail = strings.ReplaceAll(detail, DefaultKeyHeader, m.cfg.KeyHeader)
 	}
-	WriteProblem(w, Problem{Type: ProblemInvalidKey, Title: "Invalid Idempotency-Key", Status: http.StatusBadRequest, Detail: detail + "."}, 0)
+	title := "Invalid Idempotency-Key"
+	switch {
+	case m.keyPointer != nil:
+		title, detail = "Invalid key in the body", "At "+m.cfg.KeyPointer+": "+detail
+	case m.senderKeyed():
+		title = "Invalid " + m.cfg.KeyHeader
+	}
+	WriteProblem(w, Problem{Type: ProblemInvalidKey, Title: title, Status: http.StatusBadRequest, Detail: detail + "."}, 0)
 	return OutcomeInvalidKey
 }
 

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,7 +59,8 @@ func newEnv(t *testing.T, mod func(*idempotency.Config), h http.HandlerFunc) *en
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Add("Link", "</a>; rel=a")
 			w.Header().Add("Link", "</b>; rel=b")
-			w.Header().Set("Set-Cookie", "session=secret")
+			w.Header().Add("Set-Cookie", "session=s1; Path=/; HttpOnly")
+			w.Header().Add("Set-Cookie", "theme=dark")
 			w.WriteHeader(http.StatusCreated)
 			_ = json.NewEncoder(w).Encode(map[string]any{"run": e.runs.Load(), "echo": string(body)})
 		}
@@ -238,8 +240,8 @@ func TestReplay(t *testing.T) {
 		if got := again.Header().Values("Link"); len(got) != 2 || got[1] != "</b>; rel=b" {
 			t.Errorf("multi-valued header not kept: %q", got)
 		}
-		if again.Header().Get("Set-Cookie") != "" {
-			t.Error("Set-Cookie was stored and replayed")
+		if got := again.Header().Values("Set-Cookie"); !slices.Equal(got, []string{"session=s1; Path=/; HttpOnly", "theme=dark"}) {
+			t.Errorf("replayed Set-Cookie = %q, want both, in order", got)
 		}
 		if again.Header().Get("Content-Type") != "application/json" {
 			t.Errorf("Content-Type = %q", again.Header().Get("Content-Type"))

@@ -260,8 +260,8 @@ func (r *recorder) response() Response {
 	return resp
 }
 
-// storedHeader returns the headers worth replaying: never credentials, cookies, Date,
-// Content-Length (recomputed on replay), hop-by-hop headers, nor the names skip says
+// storedHeader returns the headers a replay carries (Response.Header says which): all but
+// those unstored names, the names h's Connection header lists, and the names skip says
 // are trailers. It shares h's value slices, capped so that an append to either copies:
 // h is the recorder's own copy of the handler's headers, which nothing changes in
 // place once they are recorded.
@@ -287,10 +287,10 @@ func storedHeader(h http.Header, skip func(string) bool) http.Header {
 }
 
 // unstored reports whether a response header is never stored (the names are canonical,
-// as net/http's Header methods write them).
+// as net/http's Header methods write them); see Response.Header for why each.
 func unstored(name string) bool {
 	switch name {
-	case "Set-Cookie", "Authorization", "Date", "Content-Length", "Idempotent-Replayed",
+	case "Authorization", "Date", "Content-Length", "Idempotent-Replayed",
 		"Idempotent-Body-Omitted", "Connection", "Keep-Alive", "Proxy-Connection",
 		"Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding",
 		"Upgrade":
@@ -320,9 +320,11 @@ func bodyAllowed(status int) bool {
 	return status != http.StatusNoContent && status != http.StatusNotModified
 }
 
-// Replay writes a stored response, marked with Idempotent-Replayed: true, its trailers
-// after the body. When the body was too large to keep, the body is empty and
-// Idempotent-Body-Omitted: true says so.
+// Replay writes a stored response: its status, its stored headers (Response.Header
+// says which) with Idempotent-Replayed: true added, its body, and its trailers after
+// the body. Content-Length is the stored body's length, except when there are
+// trailers: then Trailer names them and the body is chunked. When the body was too
+// large to keep, the body is empty and Idempotent-Body-Omitted: true says so.
 func Replay(w http.ResponseWriter, resp *Response) {
 	h := w.Header()
 	for k, v := range resp.Header {

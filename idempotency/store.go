@@ -52,9 +52,22 @@ const (
 // Response is a stored HTTP response.
 type Response struct {
 	Status int
-	// Header holds the stored response headers, byte for byte (values need not be
-	// UTF-8) and multi-valued headers intact. It never holds Set-Cookie,
-	// Authorization, Date or hop-by-hop headers.
+	// Header holds the response's headers as the handler set them, byte for byte
+	// (values need not be UTF-8), each name's values in their order, Set-Cookie
+	// included: a replay goes only to a request with the same key in the same scope,
+	// and carries the body whole, so it carries the cookies the first answer set too
+	// (the client whose answer was lost never got them). Left out, as they are not
+	// the answer's own or are made again for each sending:
+	//   - Date: a replay's Date is when the replay was sent (net/http's server sets
+	//     it), as Date says when a message was made;
+	//   - Content-Length and Trailer: a replay sets them from the stored body and
+	//     trailers;
+	//   - the hop-by-hop headers (Connection, Keep-Alive, Proxy-Connection,
+	//     Proxy-Authenticate, Proxy-Authorization, TE, Transfer-Encoding, Upgrade)
+	//     and the names the answer's Connection header lists, which belong to one
+	//     connection;
+	//   - Authorization, a request's credential that an answer only echoes;
+	//   - Idempotent-Replayed and Idempotent-Body-Omitted, which Replay sets.
 	Header http.Header
 	// Trailer holds the response's trailers, kept like Header; nil when there were
 	// none.

@@ -94,18 +94,41 @@ func TestConfigCheckErrors(t *testing.T) {
 	}
 }
 
-// ${NAME} in the store and upstream URLs comes from the environment; unset, it is an
-// error at its line.
+// ${NAME} in the store and upstream URLs comes from the environment. Unset, each use is
+// reported on a line of its own and the file passes (it is checked where its secrets
+// are not), unless --strict; the gateway itself refuses to start without them.
 func TestConfigCheckEnv(t *testing.T) {
 	path := writeConfig(t, "store: ${RETRYSAFE_CONFIG_TEST_STORE}\nupstreams:\n  api: ${RETRYSAFE_CONFIG_TEST_API}\n")
 	t.Setenv("RETRYSAFE_CONFIG_TEST_API", "http://127.0.0.1:3000")
-	code, _, stderr := runConfigCmd(t, "config", "check", path)
-	if want := path + ":1: store: ${RETRYSAFE_CONFIG_TEST_STORE}: environment variable not set\n"; code != exitFail || stderr != want {
-		t.Errorf("exit %d, stderr %q, want %q", code, stderr, want)
+	unset := path + ":1: store: ${RETRYSAFE_CONFIG_TEST_STORE}: environment variable not set\n"
+	code, stdout, stderr := runConfigCmd(t, "config", "check", path)
+	if code != exitOK || stderr != unset || !strings.HasPrefix(stdout, path+": ok (0 routes, 1 upstream), but for 1 use of an unset variable") {
+		t.Errorf("exit %d, stdout %q, stderr %q; want 0, ok, and %q", code, stdout, stderr, unset)
+	}
+	code, stdout, stderr = runConfigCmd(t, "config", "check", "--strict", path)
+	if code != exitUsage || stderr != unset || stdout != "" {
+		t.Errorf("--strict: exit %d, stdout %q, stderr %q; want 2 and %q alone", code, stdout, stderr, unset)
+	}
+	// A file with errors fails whatever the variables: they are listed with them.
+	bad := writeConfig(t, "store: ${RETRYSAFE_CONFIG_TEST_STORE}\nupstreams:\n  api: ${RETRYSAFE_CONFIG_TEST_API}\ndefaults:\n  ttl: soon\n")
+	if code, _, stderr := runConfigCmd(t, "config", "check", bad); code != exitFail || !strings.Contains(stderr, "${RETRYSAFE_CONFIG_TEST_STORE}") ||
+		!strings.Contains(stderr, ":5: defaults.ttl") {
+		t.Errorf("a bad file: exit %d, stderr %q", code, stderr)
+	}
+	// The gateway refuses to start without the variable, naming it. (Its context is
+	// done: were the file taken, it would stop at once rather than serve.)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var out, errOut strings.Builder
+	code = run(ctx, []string{"gateway", "--config", path, "--listen", "127.0.0.1:0", "--admin", "off"}, &out, &errOut)
+	if code != exitUsage || !strings.Contains(errOut.String(), "${RETRYSAFE_CONFIG_TEST_STORE}: environment variable not set") {
+		t.Errorf("gateway: exit %d, stderr %q; want it refused", code, errOut.String())
 	}
 	t.Setenv("RETRYSAFE_CONFIG_TEST_STORE", "memory:")
-	if code, stdout, stderr := runConfigCmd(t, "config", "check", path); code != exitOK || !strings.Contains(stdout, "api       http://127.0.0.1:3000") {
-		t.Errorf("exit %d:\n%s%s", code, stdout, stderr)
+	for _, args := range [][]string{{"config", "check", path}, {"config", "check", "--strict", path}} {
+		if code, stdout, stderr := runConfigCmd(t, args...); code != exitOK || stderr != "" || !strings.Contains(stdout, "api       http://127.0.0.1:3000") {
+			t.Errorf("%v, all set: exit %d:\n%s%s", args, code, stdout, stderr)
+		}
 	}
 }
 
@@ -121,7 +144,7 @@ func TestConfigUsage(t *testing.T) {
 		{[]string{"config", "lint"}, exitUsage, "", `unknown subcommand "lint"`},
 		{[]string{"config", "check"}, exitUsage, "", "want one FILE, not 0 arguments"},
 		{[]string{"config", "check", "a.yaml", "b.yaml"}, exitUsage, "", "want one FILE, not 2 arguments"},
-		{[]string{"config", "check", "--strict", "a.yaml"}, exitUsage, "", "flag provided but not defined"},
+		{[]string{"config", "check", "--lenient", "a.yaml"}, exitUsage, "", "flag provided but not defined"},
 		{[]string{"config", "check", "--help"}, exitOK, "usage: retrysafe config check FILE", ""},
 		{[]string{"config", "--help"}, exitOK, "examples:", ""},
 		{[]string{"help", "config"}, exitOK, "FILE:LINE: message", ""},

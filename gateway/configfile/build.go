@@ -14,7 +14,8 @@ import (
 
 // placeholder stands in for an upstream where a check needs one and the file has
 // none, or has one in error (reported already): the checks it serves do not look at
-// the URL. It is never in a File.
+// the URL. It is in a File only for a URL that names a variable not set, with
+// Options.AllowUnsetEnv.
 func placeholder() *url.URL { return &url.URL{Scheme: "http", Host: "upstream.invalid"} }
 
 // renamed is an error of the packages' checks with the file's names in its message
@@ -232,6 +233,9 @@ func (s *spec) route(pattern string, up *url.URL) gateway.Route {
 // is in error (reported).
 func (p *parser) ref(f *File, d *doc, s *spec) (u *url.URL, label string, bad bool) {
 	at, path, ref := s.own["upstream"], join(s.path, "upstream"), s.upstream
+	if s.upstreamUnset { // listed in UnsetEnv: it can be checked no further
+		return placeholder(), ref, false
+	}
 	if strings.Contains(ref, "://") {
 		u, err := gateway.ParseUpstream(ref)
 		if err != nil {

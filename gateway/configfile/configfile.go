@@ -33,6 +33,14 @@ type Options struct {
 	// Default os.LookupEnv.
 	LookupEnv func(name string) (string, bool)
 
+	// AllowUnsetEnv makes a variable that is not set no error: each use of one is
+	// listed in File.UnsetEnv instead, and the checks that need the value it would
+	// have given are left out (the store DSN's; an upstream URL is then only a
+	// placeholder). For checking a file away from where it runs, whose secrets are
+	// not there: a File with UnsetEnv is for reading, not for running. Default false:
+	// an unset variable is an error, as a gateway must not start without it.
+	AllowUnsetEnv bool
+
 	// Overrides set keys as if the file held them, replacing what it holds: a command
 	// line's flags over its file. They are applied in order, before the file is read,
 	// and an error in one names its Source rather than a line. Default none.
@@ -137,6 +145,12 @@ type File struct {
 	// Upstreams are the named upstreams of the file, checked by gateway.ParseUpstream.
 	Upstreams map[string]*url.URL
 
+	// UnsetEnv lists, with Options.AllowUnsetEnv, each use of a variable that is not
+	// set, in the order of their lines: an *Error at the value's line, naming the
+	// variable and wrapping ErrUnsetEnv. Nil without AllowUnsetEnv (each is then an
+	// error of Load), and when the file has errors: Load's error lists them too.
+	UnsetEnv []*Error
+
 	routes       []routeInfo // beside Gateway.Routes
 	catchAll     string      // the upstream of the catch-all of the Config's own fields, "" for none
 	declaredHere int         // the routes the file declares
@@ -187,6 +201,7 @@ func Parse(name string, data []byte, opt Options) (*File, error) {
 	p := &parser{file: name, opt: opt, synthetic: map[*yaml.Node]string{}, reported: map[string]bool{}}
 	f := p.parse(data)
 	if len(p.errs) > 0 {
+		p.errs = append(p.errs, p.unset...) // the file fails: its unset variables with its errors
 		slices.SortStableFunc(p.errs, func(a, b *Error) int { return cmp.Compare(a.Line, b.Line) })
 		errs := make([]error, len(p.errs))
 		for i, e := range p.errs {
@@ -195,5 +210,6 @@ func Parse(name string, data []byte, opt Options) (*File, error) {
 		return nil, errors.Join(errs...)
 	}
 	f.Path = name
+	f.UnsetEnv = p.unset
 	return f, nil
 }

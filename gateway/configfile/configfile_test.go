@@ -472,6 +472,58 @@ routes:
 	}
 }
 
+// With AllowUnsetEnv (a check of the file away from where it runs), a variable that is
+// not set is no error: each use is listed in UnsetEnv, at its line, and the checks that
+// need the value are left out; the file's other errors are still reported.
+func TestAllowUnsetEnv(t *testing.T) {
+	t.Parallel()
+	src := `store: "postgres://app:${PGPASS}@db/app"
+admin_token: ${TOKEN}
+upstreams:
+  api: "http://${API_HOST}:3000"
+routes:
+  - match: POST /hooks
+    upstream: "${HOOKS_URL}"
+  - match: POST /pay
+    upstream: api
+`
+	checked := 0
+	opt := configfile.Options{AllowUnsetEnv: true, CheckStore: func(string) error { checked++; return nil }}
+	f := mustParse(t, src, opt)
+	var got []string
+	for _, e := range f.UnsetEnv {
+		if !errors.Is(e, configfile.ErrUnsetEnv) {
+			t.Errorf("%v is not ErrUnsetEnv", e)
+		}
+		got = append(got, e.Error())
+	}
+	want := []string{
+		"gw.yaml:1: store: ${PGPASS}: environment variable not set",
+		"gw.yaml:2: admin_token: ${TOKEN}: environment variable not set",
+		"gw.yaml:4: upstreams.api: ${API_HOST}: environment variable not set",
+		"gw.yaml:7: routes[0].upstream: ${HOOKS_URL}: environment variable not set",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("UnsetEnv:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if checked != 0 {
+		t.Errorf("the store DSN was checked %d times without its variable", checked)
+	}
+	if n := f.RouteCount(); n != 2 {
+		t.Errorf("%d routes, want 2", n)
+	}
+	// The file's own errors are still errors, beside its unset variables.
+	if _, err := parse(src+"    ttl: soon\n", opt); err == nil || !strings.Contains(err.Error(), "gw.yaml:10: routes[1].ttl") ||
+		!strings.Contains(err.Error(), want[0]) {
+		t.Errorf("a bad ttl: %v", err)
+	}
+	// All set: nothing is listed.
+	all := env(map[string]string{"PGPASS": "p", "TOKEN": "t", "API_HOST": "api", "HOOKS_URL": "http://hooks:1"})
+	if f := mustParse(t, src, configfile.Options{AllowUnsetEnv: true, LookupEnv: all}); len(f.UnsetEnv) != 0 {
+		t.Errorf("UnsetEnv %v with every variable set", f.UnsetEnv)
+	}
+}
+
 func TestConfigCheckStore(t *testing.T) {
 	t.Parallel()
 	check := func(dsn string) error {

@@ -160,9 +160,12 @@
 //
 // # Secrets
 //
-// ${NAME} in store, in the URLs of upstreams and in a policy's upstream is replaced with
-// the environment variable NAME, so that a password need not be written in the file;
-// a variable that is not set is an error at its line. Nowhere else is ${…} expanded.
+// ${NAME} in store, admin_token, the URLs of upstreams and a policy's upstream is
+// replaced with the environment variable NAME, so that a password need not be written
+// in the file; a variable that is not set is an error at its line, as a gateway must
+// not start without it. A check of the file away from its environment
+// (Options.AllowUnsetEnv, as retrysafe config check does) lists those instead
+// (File.UnsetEnv) and checks the rest. Nowhere else is ${…} expanded.
 // A "$" not followed by "{" is kept as it is; a literal "${" is written %24{ in a URL.
 // Errors show URLs with their passwords redacted.
 //

@@ -32,6 +32,7 @@ type parser struct {
 	synthetic map[*yaml.Node]string // the nodes Overrides made, and their Sources
 	errs      []*Error
 	reported  map[string]bool // the path and message of each error, so that each is reported once
+	unset     []*Error        // the uses of variables not set, with Options.AllowUnsetEnv
 }
 
 // doc is what the file holds, read but not yet checked as a whole.
@@ -55,6 +56,7 @@ type spec struct {
 	bad   map[string]bool // the keys (top level of the policy) whose values are in error
 
 	upstream               string // a name or a URL, ${NAME} expanded
+	upstreamUnset          bool   // upstream names a variable not set (Options.AllowUnsetEnv)
 	mode                   string // required, optional, off
 	methods                []string
 	keyHeader, keyPointer  string
@@ -158,7 +160,8 @@ func (p *parser) parse(data []byte) *File {
 		case "store":
 			var raw string
 			if raw, at, ok = p.scalar(k, v, key); ok {
-				if f.Store, ok = p.expand(at, key, raw); ok && p.opt.CheckStore != nil {
+				var unset bool
+				if f.Store, ok, unset = p.expand(at, key, raw); ok && !unset && p.opt.CheckStore != nil {
 					if err := p.opt.CheckStore(f.Store); err != nil {
 						p.report(at, key, err)
 						ok = false
@@ -195,7 +198,7 @@ func (p *parser) parse(data []byte) *File {
 		case "admin_token":
 			var raw string
 			if raw, at, ok = p.scalar(k, v, key); ok {
-				f.AdminToken, ok = p.expand(at, key, raw)
+				f.AdminToken, ok, _ = p.expand(at, key, raw)
 			}
 		case "tls":
 			f.TLS, ok = p.tlsFiles(k, v, key)
@@ -534,13 +537,15 @@ func (p *parser) tlsFiles(k, v *yaml.Node, path string) (TLSFiles, bool) {
 // expand replaces each ${NAME} in s, a value of the file, with the environment
 // variable NAME, so that secrets (a store's password) need not be written in the file.
 // A "$" not followed by "{" is kept; a literal "${" is written %24{ in a URL. Values
-// from Overrides are taken as they are.
-func (p *parser) expand(at pos, path, s string) (string, bool) {
+// from Overrides are taken as they are. unset is true when a variable was not set and
+// Options.AllowUnsetEnv made that no error (it is listed): the value is then not whole,
+// and nothing that needs it can be checked.
+func (p *parser) expand(at pos, path, s string) (_ string, ok, unset bool) {
 	if at.source != "" || !strings.Contains(s, "${") {
-		return s, true
+		return s, true, false
 	}
 	var b strings.Builder
-	ok := true
+	ok = true
 	for {
 		i := strings.Index(s, "${")
 		if i < 0 {
@@ -551,7 +556,7 @@ func (p *parser) expand(at pos, path, s string) (string, bool) {
 		end := strings.IndexByte(s[i:], '}')
 		if end < 0 {
 			p.errorf(at, path, "${ without its closing }")
-			return "", false
+			return "", false, false
 		}
 		name := s[i+2 : i+end]
 		s = s[i+end+1:]
@@ -561,14 +566,19 @@ func (p *parser) expand(at pos, path, s string) (string, bool) {
 			continue
 		}
 		v, set := p.opt.LookupEnv(name)
-		if !set {
+		switch {
+		case !set && p.opt.AllowUnsetEnv:
+			p.unset = append(p.unset, &Error{File: p.file, Line: at.line, Path: path, Err: fmt.Errorf("${%s}: %w", name, ErrUnsetEnv)})
+			unset = true
+			b.WriteString("${" + name + "}")
+		case !set:
 			p.report(at, path, fmt.Errorf("${%s}: %w", name, ErrUnsetEnv))
 			ok = false
-			continue
+		default:
+			b.WriteString(v)
 		}
-		b.WriteString(v)
 	}
-	return b.String(), ok
+	return b.String(), ok, unset
 }
 
 func envName(s string) bool {
@@ -609,11 +619,16 @@ func (p *parser) upstream(f *File, d *doc, name string, k, v *yaml.Node) {
 		return
 	}
 	raw, at, ok := p.scalar(k, v, path)
+	unset := false
 	if ok {
-		raw, ok = p.expand(at, path, raw)
+		raw, ok, unset = p.expand(at, path, raw)
 	}
 	if !ok {
 		d.badUpstream[name] = true
+		return
+	}
+	if unset {
+		f.Upstreams[name] = placeholder()
 		return
 	}
 	u, err := gateway.ParseUpstream(raw)
@@ -665,7 +680,7 @@ func (p *parser) policy(n *yaml.Node, at pos, path string, route bool) *spec {
 		case "upstream":
 			var raw string
 			if raw, at, ok = p.scalar(k, v, kp); ok {
-				s.upstream, ok = p.expand(at, kp, raw)
+				s.upstream, ok, s.upstreamUnset = p.expand(at, kp, raw)
 			}
 		case "mode":
 			s.mode, at, ok = p.enum(k, v, kp, "mode", "required", "optional", "off")

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 	"time"
@@ -118,8 +119,8 @@ func (l GatewayLine) ownerLine() bool {
 	case "replayed", "conflict", "mismatch", "missing-key", "invalid-key", "too-large", "bad-body",
 		"pass-through", "budget-exhausted":
 		return false
-	case "store-error":
-		return l.Status != 503
+	case "store-error": // a 503, whose line names no status when the client had gone
+		return l.Status != 503 && l.Status != 0
 	case "store-not-durable":
 		return false
 	}
@@ -149,27 +150,32 @@ func parseLine(s, replica string, pid int) (level, msg, key string, gl GatewayLi
 		gl.Status = int(v)
 	}
 	gl.ClientGone, _ = attrs["client_gone"].(bool)
-	if v, ok := attrs["latency"].(float64); ok { // slog's JSON handler writes durations in nanoseconds
-		gl.Latency = time.Duration(v)
+	if v, ok := attrs["latency_ms"].(float64); ok { // the gateway logs durations in milliseconds
+		gl.Latency = millis(v)
 	}
-	if v, ok := attrs["upstream_latency"].(float64); ok {
-		gl.UpstreamLatency = time.Duration(v)
+	if v, ok := attrs["upstream_latency_ms"].(float64); ok {
+		gl.UpstreamLatency = millis(v)
 	}
 	var rest []string
 	for name, v := range attrs {
 		switch name {
 		case "time", "level", "msg", "method", "path", "key", "outcome", "status", "upstream_error", "err", "client_gone", "remote",
-			"latency", "upstream_latency":
+			"latency_ms", "upstream_latency_ms":
 			continue
 		}
-		if f, ok := v.(float64); ok && (strings.Contains(name, "latency") || strings.Contains(name, "duration")) {
-			v = roundDuration(time.Duration(f)) // slog's JSON handler writes durations in nanoseconds
+		if f, ok := v.(float64); ok && strings.HasSuffix(name, "_ms") {
+			v = roundDuration(millis(f))
 		}
 		rest = append(rest, fmt.Sprintf("%s=%v", name, v))
 	}
 	sort.Strings(rest)
 	gl.Rest = strings.Join(rest, " ")
 	return level, msg, key, gl, attrs
+}
+
+// millis is the duration of ms milliseconds.
+func millis(ms float64) time.Duration {
+	return time.Duration(math.Round(ms * float64(time.Millisecond)))
 }
 
 func roundDuration(d time.Duration) time.Duration {

@@ -213,9 +213,9 @@ func TestAttribute(t *testing.T) {
 func TestParseLine(t *testing.T) {
 	t.Parallel()
 	level, msg, key, gl, _ := parseLine(`{"time":"2025-01-01T12:00:01.5Z","level":"INFO","msg":"request","method":"POST","path":"/payments",`+
-		`"outcome":"stored-later","status":201,"latency":3456789,"upstream_latency":1500,"key":"k1","upstream_error":"body-failed","err":"boom","client_gone":true,"new_attr":7,"remote":"x"}`, "gw-1", 42)
+		`"outcome":"stored-later","status":201,"latency_ms":3.456,"upstream_latency_ms":1.5,"key":"k1","upstream_error":"body-failed","err":"boom","client_gone":true,"new_attr":7,"remote":"x"}`, "gw-1", 42)
 	want := GatewayLine{Replica: "gw-1", PID: 42, Time: time.Date(2025, 1, 1, 12, 0, 1, 5e8, time.UTC), Outcome: "stored-later", Status: 201,
-		UpstreamError: "body-failed", Err: "boom", ClientGone: true, Latency: 3456789, UpstreamLatency: 1500, Rest: "new_attr=7"}
+		UpstreamError: "body-failed", Err: "boom", ClientGone: true, Latency: 3456 * time.Microsecond, UpstreamLatency: 1500 * time.Microsecond, Rest: "new_attr=7"}
 	if level != "INFO" || msg != "request" || key != "k1" || gl != want {
 		t.Errorf("got %q %q %q %+v\nwant %+v", level, msg, key, gl, want)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/internal/durfmt"
 )
 
 // noEviction is the one maxmemory-policy under which Redis never deletes a key to make
@@ -296,7 +297,7 @@ func (s *Store) acknowledged(acked *redis.Cmd) error {
 	if was := s.short.Swap(short != nil); was != (short != nil) {
 		if short != nil {
 			s.logger.Error("redisstore: the store is not durable: replicas do not acknowledge writes; claims and completions fail until they do",
-				"err", short, "wait", s.wait, "wait_timeout", s.waitTimeout)
+				"err", short, "wait", s.wait, durfmt.Millis("wait_timeout_ms", s.waitTimeout))
 		} else {
 			s.logger.Info("redisstore: replicas acknowledge writes again", "wait", s.wait)
 		}

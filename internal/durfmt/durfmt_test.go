@@ -1,6 +1,7 @@
 package durfmt
 
 import (
+	"log/slog"
 	"testing"
 	"time"
 )
@@ -16,6 +17,17 @@ func TestFormat(t *testing.T) {
 		}
 		if back, err := time.ParseDuration(got); err != nil || back != d {
 			t.Errorf("%q reads back as %v, %v", got, back, err)
+		}
+	}
+}
+
+func TestMillis(t *testing.T) {
+	for d, want := range map[time.Duration]float64{
+		1500 * time.Microsecond: 1.5, 2 * time.Second: 2000, 1234567 * time.Nanosecond: 1.234, 0: 0,
+	} {
+		a := Millis("latency_ms", d)
+		if a.Key != "latency_ms" || a.Value.Kind() != slog.KindFloat64 || a.Value.Float64() != want {
+			t.Errorf("Millis(%v) = %v, want latency_ms=%v", d, a, want)
 		}
 	}
 }
