@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,6 +35,10 @@ import (
 // binary is the retrysafe binary built by TestMain.
 var binary string
 
+// e2eRelease is the release version TestMain links into the binary, as scripts/release
+// does (TestE2EVersion checks the binary states it).
+const e2eRelease = "v0.1.0-e2e"
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "retrysafe-e2e-*")
 	if err != nil {
@@ -41,7 +46,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "retrysafe")
-	args := []string{"build", "-o", binary}
+	args := []string{"build", "-o", binary, "-ldflags=-X main.releaseVersion=" + e2eRelease}
 	if raceEnabled {
 		args = append(args, "-race")
 	}
@@ -877,6 +882,33 @@ func TestE2ECommands(t *testing.T) {
 	}
 	if out, code := runBinary(t, "keys", "list", "--store", dsn); code != 0 || !strings.Contains(out, "(0 records)") {
 		t.Fatalf("keys list after migrate: %d %s", code, out)
+	}
+}
+
+// TestE2EVersion: a binary linked with -X main.releaseVersion states that version, and
+// the Go version and platform it was built with.
+func TestE2EVersion(t *testing.T) {
+	t.Parallel()
+	out, code := runBinary(t, "version")
+	if code != 0 {
+		t.Fatalf("version: exit %d\n%s", code, out)
+	}
+	for _, want := range []string{
+		"\n  module    github.com/retrysafe/retrysafe ",
+		"\n  go        " + runtime.Version() + "\n",
+		"\n  platform  " + runtime.GOOS + "/" + runtime.GOARCH + "\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("version printed\n%s\nwant it to contain %q", out, want)
+		}
+	}
+	if !strings.HasPrefix(out, "retrysafe "+e2eRelease+"\n") {
+		t.Errorf("version printed\n%s\nwant the release version on the first line", out)
+	}
+	for _, flag := range []string{"--version", "-v"} {
+		if o, c := runBinary(t, flag); c != 0 || o != out {
+			t.Errorf("retrysafe %s: exit %d\n%s\nwant the output of retrysafe version", flag, c, o)
+		}
 	}
 }
 

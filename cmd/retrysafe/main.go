@@ -12,8 +12,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime"
-	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -49,23 +47,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	commands := map[string]func(context.Context, []string, io.Writer, io.Writer) int{
 		"gateway": runGateway, "migrate": runMigrate, "keys": runKeys, "demo": runDemo,
 		"check": runCheck, "sim": runSim, "dlq": runDLQ, "config": runConfig, "console": runConsole,
-		"doctor": runDoctor,
+		"doctor":  runDoctor,
+		"version": runVersion, "--version": runVersion, "-version": runVersion, "-v": runVersion,
 	}
 	if run, ok := commands[cmd]; ok {
 		return run(ctx, rest, stdout, stderr)
 	}
 	switch cmd {
-	case "version", "--version", "-version":
-		if len(rest) > 0 {
-			if rest[0] == "-h" || rest[0] == "-help" || rest[0] == "--help" {
-				fmt.Fprint(stdout, helps()["version"])
-				return exitOK
-			}
-			fmt.Fprintf(stderr, "retrysafe version: unexpected argument %q\n", rest[0])
-			return exitUsage
-		}
-		fmt.Fprintf(stdout, "retrysafe %s (%s %s/%s)\n", version(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
-		return exitOK
 	case "help", "-h", "-help", "--help":
 		if len(rest) > 0 {
 			if h, ok := helps()[rest[0]]; ok {
@@ -87,7 +75,7 @@ func helps() map[string]string {
 		"gateway": gatewayHelp(), "migrate": migrateHelp, "keys": keysHelp, "demo": demoHelp,
 		"check": checkHelp, "sim": simHelp, "dlq": dlqHelp, "config": configHelp, "console": consoleHelp,
 		"doctor":  doctorHelp(),
-		"version": "usage: retrysafe version\n\nPrints the module version the binary was built from (\"dev\" for a\nbuild from a work tree), and the Go version and platform.\n\nexamples:\n  retrysafe version\n",
+		"version": versionHelp,
 		"help":    usage,
 	}
 }
@@ -121,24 +109,6 @@ examples:
 
 Every command takes --help.
 `
-
-// version is the module version the binary was built from, or "dev".
-func version() string {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "dev"
-	}
-	v := info.Main.Version
-	if v == "" || v == "(devel)" {
-		v = "dev"
-	}
-	for _, s := range info.Settings {
-		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-			v += " (" + s.Value[:12] + ")"
-		}
-	}
-	return v
-}
 
 // newLogger returns the logger the commands write to stderr with.
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
