@@ -24,20 +24,15 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// setup builds the gateway once and finds the clients: the node clients' packages
-// installed with npm ci, a Python that imports requests. What is missing skips the
-// test, or fails it under RETRYSAFE_REQUIRE_SERVICES=1.
-var setup = sync.OnceValues(func() (env, error) {
+// tools finds the clients: node and npm (the node clients' packages then installed
+// with npm ci), a Python that imports requests.
+var tools = sync.OnceValues(func() (env, error) {
 	ctx := context.Background()
 	root, err := Root(".")
 	if err != nil {
 		return env{}, err
 	}
-	bin, err := BuildGateway(ctx, root, binDir)
-	if err != nil {
-		return env{}, err
-	}
-	e := env{root: root, bin: bin, python: Python(ctx)}
+	e := env{root: root, python: Python(ctx)}
 	if e.nodeMissing = NodeMissing(); e.nodeMissing == "" {
 		if err := InstallNode(ctx, root); err != nil {
 			return env{}, err
@@ -46,9 +41,18 @@ var setup = sync.OnceValues(func() (env, error) {
 	return e, nil
 })
 
+// gatewayBinary builds the gateway once, for the tests whose clients are there.
+var gatewayBinary = sync.OnceValues(func() (string, error) {
+	e, err := tools()
+	if err != nil {
+		return "", err
+	}
+	return BuildGateway(context.Background(), e.root, binDir)
+})
+
 type env struct {
-	root, bin, python string
-	nodeMissing       string
+	root, python string
+	nodeMissing  string
 }
 
 // need skips (or, with RETRYSAFE_REQUIRE_SERVICES=1, fails) a test whose client is
@@ -73,12 +77,16 @@ func (e env) need(t *testing.T, client string) {
 
 func run(t *testing.T, client string, gateway ...string) Result {
 	t.Helper()
-	e, err := setup()
+	e, err := tools()
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.need(t, client)
-	r, err := Run(t.Context(), Options{Client: client, Binary: e.bin, Root: e.root, Python: e.python, Gateway: gateway, Seed: 1})
+	bin, err := gatewayBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Run(t.Context(), Options{Client: client, Binary: bin, Root: e.root, Python: e.python, Gateway: gateway, Seed: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
