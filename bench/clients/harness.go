@@ -123,8 +123,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	close(ready)
 	defer proxy.Close()
 
-	prefix := "rslid_" + strings.ReplaceAll(strings.ToLower(o.Client+"_"+strings.Join(o.Gateway, "_")), "-", "")
-	prefix = regexp.MustCompile(`[^a-z0-9_]`).ReplaceAllString(prefix, "")
+	// The logical ids are the client's alone, so that the proxy loses the same answers
+	// of the same requests whatever the gateway's flags, until their outcomes differ.
+	prefix := "rslid_" + regexp.MustCompile(`[^a-z0-9_]`).ReplaceAllString(strings.ToLower(o.Client), "")
 	cmd, err := clientCommand(ctx, o, proxy.URL(), prefix)
 	if err != nil {
 		return res, err
