@@ -166,7 +166,7 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 			def: "upstream timeout + " + durfmt.Format(gateway.DefaultShutdownGrace)},
 		{name: "fail-open", help: "forward unprotected when the store fails", def: "false: 503"},
 		{name: "conflict", arg: "wait|reject", field: "Conflict", help: "a duplicate of a request in progress: wait waits for the first to finish and answers with its response, replayed — many clients retry a lost answer at once and take a 409 as final; reject answers 409 with Retry-After at once (the IETF draft's answer; a client retries later with the same key)"},
-		{name: "wait-timeout", arg: "DUR", field: "WaitTimeout", help: "the longest a duplicate waits with --conflict wait; then 409 with Retry-After"},
+		{name: "wait-timeout", arg: "DUR", field: "WaitTimeout", help: "the longest a duplicate waits with --conflict wait; then 409 with Retry-After. A key whose request timed out upstream (504: outcome unknown, kept to its lease) is not waited for when its lease outlasts this: 409 at once, Retry-After the rest of the lease"},
 		{name: "max-waiters", arg: "N", field: "MaxWaiters", help: "duplicates that may wait at once (--conflict wait), in the whole process; past it, and past " + strconv.Itoa(idempotency.DefaultMaxWaitersPerKey) + " for one key (max_waiters_per_key in --config), a duplicate gets 409 with Retry-After at once. Each waiter holds its request's body (counted in --max-body-memory) and a goroutine, and polls the store while its key's owner is another process"},
 		{name: "log-format", arg: "text|json"},
 		{name: "log-level", arg: "LEVEL", help: "debug, info, warn or error"},

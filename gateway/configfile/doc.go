@@ -137,7 +137,9 @@
 //	                     Retry-After). Default wait (DefaultConflict), as retrysafe
 //	                     gateway's --conflict; reject is the IETF draft's 409, and the
 //	                     zero value of idempotency.Config and gateway.Config.
-//	wait_timeout         the longest a duplicate waits under conflict: wait; then 409.
+//	wait_timeout         the longest a duplicate waits under conflict: wait; then 409
+//	                     with Retry-After (at once for a key kept after a 504 whose
+//	                     lease outlasts it).
 //	                     Default idempotency.DefaultWaitTimeout (10s).
 //	max_waiters_per_key  duplicates of one key that may wait at once; past it 409 at once.
 //	                     Default idempotency.DefaultMaxWaitersPerKey (128).
