@@ -7,7 +7,10 @@
 // the upstream's response stored and passed on; a retry with the same key gets the
 // stored response again with Idempotent-Replayed: true, and the upstream does not see
 // it. Everything in the idempotency contract holds: 409 with Retry-After while the key
-// is in flight, 422 for a key reused with another request, 400 for a missing or
+// is in flight (Idempotency.Conflict's zero value, reject; with ConflictWait, the
+// default of retrysafe gateway and of its configuration file, a duplicate waits for the
+// answer instead, up to WaitTimeout and the waiter ceilings, then 409), 422 for a key
+// reused with another request, 400 for a missing or
 // malformed key, 413 for a body over Idempotency.MaxBody, 503 when the store is down (fail
 // closed). The Idempotency-Key header is forwarded unchanged, so an idempotency-aware
 // upstream dedupes too; X-Forwarded-For, -Host and -Proto are set; hop-by-hop headers

@@ -9,9 +9,11 @@
 // Idempotent-Replayed: true, and the handler does not run a second time:
 //
 //	done, same request          → the stored response, replayed
-//	in progress elsewhere       → 409 problem+json with Retry-After; with Config.Conflict
-//	                              ConflictWait, a wait (bounded, woken in process or by
-//	                              polling the store) and then the stored response
+//	in progress elsewhere       → 409 problem+json with Retry-After (the zero value,
+//	                              ConflictReject); with Config.Conflict ConflictWait (the
+//	                              default of retrysafe gateway), a wait (bounded, woken
+//	                              in process or by polling the store) and then the stored
+//	                              response; past the bound or the ceilings, the 409
 //	same key, another request   → 422 problem+json (a client bug: a key is one operation)
 //	in progress, lease expired  → taken over with a new fencing token (the owner crashed);
 //	                              the old owner's late completion is rejected

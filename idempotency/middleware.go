@@ -164,7 +164,8 @@ type Config struct {
 
 	// Conflict is what a request does when it finds its key in progress with the same
 	// request: ConflictReject (409 with Retry-After) or ConflictWait (wait for the answer,
-	// and replay it). Default ConflictReject.
+	// and replay it). Default (the zero value) ConflictReject, the IETF draft's answer;
+	// retrysafe gateway defaults to ConflictWait.
 	Conflict Conflict
 
 	// WaitTimeout bounds a ConflictWait wait, within the request's deadline; at the bound
@@ -172,8 +173,10 @@ type Config struct {
 	WaitTimeout time.Duration
 
 	// MaxWaiters and MaxWaitersPerKey bound the ConflictWait waiters of this process, in
-	// all and for one key (each holds its request's body); past them a duplicate is
-	// answered 409 at once. Middlewares made with With share one MaxWaiters, over all
+	// all and for one key; past them a duplicate is answered 409 with Retry-After at
+	// once. A waiter holds its request's body (counted in MaxBodyMemory), its
+	// goroutine and two timers, and claims again from the store (with backoff, at most
+	// every second) while its key's owner is in another process. Middlewares made with With share one MaxWaiters, over all
 	// their waiters, and each checks its own MaxWaitersPerKey against all the key's.
 	// Defaults DefaultMaxWaiters (1024) and DefaultMaxWaitersPerKey (128).
 	MaxWaiters, MaxWaitersPerKey int
@@ -646,7 +649,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	req := ClaimRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: m.cfg.Lease, TTL: m.cfg.TTL, Route: m.cfg.Route,
 		NoTakeover: true, ID: m.claimIDs.next()}
 	res, wait, err := m.claim(r.Context(), req)
-	if err == nil && m.mustWait(res, fp) {
+	if err == nil && m.mustWait(res, fp, m.cfg.WaitTimeout) {
 		var held *pending
 		if res, wait, held, err = m.await(r.Context(), req, res, wait); held != nil {
 			return m.answerHeld(w, held, fp), nil

@@ -13,7 +13,9 @@ type Conflict string
 
 const (
 	// ConflictReject answers 409 with Retry-After at once: the client retries later with
-	// the same key. The default.
+	// the same key, as the IETF draft (The Idempotency-Key HTTP Header Field) answers.
+	// The zero value of Config.Conflict. retrysafe gateway and its configuration file
+	// default to ConflictWait instead (configfile.DefaultConflict).
 	ConflictReject Conflict = "reject"
 	// ConflictWait waits, up to Config.WaitTimeout, for the request that holds the key to
 	// finish, and then answers with its stored response (Idempotent-Replayed: true), as a
@@ -130,10 +132,14 @@ func (m *Middleware) Waiting() int { return m.waiting.count() }
 
 // mustWait reports whether a request that lost its claim to res waits for the owner: the
 // policy says so, the key is in progress, and by the same request (another request
-// under the key is a 422 at once).
-func (m *Middleware) mustWait(res ClaimResult, fp string) bool {
-	return m.cfg.Conflict == ConflictWait && !res.Claimed && res.Existing.State == StateInProgress &&
-		res.Existing.Fingerprint == fp
+// under the key is a 422 at once). A key its owner abandoned (the outcome unknown)
+// moves only when its lease ends: when that is no sooner than the wait's bound left,
+// the request would wait for nothing, and is answered 409 at once, its Retry-After the
+// rest of the lease.
+func (m *Middleware) mustWait(res ClaimResult, fp string, left time.Duration) bool {
+	rec := res.Existing
+	return m.cfg.Conflict == ConflictWait && !res.Claimed && rec.State == StateInProgress && rec.Fingerprint == fp &&
+		!(rec.Abandoned && rec.LeaseUntil.Sub(res.Now) >= left)
 }
 
 // await waits for the owner of req's key to finish and claims again, until the claim
@@ -151,6 +157,7 @@ func (m *Middleware) await(ctx context.Context, req ClaimRequest, res ClaimResul
 		return res, wait, nil, nil
 	}
 	defer m.waiting.leave(k)
+	deadline := time.Now().Add(m.cfg.WaitTimeout)
 	bound := time.NewTimer(m.cfg.WaitTimeout)
 	defer bound.Stop()
 	poll := firstPoll
@@ -172,7 +179,7 @@ func (m *Middleware) await(ctx context.Context, req ClaimRequest, res ClaimResul
 		if p := m.pendingFor(req.Scope, req.Key); p != nil {
 			return res, wait, p, nil
 		}
-		if res, wait, err = m.claim(ctx, req); err != nil || !m.mustWait(res, req.Fingerprint) {
+		if res, wait, err = m.claim(ctx, req); err != nil || !m.mustWait(res, req.Fingerprint, time.Until(deadline)) {
 			return res, wait, nil, err
 		}
 	}

@@ -95,8 +95,8 @@ func TestWaitCaps(t *testing.T) {
 			t.Fatalf("%d waiting, want the cap, 2", n)
 		}
 		for range 3 {
-			if w := <-answers; w.Code != http.StatusConflict {
-				t.Errorf("over the cap: %d, want 409 at once", w.Code)
+			if w := <-answers; w.Code != http.StatusConflict || w.Header().Get("Retry-After") == "" {
+				t.Errorf("over the cap: %d %v, want 409 with Retry-After at once", w.Code, w.Header())
 			}
 		}
 		close(f.release)
@@ -145,4 +145,72 @@ func TestWaitIsOptIn(t *testing.T) {
 	if _, err := (idempotency.Config{Conflict: "queue"}).Resolve(); err == nil {
 		t.Error("an unknown conflict policy was accepted")
 	}
+}
+
+// The process-wide cap holds as the per-key one does: past MaxWaiters, over all keys, a
+// duplicate is answered 409 with Retry-After at once.
+func TestWaitCapTotal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newWaitFixture(t, idempotency.Config{MaxWaiters: 3})
+		go f.send(t.Context())
+		<-f.entered
+		answers := make(chan *httptest.ResponseRecorder, 4)
+		for range 4 {
+			go func() { answers <- f.send(t.Context()) }()
+		}
+		synctest.Wait()
+		if n := f.mw.Waiting(); n != 3 {
+			t.Fatalf("%d waiting, want the cap, 3", n)
+		}
+		if w := <-answers; w.Code != http.StatusConflict || w.Header().Get("Retry-After") == "" {
+			t.Errorf("over the cap: %d %v, want 409 with Retry-After at once", w.Code, w.Header())
+		}
+		close(f.release)
+		for range 3 {
+			if w := <-answers; w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" {
+				t.Errorf("within the cap: %d %v, want the replay", w.Code, w.Header())
+			}
+		}
+	})
+}
+
+// A duplicate of a key its owner abandoned (outcome unknown), whose lease outlasts the
+// wait, does not wait for nothing: 409 at once, Retry-After the rest of the lease.
+func TestWaitAbandonedKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mw, err := idempotency.New(idempotency.Config{Store: memstore.New(), Conflict: idempotency.ConflictWait,
+			Lease: 30 * time.Second, WaitTimeout: 10 * time.Second, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = mw.Shutdown(context.Background()) }()
+		runs := 0
+		h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs++
+			c, _ := idempotency.ClaimFromContext(r.Context())
+			c.Abandon()
+			w.WriteHeader(http.StatusGatewayTimeout)
+		}))
+		send := func() *httptest.ResponseRecorder {
+			r := httptest.NewRequestWithContext(t.Context(), http.MethodPost, "/pay", strings.NewReader("{}"))
+			r.Header.Set("Idempotency-Key", "k")
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			return w
+		}
+		if w := send(); w.Code != http.StatusGatewayTimeout {
+			t.Fatalf("first: %d", w.Code)
+		}
+		start := time.Now()
+		w := send()
+		if w.Code != http.StatusConflict || w.Header().Get("Retry-After") != "30" {
+			t.Errorf("duplicate of an abandoned key: %d %v, want 409 with Retry-After: 30", w.Code, w.Header())
+		}
+		if waited := time.Since(start); waited != 0 {
+			t.Errorf("waited %s for a key that cannot move within the wait", waited)
+		}
+		if runs != 1 {
+			t.Errorf("%d executions, want 1", runs)
+		}
+	})
 }

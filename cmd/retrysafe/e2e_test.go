@@ -466,10 +466,11 @@ func TestE2EContract(t *testing.T) {
 			// The upstream and the lease from the environment, the rest as flags. The
 			// upstream timeout is seconds, so that a loaded machine does not turn a
 			// held request into a 504, and shorter than the lease, so that a key kept
-			// after a 504 is still in progress for a while.
+			// after a 504 is still in progress for a while. The 409s checked are those
+			// of --conflict reject (the default, wait, has a test of its own).
 			const lease = 5 * time.Second
 			gw := startGateway(t, []string{"RETRYSAFE_UPSTREAM=" + up.URL, "RETRYSAFE_LEASE=" + lease.String()},
-				"--store", dsn, "--max-body", "1KiB", "--upstream-timeout", "3s")
+				"--store", dsn, "--max-body", "1KiB", "--upstream-timeout", "3s", "--conflict", "reject")
 			dead := startGateway(t, nil, "--store", dsn, "--upstream", "http://"+testenv.DeadAddr(t))
 			ctx := context.Background()
 			key := func(what string) string { return testenv.Name(what) }
@@ -604,13 +605,15 @@ func TestE2EContract(t *testing.T) {
 }
 
 // TestE2EReplicasPostgres: two gateway processes on one PostgreSQL schema behave as
-// one: concurrent duplicates spread over both reach the upstream once.
+// one: concurrent duplicates spread over both reach the upstream once. Under
+// --conflict reject, so that the duplicates are answered while the first is held
+// (TestE2EWaitReplicas has them wait).
 func TestE2EReplicasPostgres(t *testing.T) {
 	t.Parallel()
 	dsn := postgresDSN(t)
 	up := newUpstream(t)
-	a := startGateway(t, nil, "--store", dsn, "--upstream", up.URL)
-	b := startGateway(t, nil, "--store", dsn, "--upstream", up.URL)
+	a := startGateway(t, nil, "--store", dsn, "--upstream", up.URL, "--conflict", "reject")
+	b := startGateway(t, nil, "--store", dsn, "--upstream", up.URL, "--conflict", "reject")
 	for round := 0; round < 3; round++ {
 		k := testenv.Name("dup")
 		var wg sync.WaitGroup
@@ -716,7 +719,9 @@ func TestE2EKill9Restart(t *testing.T) {
 	up := newUpstream(t)
 	store := "sqlite:" + filepath.Join(t.TempDir(), "keys.db")
 	const lease = 3 * time.Second
-	args := []string{"--store", store, "--upstream", up.URL, "--lease", lease.String()}
+	// reject: a retry within the lease is answered 409 at once rather than waiting for
+	// the lease to end.
+	args := []string{"--store", store, "--upstream", up.URL, "--lease", lease.String(), "--conflict", "reject"}
 	first := startGateway(t, nil, args...)
 	k := testenv.Name("crash")
 	lost := make(chan reply, 1)

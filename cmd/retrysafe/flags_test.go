@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"io"
 	"strings"
 	"testing"
 
 	"github.com/retrysafe/retrysafe/gateway"
+	"github.com/retrysafe/retrysafe/gateway/configfile"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/durfmt"
 )
@@ -109,5 +111,47 @@ func TestFlagErrorNamesTheFlags(t *testing.T) {
 	err := flagError(errors.New("gateway: idempotency: Config.MaxBodyMemory (1) is smaller than Config.MaxBody (2); Config.Idempotency.Methods"), docs)
 	if want := "--max-body-memory (1) is smaller than --max-body (2); --methods"; err.Error() != want {
 		t.Errorf("flagError = %q, want %q", err, want)
+	}
+}
+
+// The gateway's conflict policy defaults to wait, from the flags and from a file alike,
+// bounded by --max-waiters, which a file's max_waiters takes from the flag.
+func TestGatewayConflictDefaults(t *testing.T) {
+	setup := func(args ...string) (gatewaySetup, error) {
+		fs, f, docs := newGatewayFlags()
+		if err := fs.Parse(append([]string{"--upstream", "http://127.0.0.1:1"}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		return flagSetup(f, docs, io.Discard)
+	}
+	s, err := setup()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mw := s.cfg.Idempotency; mw.Conflict != idempotency.ConflictWait || mw.WaitTimeout != idempotency.DefaultWaitTimeout ||
+		mw.MaxWaiters != idempotency.DefaultMaxWaiters {
+		t.Errorf("defaults: conflict %q, wait timeout %s, max waiters %d; want wait, %s, %d", mw.Conflict, mw.WaitTimeout,
+			mw.MaxWaiters, idempotency.DefaultWaitTimeout, idempotency.DefaultMaxWaiters)
+	}
+	if s, err = setup("--conflict", "reject", "--max-waiters", "7"); err != nil {
+		t.Fatal(err)
+	}
+	if mw := s.cfg.Idempotency; mw.Conflict != idempotency.ConflictReject || mw.MaxWaiters != 7 {
+		t.Errorf("--conflict reject --max-waiters 7: %q, %d", mw.Conflict, mw.MaxWaiters)
+	}
+	if _, err := setup("--max-waiters", "0"); err == nil || !strings.Contains(err.Error(), "--max-waiters") {
+		t.Errorf("--max-waiters 0: %v, want an error naming it", err)
+	}
+
+	fs, _, _ := newGatewayFlags()
+	if err := fs.Parse([]string{"--max-waiters", "5"}); err != nil {
+		t.Fatal(err)
+	}
+	file, err := configfile.Parse("gw.yaml", []byte("upstreams: {api: 'http://127.0.0.1:1'}\n"), configfile.Options{Overrides: flagOverrides(fs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mw := file.Gateway.Idempotency; mw.MaxWaiters != 5 || mw.Conflict != idempotency.ConflictWait {
+		t.Errorf("a file beside --max-waiters 5: max waiters %d, conflict %q; want 5, wait", mw.MaxWaiters, mw.Conflict)
 	}
 }

@@ -34,8 +34,10 @@ const gatewayIntro = `usage: retrysafe gateway --upstream URL [flags]
 A reverse proxy that gives any HTTP API Idempotency-Key semantics. Keyed requests
 (POST and PATCH by default) are claimed in the store, forwarded, and their responses
 stored; a retry with the same key gets the stored response (Idempotent-Replayed: true)
-and never reaches the upstream twice. 409 while in flight, 422 for a key reused with
-another request, 400 without a key. The key is forwarded unchanged.
+and never reaches the upstream twice. A duplicate of a request still in flight waits
+for its answer (--conflict wait, bounded by --wait-timeout and --max-waiters; past
+them 409 with Retry-After), or gets 409 at once (--conflict reject). 422 for a key
+reused with another request, 400 without a key. The key is forwarded unchanged.
 
 Upstream never reached: 502, key released. Upstream timed out after the request was
 sent: 504, key kept until its lease ends (the request is never resent by the gateway
@@ -99,6 +101,7 @@ type gatewayFlags struct {
 	ttl, lease, upstreamTimeout, shutdownTimeout, bodyTimeout, waitTimeout              time.Duration
 	requireKey, failOpen, scopeNone, otel, allowEvicting                                bool
 	maxBody, maxResponse, maxBodyMemory                                                 byteSize
+	maxWaiters                                                                          int
 	adminToken, consoleMode                                                             string
 	tlsCert, tlsKey, adminTLSCert, adminTLSKey                                          string
 	amqpURL, natsURL                                                                    string // the console's dead letters
@@ -148,8 +151,9 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 	fs.DurationVar(&f.upstreamTimeout, "upstream-timeout", gateway.DefaultUpstreamTimeout, "")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 0, "")
 	fs.BoolVar(&f.failOpen, "fail-open", false, "")
-	fs.StringVar(&f.conflict, "conflict", string(idempotency.ConflictReject), "")
+	fs.StringVar(&f.conflict, "conflict", string(configfile.DefaultConflict), "")
 	fs.DurationVar(&f.waitTimeout, "wait-timeout", idempotency.DefaultWaitTimeout, "")
+	fs.IntVar(&f.maxWaiters, "max-waiters", idempotency.DefaultMaxWaiters, "")
 	fs.StringVar(&f.logFormat, "log-format", "text", "")
 	fs.StringVar(&f.logLevel, "log-level", "info", "")
 	fs.BoolVar(&f.otel, "otel", false, "")
@@ -189,8 +193,9 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 		{name: "shutdown-timeout", arg: "DUR", field: "ShutdownTimeout", help: "time the requests in flight get at shutdown, and then the answers the store could not take get to be stored",
 			def: "upstream timeout + " + durfmt.Format(gateway.DefaultShutdownGrace)},
 		{name: "fail-open", help: "forward unprotected when the store fails", def: "false: 503"},
-		{name: "conflict", arg: "reject|wait", field: "Conflict", help: "a duplicate of a request in progress: reject answers 409 with Retry-After; wait waits for the first to finish and answers with its response, replayed (for clients that take a 409 as final)"},
-		{name: "wait-timeout", arg: "DUR", field: "WaitTimeout", help: "the longest a duplicate waits with --conflict wait; then 409"},
+		{name: "conflict", arg: "wait|reject", field: "Conflict", help: "a duplicate of a request in progress: wait waits for the first to finish and answers with its response, replayed — many clients retry a lost answer at once and take a 409 as final; reject answers 409 with Retry-After at once (the IETF draft's answer; a client retries later with the same key)"},
+		{name: "wait-timeout", arg: "DUR", field: "WaitTimeout", help: "the longest a duplicate waits with --conflict wait; then 409 with Retry-After. A key whose request timed out upstream (504: outcome unknown, kept to its lease) is not waited for when its lease outlasts this: 409 at once, Retry-After the rest of the lease"},
+		{name: "max-waiters", arg: "N", field: "MaxWaiters", help: "duplicates that may wait at once (--conflict wait), in the whole process; past it, and past " + strconv.Itoa(idempotency.DefaultMaxWaitersPerKey) + " for one key (max_waiters_per_key in --config), a duplicate gets 409 with Retry-After at once. Each waiter holds its request's body (counted in --max-body-memory) and a goroutine, and polls the store while its key's owner is another process"},
 		{name: "log-format", arg: "text|json"},
 		{name: "log-level", arg: "LEVEL", help: "debug, info, warn or error"},
 		{name: "otel", help: otelHelp, def: "false"},
@@ -513,6 +518,9 @@ func flagSetup(f *gatewayFlags, docs []flagDoc, stderr io.Writer) (gatewaySetup,
 	if f.maxBody <= 0 || f.maxResponse <= 0 || f.maxBodyMemory <= 0 {
 		errs = append(errs, errors.New("--max-body, --max-body-memory and --max-response must be positive"))
 	}
+	if f.maxWaiters <= 0 {
+		return gatewaySetup{}, fmt.Errorf("--max-waiters must be positive, not %d (--conflict reject waits for nothing)", f.maxWaiters)
+	}
 	methods := splitList(strings.ToUpper(f.methods))
 	if len(methods) == 0 {
 		errs = append(errs, errors.New("--methods is empty"))
@@ -543,6 +551,7 @@ func flagSetup(f *gatewayFlags, docs []flagDoc, stderr io.Writer) (gatewaySetup,
 			KeyPointer:        f.keyPointer,
 			FingerprintIgnore: splitList(f.fingerprintIgnore),
 			WaitTimeout:       f.waitTimeout,
+			MaxWaiters:        f.maxWaiters,
 		},
 	}
 	// The rules between options (the TTL longer than the lease and the upstream timeout,
@@ -628,7 +637,7 @@ var overrideKeys = map[string]string{
 	"body-timeout": "defaults.body_timeout", "max-body-memory": "max_body_memory",
 	"max-response": "defaults.max_response", "upstream-timeout": "defaults.upstream_timeout",
 	"shutdown-timeout": "shutdown_timeout", "conflict": "defaults.conflict",
-	"wait-timeout": "defaults.wait_timeout", "log-format": "log.format", "log-level": "log.level",
+	"wait-timeout": "defaults.wait_timeout", "max-waiters": "max_waiters", "log-format": "log.format", "log-level": "log.level",
 	"console": "console", "admin-token": "admin_token",
 	"tls-cert": "tls.cert", "tls-key": "tls.key", "admin-tls-cert": "admin_tls.cert", "admin-tls-key": "admin_tls.key",
 }

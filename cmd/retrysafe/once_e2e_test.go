@@ -232,7 +232,9 @@ func TestE2EStoreOutageDuringUpstreamCall(t *testing.T) {
 				t.Parallel()
 				proxied, direct, linkA := proxiedStore(t, kind)
 				up := newUpstream(t)
-				args := []string{"--upstream", up.URL, "--lease", lease.String()}
+				// reject: the retry beside the live owner is answered 409 at once, while
+				// the owner's request is held (waiting, it would wait for it).
+				args := []string{"--upstream", up.URL, "--lease", lease.String(), "--conflict", "reject"}
 				a := startGateway(t, nil, append(args, "--store", proxied)...)
 				var b *proc
 				if !later {
@@ -569,7 +571,10 @@ func TestE2EBodyMemoryAndTime(t *testing.T) {
 func TestE2ETruthfulErrors(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
-	gw := startGateway(t, nil, "--store", sqliteDSN(t), "--upstream", up.URL, "--lease", "6s", "--upstream-timeout", "1s")
+	// reject: the 409 of a key whose owner gave up comes at once (waiting, a retry
+	// would wait for the 6s lease to end, as it is within the wait's bound).
+	gw := startGateway(t, nil, "--store", sqliteDSN(t), "--upstream", up.URL, "--lease", "6s", "--upstream-timeout", "1s",
+		"--conflict", "reject")
 	t.Run("budget spent on the upload", func(t *testing.T) {
 		k := testenv.Name("budget")
 		head := fmt.Sprintf("POST /pay HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nRequest-Budget-Ms: 500\r\nContent-Length: 10\r\n\r\n", k)
@@ -653,7 +658,73 @@ func TestE2EFidelity(t *testing.T) {
 	})
 }
 
-// TestE2EWaitReplicas: with --conflict wait, 50 duplicates of a request that takes the
+// TestE2EConflictDefault: with the default flags a duplicate of a request in flight
+// waits for its answer and gets it replayed; past --max-waiters, and at --wait-timeout,
+// a duplicate gets 409 with Retry-After.
+func TestE2EConflictDefault(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	gw := startGateway(t, nil, "--store", sqliteDSN(t), "--upstream", up.URL, "--max-waiters", "1")
+	short := startGateway(t, nil, "--store", sqliteDSN(t), "--upstream", up.URL, "--wait-timeout", "1s")
+	ctx := context.Background()
+
+	k := testenv.Name("wait")
+	first, dup := make(chan reply, 1), make(chan reply, 1)
+	go func() { first <- post(ctx, gw.addr, "/held-once", k, `{}`) }()
+	await(t, "the first request upstream", 10*time.Second, up.arrived(k))
+	go func() { dup <- post(ctx, gw.addr, "/held-once", k, `{}`) }()
+	waitFor(t, "the duplicate waiting", 10*time.Second, func() bool { return waiting(t, gw) == 1 })
+	over := post(ctx, gw.addr, "/held-once", k, `{}`) // past --max-waiters 1
+	if over.status != 409 || over.header.Get("Retry-After") == "" || over.problem() != idempotency.ProblemInFlight {
+		t.Errorf("past --max-waiters: %v, want 409 in-flight with Retry-After", over)
+	}
+	up.release(k)
+	r, d := <-first, <-dup
+	if r.status != 201 || d.status != 201 || d.header.Get("Idempotent-Replayed") != "true" || d.body != r.body {
+		t.Errorf("first %v; the waiting duplicate %v, want the first's answer replayed", r, d)
+	}
+	if n := up.callsFor(k); n != 1 {
+		t.Errorf("%d executions, want 1", n)
+	}
+
+	k = testenv.Name("bound")
+	go func() { first <- post(ctx, short.addr, "/held-once", k, `{}`) }()
+	await(t, "the first request upstream", 10*time.Second, up.arrived(k))
+	if r := post(ctx, short.addr, "/held-once", k, `{}`); r.status != 409 || r.header.Get("Retry-After") == "" {
+		t.Errorf("at --wait-timeout: %v, want 409 with Retry-After", r)
+	}
+	up.release(k)
+	if r := <-first; r.status != 201 || up.callsFor(k) != 1 {
+		t.Errorf("first: %v, %d executions", r, up.callsFor(k))
+	}
+}
+
+// waiting is the gateway's retrysafe_gateway_requests_waiting.
+func waiting(t *testing.T, p *proc) int {
+	t.Helper()
+	res, err := http.Get(p.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "retrysafe_gateway_requests_waiting "); ok {
+			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("requests_waiting %q: %v", v, err)
+			}
+			return int(n)
+		}
+	}
+	t.Fatalf("no retrysafe_gateway_requests_waiting in /metrics:\n%s", b)
+	return 0
+}
+
+// TestE2EWaitReplicas: with the default --conflict wait, 50 duplicates of a request that takes the
 // upstream a second, sent through two replicas sharing one PostgreSQL or Redis store
 // while it runs, all wait for it and get its answer: one execution, 51 successes, no
 // client sees an error. The other replica's duplicates learn of its end from the store.
@@ -667,7 +738,7 @@ func TestE2EWaitReplicas(t *testing.T) {
 			t.Parallel()
 			dsn := s.dsn(t)
 			up := newUpstream(t)
-			a := startGateway(t, nil, "--store", dsn, "--upstream", up.URL, "--conflict", "wait")
+			a := startGateway(t, nil, "--store", dsn, "--upstream", up.URL)
 			b := startGateway(t, nil, "--store", dsn, "--upstream", up.URL, "--conflict", "wait")
 			k := testenv.Name("wait")
 			const duplicates = 50

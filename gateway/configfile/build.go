@@ -1,6 +1,7 @@
 package configfile
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -192,7 +193,8 @@ func inherit(d, r *spec) *spec {
 	return &m
 }
 
-// idempotency is the middleware's part of s; unset keys are zero, the defaults.
+// idempotency is the middleware's part of s; unset keys are zero, the packages'
+// defaults, but for the conflict policy, DefaultConflict.
 func (s *spec) idempotency() idempotency.Config {
 	return idempotency.Config{
 		Methods:           slices.Clone(s.methods),
@@ -207,7 +209,7 @@ func (s *spec) idempotency() idempotency.Config {
 		BodyTimeout:       s.bodyTimeout,
 		MaxResponse:       s.maxResponse,
 		FailOpen:          s.onStoreError == "open",
-		Conflict:          idempotency.Conflict(s.conflict),
+		Conflict:          cmp.Or(idempotency.Conflict(s.conflict), DefaultConflict),
 		WaitTimeout:       s.waitTimeout,
 		MaxWaitersPerKey:  s.maxWaitersPerKey,
 		StoreTimeout:      s.storeTimeout,

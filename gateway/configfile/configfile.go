@@ -13,7 +13,17 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/retrysafe/retrysafe/gateway"
+	"github.com/retrysafe/retrysafe/idempotency"
 )
+
+// DefaultConflict is the conflict policy of a policy that sets none, here and in
+// retrysafe gateway's --conflict: a duplicate of a request in progress waits for its
+// answer (bounded by wait_timeout and the waiter ceilings, then 409 with Retry-After).
+// Many clients retry a lost answer (a network error) at once and take a 409 as final,
+// so that an answer lost on the way back would otherwise end as an error for a request
+// that ran. The packages' zero value (idempotency.Config, gateway.Config) stays
+// idempotency.ConflictReject, the 409 of the IETF draft.
+const DefaultConflict = idempotency.ConflictWait
 
 // Sentinel errors, wrapped by the Err of some Errors. Match them with errors.Is.
 var (

@@ -94,6 +94,9 @@ func TestConfigExample(t *testing.T) {
 		p.Upstream != api || p.Idempotency.TTL != 24*time.Hour || p.UpstreamTimeout != 30*time.Second {
 		t.Errorf("payments: %+v", p)
 	}
+	if r := route(t, f, "POST /payments/{id}/refunds"); r.Idempotency.Conflict != idempotency.ConflictReject {
+		t.Errorf("refunds: conflict %q, want reject", r.Idempotency.Conflict)
+	}
 	if s := route(t, f, "POST /search"); !s.Off {
 		t.Errorf("search is not off: %+v", s)
 	}
@@ -645,7 +648,7 @@ func TestConfigTableOfDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := b.String()
-	want := "/ (catch-all)  required POST,PATCH  api       header Idempotency-Key  authorization  full         reject    24h  30s    body 1MiB, response 4MiB\n"
+	want := "/ (catch-all)  required POST,PATCH  api       header Idempotency-Key  authorization  full         wait 10s  24h  30s    body 1MiB, response 4MiB\n"
 	if !strings.HasSuffix(got, want) || strings.Contains(got, "secret") {
 		t.Errorf("table:\n%s\nwant it to end with\n%s", got, want)
 	}
@@ -662,5 +665,29 @@ func TestConfigNoPlaceholder(t *testing.T) {
 	}
 	if f.Gateway.Upstream != nil {
 		t.Errorf("catch-all %v", f.Gateway.Upstream)
+	}
+}
+
+// A policy that sets no conflict policy waits (DefaultConflict), unlike the packages'
+// zero value; defaults.conflict: reject is inherited by the routes that set none.
+func TestConfigConflictDefault(t *testing.T) {
+	t.Parallel()
+	const up = "upstreams: {api: 'http://a'}\n"
+	f := mustParse(t, up+"routes:\n  - match: POST /a\n", configfile.Options{})
+	if got := route(t, f, "POST /a").Idempotency.Conflict; got != idempotency.ConflictWait {
+		t.Errorf("a route that sets none: conflict %q, want wait", got)
+	}
+	if got := f.Gateway.Idempotency.Conflict; got != idempotency.ConflictWait {
+		t.Errorf("the catch-all: conflict %q, want wait", got)
+	}
+	f = mustParse(t, up+"defaults: {conflict: reject}\nroutes:\n  - match: POST /a\n  - match: POST /b\n    conflict: wait\n", configfile.Options{})
+	if got := route(t, f, "POST /a").Idempotency.Conflict; got != idempotency.ConflictReject {
+		t.Errorf("under defaults.conflict reject: %q", got)
+	}
+	if got := route(t, f, "POST /b").Idempotency.Conflict; got != idempotency.ConflictWait {
+		t.Errorf("a route's own wait: %q", got)
+	}
+	if got := f.Gateway.Idempotency.Conflict; got != idempotency.ConflictReject {
+		t.Errorf("the catch-all under defaults.conflict reject: %q", got)
 	}
 }

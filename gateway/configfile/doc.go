@@ -141,8 +141,14 @@
 //	                     forward unprotected. Default closed.
 //	conflict             a duplicate of a request in progress: reject answers 409 with
 //	                     Retry-After; wait waits for the first to finish and answers with
-//	                     its response, replayed. Default reject.
-//	wait_timeout         the longest a duplicate waits under conflict: wait; then 409.
+//	                     its response, replayed, up to wait_timeout and the ceilings
+//	                     max_waiters and max_waiters_per_key (past them: 409 with
+//	                     Retry-After). Default wait (DefaultConflict), as retrysafe
+//	                     gateway's --conflict; reject is the IETF draft's 409, and the
+//	                     zero value of idempotency.Config and gateway.Config.
+//	wait_timeout         the longest a duplicate waits under conflict: wait; then 409
+//	                     with Retry-After (at once for a key kept after a 504 whose
+//	                     lease outlasts it).
 //	                     Default idempotency.DefaultWaitTimeout (10s).
 //	max_waiters_per_key  duplicates of one key that may wait at once; past it 409 at once.
 //	                     Default idempotency.DefaultMaxWaitersPerKey (128).

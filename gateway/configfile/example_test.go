@@ -14,7 +14,9 @@ upstreams:
   api: http://127.0.0.1:3000
 routes:
   - match: POST /payments
-    conflict: wait
+    wait_timeout: 20s
+  - match: POST /refunds
+    conflict: reject
   - match: POST /search
     mode: off
 `
@@ -28,14 +30,15 @@ routes:
 		fmt.Println(err)
 	}
 	// Output:
-	// 2 routes to http://127.0.0.1:3000
+	// 3 routes to http://127.0.0.1:3000
 	// UPSTREAM  URL
 	// api       http://127.0.0.1:3000
 	//
 	// ROUTE           MODE                 UPSTREAM  KEY                     SCOPE          FINGERPRINT  CONFLICT  TTL  LEASE  LIMITS
-	// POST /payments  required POST        api       header Idempotency-Key  authorization  full         wait 10s  24h  30s    body 1MiB, response 4MiB
+	// POST /payments  required POST        api       header Idempotency-Key  authorization  full         wait 20s  24h  30s    body 1MiB, response 4MiB
+	// POST /refunds   required POST        api       header Idempotency-Key  authorization  full         reject    24h  30s    body 1MiB, response 4MiB
 	// POST /search    off                  api       -                       -              -            -         -    -      -
-	// / (catch-all)   required POST,PATCH  api       header Idempotency-Key  authorization  full         reject    24h  30s    body 1MiB, response 4MiB
+	// / (catch-all)   required POST,PATCH  api       header Idempotency-Key  authorization  full         wait 10s  24h  30s    body 1MiB, response 4MiB
 }
 
 // Every error is reported with its line; a flag's override, with the flag.
