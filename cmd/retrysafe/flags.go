@@ -132,13 +132,11 @@ func flagHelp(fs *flag.FlagSet, docs []flagDoc) string {
 			head += " " + d.arg
 		}
 		text := d.help
-		def := d.def
-		if def == "" {
-			if fl := fs.Lookup(d.name); fl != nil {
-				def = formatDefault(fl.DefValue)
-			}
+		var def string
+		if fl := fs.Lookup(d.name); fl != nil {
+			def = flagDefault(fl.DefValue, d.def)
 		}
-		if def != "" && def != "-" {
+		if def != "" {
 			if text != "" {
 				text += " "
 			}

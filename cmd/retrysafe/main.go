@@ -56,6 +56,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch cmd {
 	case "help", "-h", "-help", "--help":
 		if len(rest) > 0 {
+			if rest[0] == referenceTopic { // not listed: it writes docs/configuration.md
+				if err := writeReference(stdout); err != nil {
+					return fail(stderr, "retrysafe help", err, exitFail)
+				}
+				return exitOK
+			}
 			if h, ok := helps()[rest[0]]; ok {
 				fmt.Fprint(stdout, h)
 				return exitOK

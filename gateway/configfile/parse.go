@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -150,6 +151,10 @@ func (p *parser) parse(data []byte) *File {
 	f := &File{Upstreams: map[string]*url.URL{}}
 	d := &doc{own: map[string]pos{}, badUpstream: map[string]bool{}}
 	p.mapping(root, "", func(key string, k, v *yaml.Node) {
+		if !documented(SectionTop, key) {
+			p.unknown(k, "", knownKeys(SectionTop))
+			return
+		}
 		at := p.atKV(k, v)
 		ok := true
 		switch key {
@@ -171,6 +176,10 @@ func (p *parser) parse(data []byte) *File {
 		case "log":
 			p.mapping(v, key, func(sub string, k, v *yaml.Node) {
 				path := join(key, sub)
+				if !documented(SectionLog, sub) {
+					p.unknown(k, key, knownKeys(SectionLog))
+					return
+				}
 				switch sub {
 				case "format":
 					if s, _, ok := p.enum(k, v, path, "log format", "text", "json"); ok {
@@ -186,7 +195,7 @@ func (p *parser) parse(data []byte) *File {
 						}
 					}
 				default:
-					p.unknown(k, key, []string{"format", "level"})
+					p.unknown(k, key, knownKeys(SectionLog))
 				}
 			})
 		case "otel":
@@ -220,7 +229,7 @@ func (p *parser) parse(data []byte) *File {
 		case "routes":
 			p.routes(k, v, d)
 		default:
-			p.unknown(k, "", []string{"listen", "admin", "store", "log", "otel", "console", "admin_token", "tls", "admin_tls", "shutdown_timeout", "max_body_memory", "max_waiters", "upstreams", "defaults", "routes"})
+			p.unknown(k, "", knownKeys(SectionTop))
 			return
 		}
 		if ok {
@@ -509,7 +518,7 @@ func (p *parser) tlsFiles(k, v *yaml.Node, path string) (TLSFiles, bool) {
 		case "key":
 			dst = &t.Key
 		default:
-			p.unknown(k, path, []string{"cert", "key"})
+			p.unknown(k, path, knownKeys(SectionTLS))
 			bad = true
 			return
 		}
@@ -662,6 +671,14 @@ func (p *parser) policy(n *yaml.Node, at pos, path string, route bool) *spec {
 	s := newSpec(path, at)
 	if !p.mapping(n, path, func(key string, k, v *yaml.Node) {
 		kp := join(path, key)
+		known := knownKeys(SectionPolicy)
+		if !route {
+			known = slices.DeleteFunc(known, func(s string) bool { return s == "match" })
+		}
+		if !slices.Contains(known, key) && key != "match" {
+			p.unknown(k, path, known)
+			return
+		}
 		at := p.atKV(k, v)
 		ok := true
 		switch key {
@@ -715,11 +732,6 @@ func (p *parser) policy(n *yaml.Node, at pos, path string, route bool) *spec {
 		case "max_waiters_per_key":
 			s.maxWaitersPerKey, at, ok = p.count(k, v, kp)
 		default:
-			known := []string{"upstream", "mode", "methods", "key", "scope", "fingerprint", "ttl", "lease", "upstream_timeout", "store_timeout",
-				"max_body", "body_timeout", "max_response", "on_store_error", "conflict", "wait_timeout", "max_waiters_per_key"}
-			if route {
-				known = append(known, "match")
-			}
 			p.unknown(k, path, known)
 			return
 		}
@@ -751,11 +763,11 @@ func (p *parser) key(k, v *yaml.Node, path string, s *spec) bool {
 		var val string
 		var at pos
 		var good bool
-		switch sub {
-		case "header", "pointer":
+		switch {
+		case documented(SectionKey, sub):
 			val, at, good = p.scalar(k, v, join(path, sub))
 		default:
-			p.unknown(k, path, []string{"header", "pointer"})
+			p.unknown(k, path, knownKeys(SectionKey))
 			ok = false
 			return
 		}
@@ -803,6 +815,11 @@ func (p *parser) scope(k, v *yaml.Node, path string, s *spec) bool {
 	}
 	ok, n := true, 0
 	if !p.mapping(v, path, func(sub string, k, v *yaml.Node) {
+		if !documented(SectionScope, sub) {
+			p.unknown(k, path, knownKeys(SectionScope))
+			ok = false
+			return
+		}
 		switch sub {
 		case "header", "cookie":
 			val, at, good := p.scalar(k, v, join(path, sub))
@@ -820,7 +837,7 @@ func (p *parser) scope(k, v *yaml.Node, path string, s *spec) bool {
 			s.scopeKind, s.scopeName = sub, val
 			s.own["scope."+sub] = at
 		default:
-			p.unknown(k, path, []string{"header", "cookie"})
+			p.unknown(k, path, knownKeys(SectionScope))
 			ok = false
 		}
 	}) {
@@ -845,13 +862,18 @@ func (p *parser) fingerprint(k, v *yaml.Node, path string, s *spec) bool {
 	if !p.mapping(v, path, func(sub string, k, v *yaml.Node) {
 		var good bool
 		var at pos
+		if !documented(SectionFingerprint, sub) {
+			p.unknown(k, path, knownKeys(SectionFingerprint))
+			ok = false
+			return
+		}
 		switch sub {
 		case "mode":
 			s.fingerprintMode, at, good = p.enum(k, v, join(path, sub), "fingerprint mode", "full", "json")
 		case "ignore":
 			s.fingerprintIgnore, at, good = p.list(k, v, join(path, sub))
 		default:
-			p.unknown(k, path, []string{"mode", "ignore"})
+			p.unknown(k, path, knownKeys(SectionFingerprint))
 			ok = false
 			return
 		}
