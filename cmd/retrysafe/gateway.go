@@ -212,7 +212,7 @@ func gatewayHelp() string {
 func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	const cmd = "retrysafe gateway"
 	fs, f, docs := newGatewayFlags()
-	if ok, status := parse(fs, args, gatewayHelp(), envFlags(fs, "check"), false, stdout, stderr); !ok {
+	if ok, status := parse(fs, args, gatewayHelp(), envFlags(fs, notFromEnv()...), false, stdout, stderr); !ok {
 		return status
 	}
 	p, err := planGateway(fs, f, docs, stderr)
@@ -470,6 +470,10 @@ func (p *gatewayPlan) writeSummary(w io.Writer) {
 }
 
 // envFlags names the flags of fs that parse sets from the environment: all but skip.
+// notFromEnv lists the gateway's flags that are never read from the environment:
+// --check, so that a variable left in a deployment cannot stop its gateways serving.
+func notFromEnv() []string { return []string{"check"} }
+
 func envFlags(fs *flag.FlagSet, skip ...string) []string {
 	var out []string
 	fs.VisitAll(func(fl *flag.Flag) {

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
@@ -82,7 +83,11 @@ powers of 1000).
 		if help == "" {
 			help = "—"
 		}
-		fmt.Fprintf(&b, "| %s | `%s` | %s | %s | %s |\n", code(name), envName(d.name), code(flagDefault(fl.DefValue, d.def)),
+		env := "`" + envName(d.name) + "`"
+		if slices.Contains(notFromEnv(), d.name) {
+			env = "—"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", code(name), env, code(flagDefault(fl.DefValue, d.def)),
 			code(fileKey(d.name)), cell(help))
 	}
 
