@@ -37,8 +37,8 @@ const (
 )
 
 // kubeVersion is the cluster the chart is rendered for: the oldest it supports
-// (lifecycle sleep actions are 1.29's).
-var kubeVersion = chartutil.KubeVersion{Version: "v1.29.0", Major: "1", Minor: "29"}
+// (lifecycle sleep actions are on by default from 1.30).
+var kubeVersion = chartutil.KubeVersion{Version: "v1.30.0", Major: "1", Minor: "30"}
 
 // loadChart loads the chart from its directory, as helm install does.
 func loadChart(t *testing.T) *chart.Chart {

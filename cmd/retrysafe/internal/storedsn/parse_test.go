@@ -152,3 +152,18 @@ func TestDescribe(t *testing.T) {
 		t.Errorf("Describe(mysql://db): %v, want ErrUnknownScheme", err)
 	}
 }
+
+// TestParseHidesOpaquePassword: a DSN written without "//" (scheme:user:password@host)
+// is refused, and its error does not show the password.
+func TestParseHidesOpaquePassword(t *testing.T) {
+	for _, dsn := range []string{"postgres:u:s3cr3tpw@db", "redis:u:s3cr3tpw@db:6379", "postgresql:s3cr3tpw@db/app"} {
+		_, err := parse(dsn)
+		if !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", dsn, err)
+			continue
+		}
+		if strings.Contains(err.Error(), "s3cr3tpw") {
+			t.Errorf("%s: the error shows the password: %v", dsn, err)
+		}
+	}
+}

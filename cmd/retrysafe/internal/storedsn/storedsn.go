@@ -594,7 +594,7 @@ func redactURL(u *url.URL) string {
 // redactRaw hides what looks like a password in a string that may not parse as a URL:
 // the values of keywords whose name holds "password" (password=…, as in PostgreSQL's
 // keyword/value form), then the password of the URL it is, or the user info of what
-// looks like one.
+// looks like one (with or without the "//").
 func redactRaw(s string) string {
 	s = redactKeywords(s)
 	if u, err := url.Parse(s); err == nil && u.Opaque == "" {
@@ -603,6 +603,11 @@ func redactRaw(s string) string {
 	if at := strings.LastIndex(s, "@"); at >= 0 {
 		if i := strings.Index(s, "://"); i >= 0 && i < at {
 			return s[:i+3] + "xxxxx" + s[at:]
+		}
+		// scheme:user:password@host, written without "//": the user info is what
+		// follows the scheme's colon.
+		if i := strings.Index(s, ":"); i >= 0 && i < at {
+			return s[:i+1] + "xxxxx" + s[at:]
 		}
 	}
 	return s
