@@ -72,11 +72,13 @@ type Checks struct {
 	Mismatched int
 	// Stuck: keys still in progress in the store after the lease (nothing in flight).
 	Stuck int
-	// HeldLost: keys in progress in the store whose answer a gateway held, because the
-	// store could not take it, when that gateway was killed: the client got the answer
-	// and the store never did. Allowed: the documented window of a process that dies
-	// between forwarding and storing. Such a key is counted here, not as stuck or as a
-	// store disagreement.
+	// HeldLost: keys whose answer a gateway held, because the store could not take it,
+	// when that gateway was killed: the client got the answer and the store never did.
+	// Allowed: the documented window of a process that dies between forwarding and
+	// storing. Such a key is left in progress until its lease ends, and then a later
+	// request may take it over and run it again, so its record holds that run's answer:
+	// either way it is counted here, not as stuck or as a store disagreement (the run
+	// again is judged with the duplicates, by its cause).
 	HeldLost int
 	// StoreDisagrees: succeeded payments whose key is not done in the store with the
 	// response the client saw (status and payment id), so a retry would not replay it.
@@ -212,6 +214,12 @@ func Check(payments []Payment, rows []Row, records []StoreRecord, now time.Time,
 		rec, ok := recs[p.Key]
 		switch {
 		case ok && rec.InProgress && heldLost(p.Key): // counted as HeldLost
+		case ok && heldLost(p.Key) && (rec.Status != p.Status || rec.AnswerID != p.Answer.ID):
+			// The held answer was lost with its gateway, and the key was taken over and
+			// run again after its lease: the record holds that run's answer.
+			c.HeldLost++
+			evidence("held", "payment %s/%s was answered id %d by a gateway killed holding it; key %q was run again, its record: status %d, id %d",
+				p.User, p.Ref, p.Answer.ID, p.Key, rec.Status, rec.AnswerID)
 		case !ok:
 			c.StoreDisagrees++
 			evidence("store", "payment %s/%s succeeded; key %q has no record", p.User, p.Ref, p.Key)

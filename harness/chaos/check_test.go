@@ -104,8 +104,9 @@ func TestCheck(t *testing.T) {
 	}
 }
 
-// TestCheckHeldLost: a key in progress whose answer a killed gateway held is counted as
-// that allowed window, neither stuck nor a store disagreement; any other is stuck.
+// TestCheckHeldLost: a key whose answer a killed gateway held is counted as that allowed
+// window, neither stuck nor a store disagreement, whether it stayed in progress or was
+// taken over and run again; any other is stuck, or a disagreement.
 func TestCheckHeldLost(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
@@ -118,6 +119,16 @@ func TestCheckHeldLost(t *testing.T) {
 	}
 	if c := Check(ps, []Row{r}, ss, now, nil); c.OK() || c.Stuck != 1 || c.StoreDisagrees != 1 || c.HeldLost != 0 {
 		t.Errorf("not held: %+v", c)
+	}
+	// Taken over after its lease and run again: the record holds the second run's
+	// answer (the second row is judged as a duplicate, by its cause).
+	again := Row{ID: 2, User: "alice", Key: "k1", Ref: "a-1", Amount: 101}
+	done := []StoreRecord{{Key: "k1", Status: 201, AnswerID: 2}}
+	if c := Check(ps, []Row{r, again}, done, now, held); !c.OK() || c.HeldLost != 1 || c.StoreDisagrees != 0 || c.Duplicates != 1 {
+		t.Errorf("held, lost and run again: %+v", c)
+	}
+	if c := Check(ps, []Row{r, again}, done, now, nil); c.OK() || c.StoreDisagrees != 1 || c.HeldLost != 0 {
+		t.Errorf("run again, not held: %+v", c)
 	}
 }
 

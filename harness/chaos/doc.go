@@ -174,7 +174,9 @@
 // A key whose answer a gateway held because the store could not take it, when that
 // gateway was killed, is counted apart as allowed ("held, replica killed"), neither
 // stuck nor a store disagreement: the client got the answer and the store never did,
-// the window of a process that dies between forwarding and storing.
+// the window of a process that dies between forwarding and storing. Its record stays in
+// progress until the lease ends, or holds the answer of a later request that took the
+// key over and ran it again (that run is judged with the duplicates, by its cause).
 //
 // All must be 0, and no gateway may exit unasked. The report prints the setup, the
 // operations, HTTP attempts and replays, the faults injected on each link by kind (and
