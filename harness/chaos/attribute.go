@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -515,12 +516,17 @@ func (ev Evidence) explain(prev, cur Execution) Extra {
 		sameProc = fmt.Sprintf("%s#%d forwarded it twice with no request of the key ending in between (two owners at once, or two forwards in one request)", p.Replica, p.PID)
 	}
 
-	// The forwarding process was killed before it logged the request.
+	// The forwarding process was killed before it logged the request. Lines of the key's
+	// other requests on that process (a retry refused, a duplicate that waited), which
+	// began after prev reached the upstream, are not the forwarding request's.
+	began := func(l GatewayLine) bool {
+		return l.Latency <= 0 || !l.Time.Add(-l.Latency).After(prev.Arrived.Add(clockSlack))
+	}
 	for _, p := range procs {
 		if !p.Killed || p.End.Before(prev.Arrived.Add(-transitSlack)) || !p.End.Before(cur.Arrived) {
 			continue
 		}
-		if len(ev.linesOf(cur.Key, p, prev.Arrived, far)) == 0 {
+		if !slices.ContainsFunc(ev.linesOf(cur.Key, p, prev.Arrived, far), began) {
 			x.Cause = CauseKilled
 			x.Detail = fmt.Sprintf("%s#%d was killed at %s, %s after the upstream got the request, before it logged it",
 				p.Replica, p.PID, p.End.Format(timeFormat), p.End.Sub(prev.Arrived).Round(time.Millisecond))
@@ -544,7 +550,7 @@ func (ev Evidence) explain(prev, cur Execution) Extra {
 	own, found := GatewayLine{}, false
 	for _, p := range procs {
 		for _, l := range ev.linesOf(cur.Key, p, prev.Arrived, far) {
-			if l.Latency > 0 && l.Time.Add(-l.Latency).After(prev.Arrived.Add(clockSlack)) {
+			if !began(l) {
 				continue // began after prev: another request
 			}
 			if !found || rank(l) < rank(own) || rank(l) == rank(own) && l.Time.Before(own.Time) {
