@@ -257,7 +257,7 @@ func TestFailoverImpact(t *testing.T) {
 		"e": {l(7800, "executed", 201, 20, 8), l(9000, "executed", 201, 10, 5)},
 		"f": {l(9500, "store-not-durable", 503, 0, 0), l(9600, "store-error", 503, 0, 0)}, // after the first executed
 	}
-	fi := failoverImpact(f, lines)
+	fi := failoverImpact(f, lines, nil)
 	if !fi.LastExecuted.Equal(ms(-35)) || !fi.FirstExecuted.Equal(ms(7788)) {
 		t.Errorf("last executed %s, first %s; want -35ms and +7.788s", fi.LastExecuted.Sub(t0), fi.FirstExecuted.Sub(t0))
 	}
@@ -274,9 +274,25 @@ func TestFailoverImpact(t *testing.T) {
 		t.Errorf("summary %q", s)
 	}
 
+	// A duplicate that arrived 2.5s into the stall, waited for its key's owner, took the
+	// key over after the promotion and executed: the upstream answered it at +7.9s, and
+	// its completion went after that, not at its start plus its upstream call.
+	waiter := map[string][]GatewayLine{"w": {l(8000, "executed", 201, 5500, 50)}}
+	for k, v := range lines {
+		waiter[k] = v
+	}
+	execs := []Execution{{Key: "w", Replica: "gw-1", Arrived: ms(7850), Answered: ms(7900)}}
+	if fi := failoverImpact(f, waiter, execs); !fi.HeldBack(500*time.Millisecond) || !fi.FirstExecuted.Equal(ms(7788)) {
+		t.Errorf("a waiter executed after the promotion counted as a write during the stall: last %s, first %s",
+			fi.LastExecuted.Sub(t0), fi.FirstExecuted.Sub(t0))
+	}
+	if fi := failoverImpact(f, waiter, nil); fi.HeldBack(500 * time.Millisecond) {
+		t.Errorf("without the upstream's word, the waiter's start + upstream call (+2.55s) should count as during the stall")
+	}
+
 	// A write acknowledged during the stall: the stall held nothing back.
 	lines["g"] = []GatewayLine{l(3000, "executed", 201, 10, 5)}
-	if fi := failoverImpact(f, lines); fi.HeldBack(500 * time.Millisecond) {
+	if fi := failoverImpact(f, lines, nil); fi.HeldBack(500 * time.Millisecond) {
 		t.Errorf("a request executed 2.995s into the stall, and HeldBack says the stall held writes back")
 	}
 }

@@ -846,7 +846,7 @@ progress:
 		ev.Processes = append(ev.Processes, r.Processes()...)
 	}
 	for _, f := range failovers {
-		rep.Failovers = append(rep.Failovers, failoverImpact(f, ev.Lines))
+		rep.Failovers = append(rep.Failovers, failoverImpact(f, ev.Lines, ev.Executions))
 	}
 	ev.BodyCuts, rep.SlowLarge = cuts.Cuts()
 	for _, cs := range ev.BodyCuts {

@@ -328,18 +328,28 @@ type FailoverImpact struct {
 
 // failoverImpact reads, from the gateways' request lines (by key), what f did to the
 // requests.
-func failoverImpact(f Failover, lines map[string][]GatewayLine) FailoverImpact {
+func failoverImpact(f Failover, lines map[string][]GatewayLine, execs []Execution) FailoverImpact {
 	fi := FailoverImpact{Failover: f}
-	var all []GatewayLine
-	for _, ls := range lines {
-		all = append(all, ls...)
+	execsOf := map[string][]Execution{}
+	for _, e := range execs {
+		execsOf[e.Key] = append(execsOf[e.Key], e)
+	}
+	type keyed struct {
+		key string
+		GatewayLine
+	}
+	var all []keyed
+	for key, ls := range lines {
+		for _, l := range ls {
+			all = append(all, keyed{key, l})
+		}
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].Time.Before(all[j].Time) })
 	for _, l := range all {
 		if l.Outcome != "executed" {
 			continue
 		}
-		switch at := completedAt(l); {
+		switch at := completedAt(l.GatewayLine, execsOf[l.key]); {
 		case at.Before(f.Lost):
 			if at.After(fi.LastExecuted) {
 				fi.LastExecuted = at
@@ -348,7 +358,8 @@ func failoverImpact(f Failover, lines map[string][]GatewayLine) FailoverImpact {
 			fi.FirstExecuted = at
 		}
 	}
-	for _, l := range all {
+	for _, kl := range all {
+		l := kl.GatewayLine
 		if l.Outcome == "store-not-durable" {
 			if fi.FirstNotDurable.IsZero() {
 				fi.FirstNotDurable = l.Time
@@ -371,12 +382,24 @@ func failoverImpact(f Failover, lines map[string][]GatewayLine) FailoverImpact {
 }
 
 // completedAt is about when the request of l sent its completion to the store: when the
-// upstream's answer was in (the request's start, plus its upstream call), and not when
-// the line was logged, after the answer went to the client — which a slow reader makes
-// seconds later. The store acknowledged the completion a store call later, and the
-// answer went to the client after.
-func completedAt(l GatewayLine) time.Time {
-	if l.Latency <= 0 {
+// upstream's answer was in, and not when the line was logged, after the answer went to
+// the client — which a slow reader makes seconds later. The store acknowledged the
+// completion a store call later, and the answer went to the client after. The upstream
+// says when it answered: the latest execution of the key (execs) by l's replica within
+// the request's span. Without one, the request's start plus its upstream call, which
+// is too early for a request that first waited for a duplicate in progress.
+func completedAt(l GatewayLine, execs []Execution) time.Time {
+	start := l.Time.Add(-l.Latency)
+	var answered time.Time
+	for _, e := range execs {
+		if e.Replica == l.Replica && !e.Arrived.Before(start.Add(-clockSlack)) && !e.Arrived.After(l.Time) && e.Answered.After(answered) {
+			answered = e.Answered
+		}
+	}
+	switch {
+	case !answered.IsZero():
+		return answered
+	case l.Latency <= 0:
 		return l.Time
 	}
 	return l.Time.Add(l.UpstreamLatency - l.Latency)
