@@ -2,7 +2,18 @@
 // lives in a SQLite database (modernc.org/sqlite, no cgo; any database/sql SQLite driver
 // works). It is the SQLite twin of redeliver/pgbox's Inbox: Do records the message id
 // with INSERT … ON CONFLICT DO NOTHING in the transaction of the handler's writes, and a
-// duplicate rolls back and is acknowledged without running the handler again.
+// duplicate rolls back and is acknowledged without running the handler again. Set it as
+// the consumer's redeliver.Config.Inbox and make the handler's writes through Tx(ctx):
+//
+//	c, err := redeliver.New(redeliver.Config{Source: src, Inbox: inbox,
+//		Handler: func(ctx context.Context, m *redeliver.Message) error {
+//			_, err := sqlitebox.Tx(ctx).ExecContext(ctx, "INSERT INTO grants (grant_id) VALUES (?)", m.ID)
+//			return err
+//		}})
+//
+// The Consumer then acks a duplicate without running the handler and counts it
+// (retrysafe_redeliver_duplicates_total). Inbox.Do and Inbox.Handler do the same outside
+// a Consumer.
 //
 // # Transactions
 //
