@@ -538,7 +538,8 @@ func TestInboxOnce(t *testing.T) {
 			t.Fatalf("Once #%d: ran %t, %v; want %t, nil", i+1, ran, err, want)
 		}
 	}
-	nested := in.Handler(insert(schema))
+	// The Handler of a second Inbox made from the same configuration joins too.
+	nested := newInbox(t, pgbox.InboxConfig{Pool: pool, Schema: schema}).Handler(insert(schema))
 	// A second transaction for the same id would wait for the first's row lock for
 	// ever: the context bounds that failure.
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)

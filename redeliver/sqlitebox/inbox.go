@@ -135,14 +135,15 @@ func stripComments(s string) string {
 // ran == false, nil. fn's error, or its panic, rolls back; the error is returned as it
 // is. A message with an empty ID fails with ErrNoID, marked permanent.
 //
-// Called inside this Inbox's own transaction for the same message (a Handler made by
-// Inbox.Handler, run by a Consumer whose Config.Inbox is this Inbox), it runs fn in that
-// transaction: the id is recorded once.
+// Called inside the transaction this Inbox (or one on the same database handle and
+// table) opened for the same message — a Handler made by Inbox.Handler, run by a
+// Consumer whose Config.Inbox is this Inbox — it runs fn in that transaction: the id is
+// recorded once.
 func (i *Inbox) Do(ctx context.Context, m *redeliver.Message, fn func(ctx context.Context, tx *sql.Tx) error) (ran bool, err error) {
 	if m.ID == "" {
 		return false, retry.Permanent(fmt.Errorf("sqlitebox: queue %q: %w", m.Queue, ErrNoID))
 	}
-	if cur, ok := ctx.Value(txKey{}).(*current); ok && cur.inbox == i && cur.queue == m.Queue && cur.id == m.ID {
+	if cur, ok := ctx.Value(txKey{}).(*current); ok && cur.same(i) && cur.queue == m.Queue && cur.id == m.ID {
 		return true, fn(ctx, cur.tx)
 	}
 	now := i.now()
@@ -202,6 +203,13 @@ type current struct {
 	inbox     *Inbox
 	queue, id string
 	tx        *sql.Tx
+}
+
+// same reports whether i records ids where cur's inbox does (one database handle, one
+// table; two Inboxes made from one configuration are the same), so that a Do of i inside
+// cur joins cur's transaction rather than waiting for its row lock.
+func (cur *current) same(i *Inbox) bool {
+	return cur.inbox.db == i.db && cur.inbox.insert == i.insert
 }
 
 // Handler returns a redeliver.Handler that runs fn through Do. Under a Consumer whose
