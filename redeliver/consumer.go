@@ -21,6 +21,20 @@ type Config struct {
 	Source Source
 	// Handler processes each message. Required.
 	Handler Handler
+	// Inbox makes the Consumer effectively once: each message runs its Handler inside
+	// Inbox.Once, in a database transaction that first records the message id and
+	// commits together with the handler's writes (the handler finds the transaction in
+	// its context: pgbox.Tx, sqlitebox.Tx). A message whose id is already recorded is
+	// acknowledged without running the Handler, logged and counted as a duplicate
+	// (retrysafe_redeliver_duplicates_total). Set it: redeliver/pgbox and
+	// redeliver/sqlitebox provide one.
+	//
+	// Default nil: at-least-once. A broker redelivers what it did not see acknowledged,
+	// and in a failover that is always some completed work: the acks in flight, the
+	// messages pulled ahead, on a RabbitMQ classic queue killed hard every ack since the
+	// start. Without an inbox each of those runs the Handler again, so its side effects
+	// must be idempotent some other way.
+	Inbox Inbox
 	// Policy governs retries and dead-lettering. Default: the zero Policy's defaults.
 	Policy Policy
 	// Concurrency is the most handlers running at once. Default 10.
@@ -45,6 +59,21 @@ type Config struct {
 	// Clock is the time source of received and failure times and of handler durations.
 	// Nil means time.Now.
 	Clock func() time.Time
+}
+
+// An Inbox records the ids of the messages whose handlers committed, in the same
+// transaction as the handlers' writes, so that a redelivered duplicate is recognised
+// and not run again (Config.Inbox). redeliver/pgbox (PostgreSQL) and
+// redeliver/sqlitebox (SQLite) implement it.
+type Inbox interface {
+	// Once runs h in a transaction that first records m.ID, scoped by m.Queue, and
+	// commits both together; h finds the transaction in its context. When the id is
+	// already recorded it returns ran == false and a nil error without calling h. When
+	// h fails nothing is recorded and h's error is returned as it is, so a retry runs
+	// h again. A message without an id fails with a permanent error.
+	Once(ctx context.Context, m *Message, h Handler) (ran bool, err error)
+	// Seen reports whether the message id of queue is recorded.
+	Seen(ctx context.Context, queue, id string) (bool, error)
 }
 
 // Defaults of Config.
@@ -116,6 +145,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	c.running = true
 	c.mu.Unlock()
+	if c.cfg.Inbox == nil {
+		c.log.Info("redeliver: no inbox configured: a message the broker redelivers after its handler completed runs again (at-least-once); set Config.Inbox for effectively-once handling")
+	}
 
 	// Handlers run under work, which outlives ctx by the shutdown grace.
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
@@ -190,7 +222,12 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 
 	if m.Attempt > c.policy.MaxAttempts {
 		// The broker delivered it more often than the policy allows (crashes before a
-		// republish): the handler already had its attempts.
+		// republish): the handler already had its attempts — unless one of them
+		// committed, which the inbox knows: then this is a duplicate, not a failure.
+		if c.seen(work, m) {
+			c.duplicate(work, d, m)
+			return
+		}
 		now := c.cfg.Clock()
 		info := c.deadInfo(m, ReasonMaxAttempts, ClassTransient,
 			"delivered "+strconv.Itoa(m.Attempt)+" times, more than max attempts", m.Attempt-1, now)
@@ -200,7 +237,11 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 		return
 	}
 
-	err, class, canceled := c.call(work, d, m)
+	err, class, canceled, dup := c.call(work, d, m)
+	if dup {
+		c.duplicate(work, d, m)
+		return
+	}
 	if err == nil {
 		c.settle(work, "ack", m, d.Ack)
 		c.m.succeeded(q)
@@ -252,9 +293,36 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 	}
 }
 
-// call runs the handler under the per-message timeout and the heartbeat. canceled
-// reports that the shutdown (not the timeout) ended it.
-func (c *Consumer) call(work context.Context, d Delivery, m *Message) (err error, class Class, canceled bool) {
+// seen reports whether the inbox has m's id recorded; false without an inbox, an id,
+// or an answer.
+func (c *Consumer) seen(work context.Context, m *Message) bool {
+	if c.cfg.Inbox == nil || m.ID == "" {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(work), c.cfg.SettleTimeout)
+	defer cancel()
+	ok, err := c.cfg.Inbox.Seen(ctx, m.Queue, m.ID)
+	if err != nil {
+		c.logMsg(slog.LevelWarn, "redeliver: reading the inbox failed", m, slog.Any("error", err))
+		return false
+	}
+	return ok
+}
+
+// duplicate acknowledges a message the inbox has already recorded, without running the
+// handler.
+func (c *Consumer) duplicate(work context.Context, d Delivery, m *Message) {
+	c.logMsg(slog.LevelInfo, "redeliver: duplicate of a processed message, acknowledged without running the handler", m,
+		slog.Int("delivery_count", m.DeliveryCount))
+	if c.settle(work, "ack", m, d.Ack) {
+		c.m.duplicated(m.Queue)
+	}
+}
+
+// call runs the handler (through the inbox, when there is one) under the per-message
+// timeout and the heartbeat. canceled reports that the shutdown (not the timeout) ended
+// it; dup that the inbox found the message already processed and did not run it.
+func (c *Consumer) call(work context.Context, d Delivery, m *Message) (err error, class Class, canceled, dup bool) {
 	ctx, cancel := work, context.CancelFunc(func() {})
 	if c.policy.Timeout > 0 {
 		ctx, cancel = context.WithTimeoutCause(work, c.policy.Timeout, errHandlerTimeout)
@@ -274,16 +342,22 @@ func (c *Consumer) call(work context.Context, d Delivery, m *Message) (err error
 					slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
 			}
 		}()
-		err = c.cfg.Handler(ctx, m)
+		if c.cfg.Inbox == nil {
+			err = c.cfg.Handler(ctx, m)
+			return
+		}
+		var ran bool
+		ran, err = c.cfg.Inbox.Once(ctx, m, c.cfg.Handler)
+		dup = err == nil && !ran
 	}()
 	c.m.observe(m.Queue, c.cfg.Clock().Sub(start))
 	if err == nil {
-		return nil, "", false
+		return nil, "", false, dup
 	}
 	if class == "" {
 		switch {
 		case work.Err() != nil:
-			return err, "", true
+			return err, "", true, false
 		case errors.Is(context.Cause(ctx), errHandlerTimeout):
 			class = ClassTimeout
 		default:
@@ -293,7 +367,7 @@ func (c *Consumer) call(work context.Context, d Delivery, m *Message) (err error
 			}
 		}
 	}
-	return err, class, false
+	return err, class, false, false
 }
 
 var errHandlerTimeout = errors.New("redeliver: handler timeout")

@@ -7,9 +7,49 @@
 //
 // The package is broker-neutral. Backends implement Source and Delivery:
 // redeliver/rabbitmq (delay queues, publisher confirms) and redeliver/jetstream
-// (NakWithDelay, a DLQ stream). Handlers that write to a database make themselves
-// idempotent with an inbox (redeliver/pgbox, redeliver/sqlitebox), so the duplicate a
-// broker delivers after a crash is acknowledged without running twice.
+// (NakWithDelay, a DLQ stream). Config.Inbox (redeliver/pgbox, redeliver/sqlitebox)
+// makes a consumer effectively once: the duplicate a broker delivers after a failover is
+// acknowledged without running twice.
+//
+// # Effectively once: set Config.Inbox
+//
+// A broker delivers at least once: it delivers again every message whose ack it did not
+// get, and in a failover it always misses some — acks in flight or lost with a node,
+// messages pulled ahead before the pause. Measured with 2,000 messages per run, every
+// failover ran 6 to 27 completed messages a second time, and a kill -9 of the node of a
+// RabbitMQ classic queue (RabbitMQ's default queue type) ran 519 and 521 of them again:
+// every ack since the start. Without an inbox, each of those runs its Handler again, and
+// every side effect must be idempotent by itself.
+//
+// Config.Inbox closes that. The Consumer runs the Handler inside Inbox.Once: in a
+// database transaction that first records the message id (scoped by queue) and commits
+// together with the handler's writes, which the handler makes through the transaction
+// in its context (pgbox.Tx, sqlitebox.Tx). A delivery whose id is already recorded is
+// acknowledged without running the Handler, logged ("duplicate of a processed message")
+// and counted in retrysafe_redeliver_duplicates_total; so is a delivery beyond
+// Policy.MaxAttempts whose id is recorded, which would otherwise be dead-lettered. A
+// handler that fails records nothing, so its retry runs it again.
+//
+//	inbox, err := pgbox.NewInbox(pgbox.InboxConfig{Pool: pool}) // the handler's database
+//	…
+//	err = inbox.Migrate(ctx)
+//	…
+//	c, err := redeliver.New(redeliver.Config{
+//		Source: src,
+//		Inbox:  inbox,
+//		Handler: func(ctx context.Context, m *redeliver.Message) error {
+//			_, err := pgbox.Tx(ctx).Exec(ctx, "UPDATE access SET state = 'granted' WHERE grant_id = $1", m.ID)
+//			return err
+//		},
+//	})
+//
+// The guarantee covers the writes made in that transaction, to that database. A call to
+// another system from the handler (an HTTP API, an email) is outside it: a crash between
+// the call and the commit repeats the call, so send it with a key derived from the
+// message id (an Idempotency-Key of m.Queue + "/" + m.ID). Messages need ids (the
+// publisher's message id, kept across retries and replays; pgbox's Outbox gives one to a
+// message that has none): a message without one is dead-lettered, since it cannot be
+// deduplicated.
 //
 // # The consumer loop
 //
@@ -20,6 +60,8 @@
 // broker's own delivery count — fills Message.FirstFailure from HeaderFirstFailure
 // when the Source left it zero, and then settles it exactly once:
 //
+//   - with Config.Inbox, the message id is already recorded: Delivery.Ack without
+//     running the handler (a duplicate);
 //   - the handler returned nil: Delivery.Ack;
 //   - it failed with a retryable Class (transient, timeout, panic, or a caller's own) and
 //     Attempt < MaxAttempts: Delivery.Retry with RetryInfo{Delay: Policy.Delay(…),
@@ -30,7 +72,8 @@
 //     ReasonMaxAttempts);
 //   - the message arrived with Attempt > MaxAttempts (the broker counted deliveries the
 //     header never saw, e.g. the process crashed before it could republish): DeadLetter
-//     without running the handler;
+//     without running the handler, unless Config.Inbox has its id recorded (then it is
+//     a duplicate, acknowledged);
 //   - the shutdown grace ended the handler: Delivery.Release.
 //
 // # Attempt and first failure
@@ -43,8 +86,8 @@
 // counts the deliveries and the backend keeps the first failure in a key-value bucket).
 //
 // A settlement that fails (connection lost) is logged and counted; the broker then
-// redelivers the unacknowledged message, so processing is at-least-once. Make handlers
-// idempotent, for example with an inbox.
+// redelivers the unacknowledged message, so delivery is at-least-once. Config.Inbox
+// makes the handling effectively once.
 //
 // When Run's context ends it stops calling Receive, waits up to Config.ShutdownGrace for
 // running handlers (their contexts stay alive meanwhile), cancels the stragglers and
@@ -129,6 +172,7 @@
 //
 // With Config.Registerer set, a Consumer registers retrysafe_redeliver_received_total,
 // _succeeded_total, _retried_total and _dead_lettered_total (by queue and error_class),
-// _released_total, _settle_errors_total (by queue and op) and
-// _handler_duration_seconds. Nothing is ever registered on the global registry.
+// _released_total, _duplicates_total (deliveries of ids the inbox had recorded),
+// _settle_errors_total (by queue and op) and _handler_duration_seconds. Nothing is ever
+// registered on the global registry.
 package redeliver

@@ -2,14 +2,18 @@ package redeliver_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/retrysafe/retrysafe/redeliver"
+	"github.com/retrysafe/retrysafe/redeliver/sqlitebox"
 	"github.com/retrysafe/retrysafe/retry"
 )
 
@@ -23,6 +27,7 @@ type memQueue struct {
 	dead  []redeliver.DeadLetter
 	wg    sync.WaitGroup
 	onDLQ func()
+	onAck func()
 }
 
 func newMemQueue(name string) *memQueue {
@@ -55,8 +60,13 @@ type memDelivery struct {
 	m *redeliver.Message
 }
 
-func (d *memDelivery) Message() *redeliver.Message      { return d.m }
-func (d *memDelivery) Ack(context.Context) error        { return nil }
+func (d *memDelivery) Message() *redeliver.Message { return d.m }
+func (d *memDelivery) Ack(context.Context) error {
+	if d.q.onAck != nil {
+		d.q.onAck()
+	}
+	return nil
+}
 func (d *memDelivery) Release(context.Context) error    { d.q.ch <- d.m; return nil }
 func (d *memDelivery) InProgress(context.Context) error { return nil }
 func (d *memDelivery) DeadLetter(_ context.Context, info redeliver.DeadInfo) error {
@@ -80,12 +90,84 @@ func (d *memDelivery) Retry(_ context.Context, r redeliver.RetryInfo) error {
 	return nil
 }
 
+// Effectively once: with Config.Inbox the handler writes through the inbox's
+// transaction, and the copy a broker delivers again after a failover (its ack was lost)
+// is acknowledged without running the handler, logged and counted as a duplicate.
+// Without an inbox the handler would run twice and write two rows. The inbox here is
+// sqlitebox on SQLite; pgbox is the same on PostgreSQL (pgbox.Tx).
+func Example() {
+	dir, err := os.MkdirTemp("", "redeliver-example")
+	if err != nil {
+		panic(err)
+	}
+	defer os.RemoveAll(dir)
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+
+		"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	if _, err := db.ExecContext(ctx, "CREATE TABLE grants (grant_id TEXT NOT NULL)"); err != nil {
+		panic(err)
+	}
+	inbox, err := sqlitebox.NewInbox(sqlitebox.InboxConfig{DB: db})
+	if err != nil {
+		panic(err)
+	}
+	if err := inbox.Migrate(ctx); err != nil {
+		panic(err)
+	}
+
+	q := newMemQueue("emitter.access")
+	acks := 0
+	q.onAck = func() {
+		if acks++; acks == 2 {
+			cancel() // both deliveries settled
+		}
+	}
+	c, err := redeliver.New(redeliver.Config{
+		Source: q,
+		Inbox:  inbox,
+		Handler: func(ctx context.Context, m *redeliver.Message) error {
+			fmt.Println("granting", m.ID)
+			_, err := sqlitebox.Tx(ctx).ExecContext(ctx, "INSERT INTO grants (grant_id) VALUES (?)", m.ID)
+			return err
+		},
+		Concurrency: 1,
+		Logger: slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
+			ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+				if a.Key == slog.TimeKey {
+					return slog.Attr{}
+				}
+				return a
+			},
+		})),
+	})
+	if err != nil {
+		panic(err)
+	}
+	m := &redeliver.Message{ID: "grant-42", Body: []byte(`{"repo":"acme/api"}`)}
+	_ = q.Publish(ctx, q.name, m) // the delivery whose ack is lost
+	_ = q.Publish(ctx, q.name, m) // the broker's redelivery
+	if err := c.Run(ctx); err != nil {
+		panic(err)
+	}
+	var n int
+	_ = db.QueryRow("SELECT count(*) FROM grants").Scan(&n)
+	fmt.Println(n, "grant")
+	// Output:
+	// granting grant-42
+	// level=INFO msg="redeliver: duplicate of a processed message, acknowledged without running the handler" queue=emitter.access message_id=grant-42 attempt=1 delivery_count=0
+	// 1 grant
+}
+
 // A consumer whose handler fails twice and then succeeds, and one that rejects a
 // message for good: the first is retried with a growing delay, the second goes straight
 // to the dead-letter queue with its reason. The handler reads the attempt and the first
 // failure from the message, which every backend fills the same way (the count header
 // does not advance on JetStream).
-func Example() {
+func Example_retries() {
 	q := newMemQueue("emitter.access")
 	ctx, cancel := context.WithCancel(context.Background())
 	q.onDLQ = cancel // stop once the bad message is dead-lettered

@@ -12,6 +12,7 @@ import (
 type metrics struct {
 	receivedC     *prometheus.CounterVec   // queue
 	succeededC    *prometheus.CounterVec   // queue
+	duplicateC    *prometheus.CounterVec   // queue
 	retriedC      *prometheus.CounterVec   // queue, error_class
 	deadC         *prometheus.CounterVec   // queue, error_class
 	releasedC     *prometheus.CounterVec   // queue
@@ -35,6 +36,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		receivedC:  counter("received_total", "Deliveries received, by queue.", "queue"),
 		succeededC: counter("succeeded_total", "Messages handled successfully, by queue.", "queue"),
+		duplicateC: counter("duplicates_total",
+			"Deliveries of messages the inbox had recorded, acknowledged without running the handler, by queue.", "queue"),
 		retriedC: counter("retried_total",
 			"Messages scheduled for another attempt, by queue and error class.", "queue", "error_class"),
 		deadC: counter("dead_lettered_total",
@@ -49,7 +52,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"queue"}),
 	}
 	err := promreg.Register(reg, "redeliver", true,
-		promreg.Field(&m.receivedC), promreg.Field(&m.succeededC), promreg.Field(&m.retriedC),
+		promreg.Field(&m.receivedC), promreg.Field(&m.succeededC), promreg.Field(&m.duplicateC), promreg.Field(&m.retriedC),
 		promreg.Field(&m.deadC), promreg.Field(&m.releasedC), promreg.Field(&m.settleErrC),
 		promreg.Field(&m.handlerSecond))
 	if err != nil {
@@ -67,6 +70,12 @@ func (m *metrics) received(q string) {
 func (m *metrics) succeeded(q string) {
 	if m != nil {
 		m.succeededC.WithLabelValues(q).Inc()
+	}
+}
+
+func (m *metrics) duplicated(q string) {
+	if m != nil {
+		m.duplicateC.WithLabelValues(q).Inc()
 	}
 }
 

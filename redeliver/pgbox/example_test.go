@@ -49,11 +49,14 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	c, err := redeliver.New(redeliver.Config{Source: src, Handler: inbox.Handler(
-		func(ctx context.Context, tx pgx.Tx, m *redeliver.Message) error {
-			_, err := tx.Exec(ctx, "UPDATE access SET state = 'granted' WHERE id = 42")
+	c, err := redeliver.New(redeliver.Config{
+		Source: src,
+		Inbox:  inbox, // effectively once: a redelivered duplicate is acked without running again
+		Handler: func(ctx context.Context, m *redeliver.Message) error {
+			_, err := pgbox.Tx(ctx).Exec(ctx, "UPDATE access SET state = 'granted' WHERE id = 42")
 			return err
-		})})
+		},
+	})
 	if err != nil {
 		log.Fatal(err)
 	}

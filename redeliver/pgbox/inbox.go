@@ -22,6 +22,8 @@ import (
 //go:embed inbox.sql
 var inboxSQL string
 
+var _ redeliver.Inbox = (*Inbox)(nil)
+
 // ErrNoID: a message without an id cannot be deduplicated. The inbox returns it marked
 // permanent (retry.Permanent), so the Consumer dead-letters the message.
 var ErrNoID = errors.New("pgbox: message has no id")
@@ -126,9 +128,17 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, ddl, what string) error {
 // or, when the first rolled back, takes its place.
 //
 // A message with an empty ID fails with ErrNoID, marked permanent.
+//
+// Called inside the transaction this Inbox (or one on the same database handle and
+// table) opened for the same message — a Handler made by Inbox.Handler, run by a
+// Consumer whose Config.Inbox is this Inbox — it runs fn in that transaction: the id is
+// recorded once.
 func (i *Inbox) Do(ctx context.Context, m *redeliver.Message, fn func(ctx context.Context, tx pgx.Tx) error) (ran bool, err error) {
 	if m.ID == "" {
 		return false, retry.Permanent(fmt.Errorf("pgbox: queue %q: %w", m.Queue, ErrNoID))
+	}
+	if cur, ok := ctx.Value(txKey{}).(*current); ok && cur.same(i) && cur.queue == m.Queue && cur.id == m.ID {
+		return true, fn(ctx, cur.tx)
 	}
 	now := i.now()
 	err = pgx.BeginFunc(ctx, i.pool, func(tx pgx.Tx) error {
@@ -140,6 +150,7 @@ func (i *Inbox) Do(ctx context.Context, m *redeliver.Message, fn func(ctx contex
 			return errDuplicate
 		}
 		ran = true
+		ctx := context.WithValue(ctx, txKey{}, &current{inbox: i, queue: m.Queue, id: m.ID, tx: tx})
 		return fn(ctx, tx)
 	})
 	switch {
@@ -151,11 +162,46 @@ func (i *Inbox) Do(ctx context.Context, m *redeliver.Message, fn func(ctx contex
 	return true, nil
 }
 
+// Once runs h through Do, with the transaction in h's context (Tx): it makes Inbox a
+// redeliver.Inbox, for Config.Inbox.
+func (i *Inbox) Once(ctx context.Context, m *redeliver.Message, h redeliver.Handler) (ran bool, err error) {
+	return i.Do(ctx, m, func(ctx context.Context, _ pgx.Tx) error { return h(ctx, m) })
+}
+
+// Tx returns the transaction an Inbox opened for the message being handled, in which
+// the handler makes its writes so that they commit with the message id; nil when ctx is
+// not a handler's context under an Inbox (Config.Inbox, Do or Handler).
+func Tx(ctx context.Context) pgx.Tx {
+	if cur, ok := ctx.Value(txKey{}).(*current); ok {
+		return cur.tx
+	}
+	return nil
+}
+
+// txKey is the context key of the current transaction.
+type txKey struct{}
+
+// current is the transaction an Inbox opened for one message.
+type current struct {
+	inbox     *Inbox
+	queue, id string
+	tx        pgx.Tx
+}
+
+// same reports whether i records ids where cur's inbox does (one database handle, one
+// table; two Inboxes made from one configuration are the same), so that a Do of i inside
+// cur joins cur's transaction rather than waiting for its row lock.
+func (cur *current) same(i *Inbox) bool {
+	return cur.inbox.pool == i.pool && cur.inbox.insert == i.insert
+}
+
 // errDuplicate rolls back a duplicate's transaction.
 var errDuplicate = errors.New("pgbox: duplicate")
 
 // Handler returns a redeliver.Handler that runs fn through Do: exactly once per message
-// id, as far as the database's commits go.
+// id, as far as the database's commits go. Under a Consumer whose Config.Inbox is i, fn
+// joins the transaction the Consumer's inbox opened (and the Consumer counts the
+// duplicates); without it, the Handler opens its own.
 func (i *Inbox) Handler(fn func(ctx context.Context, tx pgx.Tx, m *redeliver.Message) error) redeliver.Handler {
 	return inbox.Handler(i.Do, fn)
 }

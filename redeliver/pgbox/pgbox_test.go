@@ -510,3 +510,51 @@ func TestOutboxToInbox(t *testing.T) {
 		t.Errorf("%d messages still in the outbox", p)
 	}
 }
+
+// Once, the redeliver.Inbox a Consumer calls, hands the handler its transaction in the
+// context; a recorded id does not run it; Inbox.Handler inside Once joins that
+// transaction instead of recording the id a second time (which would find it recorded
+// and skip the write); Tx is nil outside an inbox.
+func TestInboxOnce(t *testing.T) {
+	t.Parallel()
+	pool, schema := newSchema(t)
+	in := newInbox(t, pgbox.InboxConfig{Pool: pool, Schema: schema})
+	if pgbox.Tx(t.Context()) != nil {
+		t.Fatal("Tx outside an inbox is not nil")
+	}
+	runs := 0
+	h := func(ctx context.Context, m *redeliver.Message) error {
+		runs++
+		tx := pgbox.Tx(ctx)
+		if tx == nil {
+			return errors.New("no transaction in the handler's context")
+		}
+		return insert(schema)(ctx, tx, m)
+	}
+	m := &redeliver.Message{ID: "once-1", Queue: "q"}
+	for i, want := range []bool{true, false} {
+		ran, err := in.Once(t.Context(), m, h)
+		if err != nil || ran != want {
+			t.Fatalf("Once #%d: ran %t, %v; want %t, nil", i+1, ran, err, want)
+		}
+	}
+	// The Handler of a second Inbox made from the same configuration joins too.
+	nested := newInbox(t, pgbox.InboxConfig{Pool: pool, Schema: schema}).Handler(insert(schema))
+	// A second transaction for the same id would wait for the first's row lock for
+	// ever: the context bounds that failure.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	ran, err := in.Once(ctx, &redeliver.Message{ID: "once-2", Queue: "q"},
+		func(ctx context.Context, m *redeliver.Message) error { runs++; return nested(ctx, m) })
+	if err != nil || !ran {
+		t.Fatalf("Once with a nested Handler: ran %t, %v", ran, err)
+	}
+	if got := rows(t, pool, schema); runs != 2 || got != 2 {
+		t.Errorf("handler ran %d times, %d rows; want 2 and 2", runs, got)
+	}
+	for _, id := range []string{"once-1", "once-2"} {
+		if ok, err := in.Seen(t.Context(), "q", id); err != nil || !ok {
+			t.Errorf("Seen(%s) = %t, %v", id, ok, err)
+		}
+	}
+}

@@ -8,17 +8,33 @@ import (
 	"os/signal"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/retrysafe/retrysafe/redeliver"
+	"github.com/retrysafe/retrysafe/redeliver/pgbox"
 	"github.com/retrysafe/retrysafe/redeliver/rabbitmq"
 	"github.com/retrysafe/retrysafe/retry"
 )
 
-// A consumer with five attempts, jittered exponential backoff through the delay queues,
-// then emitter.access.dlq. The handler reads the attempt and the first failure from
-// the message, as on every backend. (Not run: it needs a broker.)
+// A consumer with an inbox (effectively once: its grant commits with the message id, and
+// the copy the broker delivers again after a failover is acked without running), five
+// attempts, jittered exponential backoff through the delay queues, then
+// emitter.access.dlq. The handler reads the attempt and the first failure from the
+// message, as on every backend. (Not run: it needs a broker and PostgreSQL.)
 func Example() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	pool, err := pgxpool.New(ctx, "postgres://localhost/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	inbox, err := pgbox.NewInbox(pgbox.InboxConfig{Pool: pool})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := inbox.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
 	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{
 		URL:      "amqp://guest:guest@localhost:5672/",
 		Queue:    "emitter.access",
@@ -30,6 +46,7 @@ func Example() {
 	}
 	c, err := redeliver.New(redeliver.Config{
 		Source: src,
+		Inbox:  inbox,
 		Policy: redeliver.Policy{
 			MaxAttempts: 5,
 			Backoff:     retry.Policy{Base: 2 * time.Second, Cap: 5 * time.Minute}, // full jitter
@@ -46,7 +63,9 @@ func Example() {
 				slog.InfoContext(ctx, "retrying a grant", slog.Int("attempt", m.Attempt),
 					slog.Duration("failing_for", time.Since(m.FirstFailure)))
 			}
-			return nil // grant access …
+			_, err := pgbox.Tx(ctx).Exec(ctx, "INSERT INTO grants (grant_id, repo, login) VALUES ($1, $2, $3)",
+				m.ID, grant.Repo, grant.User) // commits with the message id
+			return err
 		},
 	})
 	if err != nil {

@@ -2,7 +2,18 @@
 // lives in a SQLite database (modernc.org/sqlite, no cgo; any database/sql SQLite driver
 // works). It is the SQLite twin of redeliver/pgbox's Inbox: Do records the message id
 // with INSERT … ON CONFLICT DO NOTHING in the transaction of the handler's writes, and a
-// duplicate rolls back and is acknowledged without running the handler again.
+// duplicate rolls back and is acknowledged without running the handler again. Set it as
+// the consumer's redeliver.Config.Inbox and make the handler's writes through Tx(ctx):
+//
+//	c, err := redeliver.New(redeliver.Config{Source: src, Inbox: inbox,
+//		Handler: func(ctx context.Context, m *redeliver.Message) error {
+//			_, err := sqlitebox.Tx(ctx).ExecContext(ctx, "INSERT INTO grants (grant_id) VALUES (?)", m.ID)
+//			return err
+//		}})
+//
+// The Consumer then acks a duplicate without running the handler and counts it
+// (retrysafe_redeliver_duplicates_total). Inbox.Do and Inbox.Handler do the same outside
+// a Consumer.
 //
 // # Transactions
 //
@@ -34,6 +45,8 @@ import (
 
 //go:embed inbox.sql
 var inboxSQL string
+
+var _ redeliver.Inbox = (*Inbox)(nil)
 
 // ErrNoID: a message without an id cannot be deduplicated. The inbox returns it marked
 // permanent (retry.Permanent), so the Consumer dead-letters the message.
@@ -117,25 +130,31 @@ func stripComments(s string) string {
 	return b.String()
 }
 
-// errDuplicate rolls back a duplicate's transaction.
-var errDuplicate = errors.New("sqlitebox: duplicate")
-
 // Do runs fn in a transaction that first records (m.Queue, m.ID), and commits both
 // together. A duplicate (the id is recorded) rolls back without calling fn and returns
-// ran == false, nil. fn's error rolls back and is returned as it is. A message with an
-// empty ID fails with ErrNoID, marked permanent.
+// ran == false, nil. fn's error, or its panic, rolls back; the error is returned as it
+// is. A message with an empty ID fails with ErrNoID, marked permanent.
+//
+// Called inside the transaction this Inbox (or one on the same database handle and
+// table) opened for the same message — a Handler made by Inbox.Handler, run by a
+// Consumer whose Config.Inbox is this Inbox — it runs fn in that transaction: the id is
+// recorded once.
 func (i *Inbox) Do(ctx context.Context, m *redeliver.Message, fn func(ctx context.Context, tx *sql.Tx) error) (ran bool, err error) {
 	if m.ID == "" {
 		return false, retry.Permanent(fmt.Errorf("sqlitebox: queue %q: %w", m.Queue, ErrNoID))
+	}
+	if cur, ok := ctx.Value(txKey{}).(*current); ok && cur.same(i) && cur.queue == m.Queue && cur.id == m.ID {
+		return true, fn(ctx, cur.tx)
 	}
 	now := i.now()
 	tx, err := i.db.BeginTx(ctx, nil)
 	if err != nil {
 		return false, fmt.Errorf("sqlitebox: begin: %w", err)
 	}
+	committed := false
 	defer func() {
-		if err != nil || !ran {
-			_ = tx.Rollback()
+		if !committed {
+			_ = tx.Rollback() // also when fn panics: the write lock must not stay held
 		}
 	}()
 	res, err := tx.ExecContext(ctx, i.insert, m.Queue, m.ID, now.UnixMilli(), now.Add(i.ttl).UnixMilli())
@@ -149,17 +168,53 @@ func (i *Inbox) Do(ctx context.Context, m *redeliver.Message, fn func(ctx contex
 	if n == 0 {
 		return false, nil
 	}
-	ran = true
-	if err := fn(ctx, tx); err != nil {
+	fctx := context.WithValue(ctx, txKey{}, &current{inbox: i, queue: m.Queue, id: m.ID, tx: tx})
+	if err := fn(fctx, tx); err != nil {
 		return true, err
 	}
+	committed = true
 	if err := tx.Commit(); err != nil {
 		return true, fmt.Errorf("sqlitebox: commit: %w", err)
 	}
 	return true, nil
 }
 
-// Handler returns a redeliver.Handler that runs fn through Do.
+// Once runs h through Do, with the transaction in h's context (Tx): it makes Inbox a
+// redeliver.Inbox, for Config.Inbox.
+func (i *Inbox) Once(ctx context.Context, m *redeliver.Message, h redeliver.Handler) (ran bool, err error) {
+	return i.Do(ctx, m, func(ctx context.Context, _ *sql.Tx) error { return h(ctx, m) })
+}
+
+// Tx returns the transaction an Inbox opened for the message being handled, in which
+// the handler makes its writes so that they commit with the message id; nil when ctx is
+// not a handler's context under an Inbox (Config.Inbox, Do or Handler).
+func Tx(ctx context.Context) *sql.Tx {
+	if cur, ok := ctx.Value(txKey{}).(*current); ok {
+		return cur.tx
+	}
+	return nil
+}
+
+// txKey is the context key of the current transaction.
+type txKey struct{}
+
+// current is the transaction an Inbox opened for one message.
+type current struct {
+	inbox     *Inbox
+	queue, id string
+	tx        *sql.Tx
+}
+
+// same reports whether i records ids where cur's inbox does (one database handle, one
+// table; two Inboxes made from one configuration are the same), so that a Do of i inside
+// cur joins cur's transaction rather than waiting for its row lock.
+func (cur *current) same(i *Inbox) bool {
+	return cur.inbox.db == i.db && cur.inbox.insert == i.insert
+}
+
+// Handler returns a redeliver.Handler that runs fn through Do. Under a Consumer whose
+// Config.Inbox is i, fn joins the transaction the Consumer's inbox opened (and the
+// Consumer counts the duplicates); without it, the Handler opens its own.
 func (i *Inbox) Handler(fn func(ctx context.Context, tx *sql.Tx, m *redeliver.Message) error) redeliver.Handler {
 	return inbox.Handler(i.Do, fn)
 }
