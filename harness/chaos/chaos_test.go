@@ -947,7 +947,7 @@ progress:
 		store.failover != nil && (len(rep.Failovers) != 1 || !rep.Failovers[0].HeldBack(500*time.Millisecond)) {
 		heldBack := "" // whether the standby's stalled link held writes back, as a failover's fault must
 		for _, f := range rep.Failovers {
-			heldBack = fmt.Sprintf(" (the last write acknowledged %s from the stall's start)", relative(f.LastExecuted.Sub(f.Start)))
+			heldBack = fmt.Sprintf(" (the last write acknowledged %s from the stall's start: key %s, %s)", relative(f.LastExecuted.Sub(f.Start)), f.LastKey, f.LastLine)
 		}
 		t.Errorf("chaos: %s: the run did not exercise the system: %d payments succeeded, %d kills, %d client-link faults, %d upstream-link faults, %d PostgreSQL restarts, %d store-link faults, %d store failovers%s, %d large answers read slowly",
 			sc.name, rep.Checks.Succeeded, rep.Kills, rep.ClientFaults.Faults, rep.UpstreamFaults.Faults, rep.PGRestarts, len(rep.Partitions), len(rep.Failovers), heldBack, rep.SlowLarge)

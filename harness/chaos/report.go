@@ -317,6 +317,10 @@ type FailoverImpact struct {
 	// standby's link stalled first, LastExecuted is about when the stall began, unless
 	// writes were still acknowledged during it.
 	LastExecuted, FirstExecuted time.Time
+	// LastLine is the request line LastExecuted is of, and LastKey its key, for a report
+	// that doubts the stall held writes back.
+	LastLine GatewayLine
+	LastKey  string
 	// Between LastExecuted and FirstExecuted (to the end of the run when there was no
 	// FirstExecuted): requests answered 503 store-not-durable, 503 store-error, and
 	// answers held because the store did not acknowledge their completion (stored-later).
@@ -352,7 +356,7 @@ func failoverImpact(f Failover, lines map[string][]GatewayLine, execs []Executio
 		switch at := completedAt(l.GatewayLine, execsOf[l.key]); {
 		case at.Before(f.Lost):
 			if at.After(fi.LastExecuted) {
-				fi.LastExecuted = at
+				fi.LastExecuted, fi.LastLine, fi.LastKey = at, l.GatewayLine, l.key
 			}
 		case fi.FirstExecuted.IsZero() || at.Before(fi.FirstExecuted):
 			fi.FirstExecuted = at
