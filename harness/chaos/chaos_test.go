@@ -845,9 +845,6 @@ progress:
 		}
 		ev.Processes = append(ev.Processes, r.Processes()...)
 	}
-	for _, f := range failovers {
-		rep.Failovers = append(rep.Failovers, failoverImpact(f, ev.Lines, ev.Executions))
-	}
 	ev.BodyCuts, rep.SlowLarge = cuts.Cuts()
 	for _, cs := range ev.BodyCuts {
 		for _, c := range cs {
@@ -862,6 +859,9 @@ progress:
 		if f, ok := faults.byExec[e.ID]; ok {
 			ev.Executions[i].Fault, ev.Executions[i].FaultRequest = f.Kind.String(), f.Request
 		}
+	}
+	for _, f := range failovers { // when each request sent its completion: from the upstream's log
+		rep.Failovers = append(rep.Failovers, failoverImpact(f, ev.Lines, ev.Executions))
 	}
 	rep.Checks = Check(all, rows, records, listed, ev.HeldAndLost)
 	rep.Attribution = Attribute(ev)
