@@ -57,11 +57,13 @@ const (
 // Consumer runs a Handler over a Source, retrying failed messages and dead-lettering
 // those that fail for good. Make one with New.
 type Consumer struct {
-	cfg     Config
-	policy  Policy
-	log     *slog.Logger
-	m       *metrics
-	beat    time.Duration
+	cfg    Config
+	policy Policy
+	log    *slog.Logger
+	m      *metrics
+	beat   time.Duration
+	// header: the Source counts attempts in the header (HeaderCounter).
+	header  bool
 	mu      sync.Mutex
 	running bool
 }
@@ -96,6 +98,9 @@ func New(cfg Config) (*Consumer, error) {
 		}
 	}
 	c := &Consumer{cfg: cfg, policy: cfg.Policy.WithDefaults(), log: cfg.Logger, beat: beat}
+	if h, ok := cfg.Source.(HeaderCounter); ok {
+		c.header = h.CountsInHeader()
+	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -181,16 +186,36 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 	if m.Received.IsZero() {
 		m.Received = c.cfg.Clock()
 	}
-	m.Attempt = AttemptOf(m.Header, c.policy.Header, m.DeliveryCount)
+	if c.header {
+		// Only a handler's reported failure advances the header; a redelivery after
+		// a restart or a lost connection does not spend an attempt.
+		m.Attempt = AttemptOf(m.Header, c.policy.Header, 0)
+	} else {
+		m.Attempt = AttemptOf(m.Header, c.policy.Header, m.DeliveryCount)
+	}
 	if m.FirstFailure.IsZero() {
 		m.FirstFailure = parseTime(m.Header[HeaderFirstFailure])
 	}
 	q := m.Queue
 	c.m.received(q)
 
+	if c.header && m.DeliveryCount > c.policy.MaxDeliveries {
+		// Delivered this often with no outcome: its handler crashes the process or
+		// never returns (restarts alone do not come near the bound).
+		now := c.cfg.Clock()
+		info := c.deadInfo(m, ReasonMaxDeliver, ClassUnknown,
+			"delivered "+strconv.Itoa(m.DeliveryCount)+" times (the broker's count) without any handler settling it, more than max deliveries "+
+				strconv.Itoa(c.policy.MaxDeliveries)+": a handler that crashed the process or never returned?", m.Attempt-1, now)
+		c.logMsg(slog.LevelWarn, "redeliver: dead-lettering a message delivered more often than max deliveries", m,
+			slog.Int("delivery_count", m.DeliveryCount), slog.Int("max_deliveries", c.policy.MaxDeliveries))
+		c.deadLetter(work, d, m, info)
+		return
+	}
 	if m.Attempt > c.policy.MaxAttempts {
-		// The broker delivered it more often than the policy allows (crashes before a
-		// republish): the handler already had its attempts.
+		// The handler already had its attempts: the count header says so (a consumer
+		// with a higher MaxAttempts republished it), or, on a Source that does not
+		// count in the header, the broker delivered it more often than the policy
+		// allows (crashes before a settlement).
 		now := c.cfg.Clock()
 		info := c.deadInfo(m, ReasonMaxAttempts, ClassTransient,
 			"delivered "+strconv.Itoa(m.Attempt)+" times, more than max attempts", m.Attempt-1, now)
@@ -327,7 +352,7 @@ func (c *Consumer) deadInfo(m *Message, reason Reason, class Class, errText stri
 	first := m.FirstFailure
 	if first.IsZero() {
 		first = now
-		if m.Attempt > 1 && !m.Published.IsZero() {
+		if (m.Attempt > 1 || reason == ReasonMaxDeliver) && !m.Published.IsZero() {
 			// Earlier attempts recorded no failure (they died with their process): the
 			// publish is the latest time known to precede them.
 			first = m.Published

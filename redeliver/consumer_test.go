@@ -569,3 +569,82 @@ func TestDecodeJSON(t *testing.T) {
 		t.Errorf("class = %s", c)
 	}
 }
+
+// headerSource is a fakeSource that counts attempts in the header (as RabbitMQ's does).
+type headerSource struct{ *fakeSource }
+
+func (headerSource) CountsInHeader() bool { return true }
+
+// TestHeaderCounted: on a Source that counts attempts in the header, the broker's
+// delivery count spends no attempt — a message redelivered by restarts runs as the
+// attempt its header says — and only a delivery count beyond MaxDeliveries
+// dead-letters it unrun, as max-deliver. Elsewhere the delivery count is an attempt.
+func TestHeaderCounted(t *testing.T) {
+	t.Parallel()
+	policy := redeliver.Policy{MaxAttempts: 3, MaxDeliveries: 5, Backoff: testBackoff}
+	if got := (redeliver.Policy{MaxAttempts: 3}).WithDefaults().MaxDeliveries; got != redeliver.DefaultMinMaxDeliveries {
+		t.Errorf("default MaxDeliveries for 3 attempts: %d, want %d", got, redeliver.DefaultMinMaxDeliveries)
+	}
+	if got := (redeliver.Policy{MaxAttempts: 10}).WithDefaults().MaxDeliveries; got != 40 {
+		t.Errorf("default MaxDeliveries for 10 attempts: %d, want 40", got)
+	}
+	published := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name     string
+		header   bool
+		count    int    // DeliveryCount
+		retries  string // count header
+		attempt  int    // Attempt the handler sees; 0: it must not run
+		op       string
+		reason   redeliver.Reason
+		attempts int
+	}{
+		{"restarts spend nothing", true, 5, "", 1, "ack", "", 0},
+		{"header counts", true, 4, "1", 2, "ack", "", 0},
+		{"beyond max deliveries", true, 6, "1", 0, "dead", redeliver.ReasonMaxDeliver, 1},
+		{"delivery count is the attempt elsewhere", false, 2, "", 2, "ack", "", 0},
+		{"beyond max attempts elsewhere", false, 4, "", 0, "dead", redeliver.ReasonMaxAttempts, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := newFakeSource(1)
+			var src redeliver.Source = fs
+			if tc.header {
+				src = headerSource{fs}
+			}
+			ran := make(chan int, 1)
+			run(t, redeliver.Config{Source: src, Policy: policy, Handler: func(ctx context.Context, m *redeliver.Message) error {
+				ran <- m.Attempt
+				return nil
+			}})
+			h := map[string]string{}
+			if tc.retries != "" {
+				h[redeliver.DefaultHeader] = tc.retries
+			}
+			d := fs.push(&redeliver.Message{ID: "m", Queue: "q", Header: h, DeliveryCount: tc.count, Published: published})
+			if op := d.wait(t); op != tc.op {
+				t.Fatalf("settled by %s, want %s", op, tc.op)
+			}
+			select {
+			case a := <-ran:
+				if a != tc.attempt {
+					t.Errorf("handler ran as attempt %d, want %d", a, tc.attempt)
+				}
+			default:
+				if tc.attempt != 0 {
+					t.Errorf("handler did not run, want attempt %d", tc.attempt)
+				}
+			}
+			if tc.op == "dead" {
+				d.mu.Lock()
+				info := d.dead
+				d.mu.Unlock()
+				if info.Reason != tc.reason || info.Attempts != tc.attempts {
+					t.Errorf("dead letter %+v, want reason %s, attempts %d", info, tc.reason, tc.attempts)
+				}
+				if tc.reason == redeliver.ReasonMaxDeliver && (info.Class != redeliver.ClassUnknown || !info.FirstFailure.Equal(published)) {
+					t.Errorf("max-deliver dead letter %+v: want class unknown, first failure the publish", info)
+				}
+			}
+		})
+	}
+}

@@ -58,14 +58,23 @@
 //
 // # Attempt count
 //
-// Message.Attempt is the larger of the count header + 1 and, on quorum queues, the
-// broker's x-delivery-count + 1; Message.FirstFailure comes from the
-// redeliver-first-failure header every retry copy carries. So a message that crashes the consumer before any
-// republish (a poison message that kills the process) is counted by the broker and
-// still ends in the DLQ after MaxAttempts deliveries; redeliver.Consumer dead-letters a
-// message that arrives with Attempt > MaxAttempts without running the handler. Classic
-// queues keep no count (only the redelivered flag): use Config.Quorum where that
-// matters.
+// Message.Attempt is the count header + 1: every retry republishes the message with the
+// header advanced, and nothing else advances it, so it counts the attempts a handler
+// ran and reported failed — a redelivery spends none (Source implements
+// redeliver.HeaderCounter). Message.FirstFailure comes from the redeliver-first-failure
+// header every retry copy carries.
+//
+// A quorum queue's x-delivery-count (Message.DeliveryCount - 1) is not an attempt
+// count: a broker restart, a failover or a lost connection hands back every unsettled
+// delivery with the count advanced, those prefetched and never handed to a handler
+// included, and three restarts while slow handlers worked would have dead-lettered a
+// third of the messages with fewer handler runs than MaxAttempts, many never run. It
+// serves only as the guard against a poison message that crashes the consumer before
+// any republish: a delivery whose count exceeds redeliver.Policy.MaxDeliveries
+// (default 4×MaxAttempts, at least 20) is dead-lettered without running the handler,
+// reason "max-deliver", class "unknown", its attempts the failures the header records.
+// Classic queues keep no count (only the redelivered flag), so a message that kills
+// every consumer that takes it is redelivered without end there: use Config.Quorum.
 //
 // The header is named x-retry-count by default although RabbitMQ reserves the "x-"
 // prefix for itself (x-death, x-delivery-count, x-first-death-*): the name is the

@@ -81,7 +81,10 @@ type Source struct {
 	connects atomic.Int64
 }
 
-var _ redeliver.Source = (*Source)(nil)
+var (
+	_ redeliver.Source        = (*Source)(nil)
+	_ redeliver.HeaderCounter = (*Source)(nil)
+)
 
 // session is one connection with its consume and publish channels.
 type session struct {
@@ -382,3 +385,9 @@ func (d *delivery) Release(context.Context) error {
 // broker-wide consumer_timeout (30 minutes by default), which a handler's timeout
 // should stay below.
 func (d *delivery) InProgress(context.Context) error { return nil }
+
+// CountsInHeader reports true: every retry republishes the message with the count
+// header advanced, so the header alone counts attempts, and the broker's delivery
+// count (which a broker restart advances for every unsettled delivery, prefetched
+// ones included) only bounds deliveries (redeliver.Policy.MaxDeliveries).
+func (s *Source) CountsInHeader() bool { return true }
