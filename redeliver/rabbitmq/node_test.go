@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -151,4 +153,120 @@ func TestQuorumRestartsSpendNoAttempts(t *testing.T) {
 		t.Errorf("%d dead letters (%d dead-lettered with fewer than %d handler runs), want none: every message succeeds by its second run", dead, early, maxAttempts)
 	}
 	t.Logf("%d messages, %d handler runs, %d completed, %d dead letters, %d connects", total, log.total.Load(), len(log.done), dead, src.Connects())
+}
+
+// lockedBuffer collects log output from any goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestQueueType declares topologies on a disposable node: quorum queues by default; a
+// work queue that exists as a classic queue kept as it is, the Source using classic
+// queues throughout and warning; Config.Quorum refusing it; Config.Classic declaring
+// classic queues, with the warning of what they lose.
+func TestQueueType(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a RabbitMQ node")
+	}
+	n := rabbitnode.Start(t)
+	t.Logf("node %s started in %v", n.Name, n.StartTimes()[0])
+	types := func() map[string]string {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		out, err := n.Ctl(ctx, "list_queues", "-q", "--no-table-headers", "name", "type")
+		if err != nil {
+			t.Fatalf("rabbitmqctl list_queues: %v\n%s", err, out)
+		}
+		m := map[string]string{}
+		for _, l := range strings.Split(out, "\n") {
+			if f := strings.Fields(l); len(f) == 2 {
+				m[f[0]] = f[1]
+			}
+		}
+		return m
+	}
+	admin, err := amqp.Dial(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	declareClassic := func(q string) {
+		ch, err := admin.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ch.Close()
+		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const lossWarning = "the queues are classic queues: a crash of their node redelivers messages already acknowledged"
+	open := func(cfg Config) (*Source, string, error) {
+		var logs lockedBuffer
+		cfg.URL, cfg.Delays = n.URL(), testDelays
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		src, err := NewSource(t.Context(), cfg)
+		if err == nil {
+			t.Cleanup(func() { _ = src.Close(context.Background()) })
+		}
+		return src, logs.String(), err
+	}
+
+	src, logs, err := open(Config{Queue: "fresh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !src.Topology().Quorum || strings.Contains(logs, "classic") {
+		t.Errorf("default on a new queue: Quorum %v, logs %q; want quorum queues and no warning", src.Topology().Quorum, logs)
+	}
+	ty := types()
+	for _, q := range src.Topology().Queues() {
+		if ty[q] != "quorum" {
+			t.Errorf("queue %s is %q by default, want quorum", q, ty[q])
+		}
+	}
+
+	declareClassic("legacy")
+	src, logs, err = open(Config{Queue: "legacy"})
+	if err != nil {
+		t.Fatalf("default on an existing classic work queue: %v", err)
+	}
+	if src.Topology().Quorum || !strings.Contains(logs, "exists as a classic queue") || !strings.Contains(logs, lossWarning) {
+		t.Errorf("default on an existing classic work queue: Quorum %v, logs %q; want classic queues and both warnings", src.Topology().Quorum, logs)
+	}
+	ty = types()
+	for _, q := range src.Topology().Queues() {
+		if ty[q] != "classic" {
+			t.Errorf("queue %s of an existing classic work queue is %q, want classic", q, ty[q])
+		}
+	}
+
+	declareClassic("legacy2")
+	if _, _, err := open(Config{Queue: "legacy2", Quorum: true}); err == nil || !strings.Contains(err.Error(), "quorum queues wanted") {
+		t.Errorf("Config.Quorum on an existing classic work queue: %v, want a refusal saying quorum queues are wanted", err)
+	}
+
+	src, logs, err = open(Config{Queue: "chosen", Classic: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src.Topology().Quorum || !strings.Contains(logs, lossWarning) || types()["chosen"] != "classic" {
+		t.Errorf("Config.Classic: Quorum %v, type %q, logs %q; want classic queues and the warning", src.Topology().Quorum, types()["chosen"], logs)
+	}
+	if _, _, err := open(Config{Queue: "both", Classic: true, Quorum: true}); !errors.Is(err, ErrConfig) {
+		t.Errorf("Classic and Quorum together: %v, want ErrConfig", err)
+	}
 }
