@@ -11,7 +11,12 @@
 // Kill ends the node as a crash does (SIGKILL of the Erlang VM); Stop shuts it down
 // cleanly (rabbitmqctl stop); Restart starts it again on the same ports and directories,
 // so durable queues and their persistent messages survive. Each start waits until the
-// node accepts an AMQP connection, within StartTimeout.
+// node accepts an AMQP connection, within StartTimeout. A node boots in 5–10 s on this
+// kind of machine (2 cores), and restarts in about as long.
+//
+// StartCluster starts several such nodes, in parallel, and joins them into one
+// cluster (rabbitmqctl join_cluster): three nodes form a cluster in about 25 s, each
+// a Node to Kill, Stop and Restart.
 //
 // The node shares the machine's Erlang cookie (a copy of
 // /var/lib/rabbitmq/.erlang.cookie in its own HOME, when that file is readable) so that
@@ -76,6 +81,81 @@ type Node struct {
 // the test ends.
 func Start(t testing.TB) *Node {
 	t.Helper()
+	n := prepare(t, cookie(t))
+	n.run()
+	return n
+}
+
+// Cluster is a RabbitMQ cluster of disposable nodes on this host.
+type Cluster struct {
+	// Nodes are the members; the first is the one the others joined.
+	Nodes []*Node
+}
+
+// StartCluster starts size nodes (at least 1) with one Erlang cookie, joins every node
+// after the first to the first (rabbitmqctl stop_app, join_cluster, start_app) and
+// returns once each accepts AMQP connections. The nodes boot in parallel.
+func StartCluster(t testing.TB, size int) *Cluster {
+	t.Helper()
+	c := &Cluster{}
+	ck := cookie(t)
+	for range max(size, 1) {
+		c.Nodes = append(c.Nodes, prepare(t, ck))
+	}
+	errs := make(chan error, len(c.Nodes))
+	for _, n := range c.Nodes {
+		go func() { errs <- n.start() }()
+	}
+	var failed []string
+	for range c.Nodes {
+		if err := <-errs; err != nil {
+			failed = append(failed, err.Error())
+		}
+	}
+	if len(failed) > 0 {
+		t.Fatal(strings.Join(failed, "\n"))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
+	defer cancel()
+	for _, n := range c.Nodes[1:] {
+		for _, args := range [][]string{{"stop_app"}, {"join_cluster", c.Nodes[0].Name}, {"start_app"}} {
+			if out, err := n.Ctl(ctx, args...); err != nil {
+				t.Fatalf("rabbitnode: rabbitmqctl -n %s %s: %v\n%s", n.Name, strings.Join(args, " "), err, out)
+			}
+		}
+		if err := n.awaitAMQP(time.Now(), n.exitedChan()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
+// URLs returns the AMQP URLs of the nodes, in order.
+func (c *Cluster) URLs() []string {
+	var u []string
+	for _, n := range c.Nodes {
+		u = append(u, n.URL())
+	}
+	return u
+}
+
+// cookie returns the Erlang cookie the nodes use: the machine's, when readable (so
+// that the machine's rabbitmqctl reaches them too), else a new random one.
+func cookie(t testing.TB) []byte {
+	if b, err := os.ReadFile(machineCookie); err == nil {
+		return b
+	}
+	b := make([]byte, 20)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = 'A' + b[i]%26
+	}
+	return b
+}
+
+// prepare makes a node's directories and environment; it starts nothing.
+func prepare(t testing.TB, cookie []byte) *Node {
+	t.Helper()
 	server, ctl := binaries()
 	if server == "" || ctl == "" {
 		msg := "rabbitmq-server or rabbitmqctl not installed: the disposable RabbitMQ tests need them"
@@ -91,10 +171,8 @@ func Start(t testing.TB) *Node {
 			t.Fatal(err)
 		}
 	}
-	if b, err := os.ReadFile(machineCookie); err == nil {
-		if err := os.WriteFile(filepath.Join(home, ".erlang.cookie"), b, 0o400); err != nil {
-			t.Fatal(err)
-		}
+	if err := os.WriteFile(filepath.Join(home, ".erlang.cookie"), cookie, 0o400); err != nil {
+		t.Fatal(err)
 	}
 	port, dist := freePort(t), freePort(t)
 	conf := fmt.Sprintf("listeners.tcp.default = 127.0.0.1:%d\nloopback_users = none\n", port)
@@ -131,7 +209,6 @@ func Start(t testing.TB) *Node {
 			t.Logf("rabbitnode: %s output (tail):\n%s", n.Name, n.tail(60))
 		}
 	})
-	n.run()
 	return n
 }
 
@@ -190,13 +267,21 @@ func (n *Node) Running() bool {
 // run launches rabbitmq-server and waits until an AMQP connection succeeds.
 func (n *Node) run() {
 	n.t.Helper()
+	if err := n.start(); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+// start launches rabbitmq-server and waits until an AMQP connection succeeds; it
+// may be called from any goroutine.
+func (n *Node) start() error {
 	if n.Running() {
-		n.t.Fatalf("rabbitnode: %s already runs", n.Name)
+		return fmt.Errorf("rabbitnode: %s already runs", n.Name)
 	}
 	_ = os.Remove(filepath.Join(n.dir, "rabbitmq.pid"))
 	out, err := os.OpenFile(filepath.Join(n.dir, "server.out"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
-		n.t.Fatal(err)
+		return err
 	}
 	fmt.Fprintf(out, "--- start %s\n", time.Now().UTC().Format(time.RFC3339Nano))
 	begin := time.Now()
@@ -209,32 +294,46 @@ func (n *Node) run() {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		_ = out.Close()
-		n.t.Fatalf("rabbitnode: starting %s: %v", n.server, err)
+		return fmt.Errorf("rabbitnode: starting %s: %w", n.server, err)
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); _ = out.Close(); close(exited) }()
 	n.mu.Lock()
 	n.cmd, n.exited = cmd, exited
 	n.mu.Unlock()
-
-	deadline := time.NewTimer(StartTimeout)
-	defer deadline.Stop()
-	for {
-		if c, err := amqp.DialConfig(n.URL(), amqp.Config{Dial: amqp.DefaultDial(time.Second)}); err == nil {
-			_ = c.Close()
-			break
-		}
-		select {
-		case <-exited:
-			n.t.Fatalf("rabbitnode: %s exited before accepting connections:\n%s", n.Name, n.tail(60))
-		case <-deadline.C:
-			n.t.Fatalf("rabbitnode: %s did not accept an AMQP connection within %v:\n%s", n.Name, StartTimeout, n.tail(60))
-		case <-time.After(100 * time.Millisecond):
-		}
+	if err := n.awaitAMQP(begin, exited); err != nil {
+		return err
 	}
 	n.mu.Lock()
 	n.started = append(n.started, time.Since(begin))
 	n.mu.Unlock()
+	return nil
+}
+
+func (n *Node) exitedChan() chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.exited
+}
+
+// awaitAMQP waits until an AMQP connection to the node succeeds, within StartTimeout
+// of begin, or the process exits.
+func (n *Node) awaitAMQP(begin time.Time, exited chan struct{}) error {
+	deadline := time.NewTimer(time.Until(begin.Add(StartTimeout)))
+	defer deadline.Stop()
+	for {
+		if c, err := amqp.DialConfig(n.URL(), amqp.Config{Dial: amqp.DefaultDial(time.Second)}); err == nil {
+			_ = c.Close()
+			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("rabbitnode: %s exited before accepting connections:\n%s", n.Name, n.tail(60))
+		case <-deadline.C:
+			return fmt.Errorf("rabbitnode: %s did not accept an AMQP connection within %v:\n%s", n.Name, StartTimeout, n.tail(60))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // Restart starts a node that was killed or stopped, with the same name, ports and

@@ -101,3 +101,64 @@ func TestStopKillRestart(t *testing.T) {
 	t.Logf("node restarted after a kill in %v", n.StartTimes()[2])
 	take("classic")
 }
+
+// TestCluster starts a 3-node cluster, checks that every node runs in it, puts a
+// message in a quorum queue (replicated on the three), kills the node the queue was
+// declared on and takes the message from another.
+func TestCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three RabbitMQ nodes")
+	}
+	begin := time.Now()
+	c := rabbitnode.StartCluster(t, 3)
+	t.Logf("3-node cluster formed in %v (node starts %v, %v, %v)", time.Since(begin),
+		c.Nodes[0].StartTimes()[0], c.Nodes[1].StartTimes()[0], c.Nodes[2].StartTimes()[0])
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := c.Nodes[2].Ctl(ctx, "eval", "length(rabbit_nodes:all_running()).")
+	if err != nil || strings.TrimSpace(out) != "3" {
+		t.Fatalf("running nodes seen by %s: %q, %v; want 3", c.Nodes[2].Name, out, err)
+	}
+	channel := func(n *rabbitnode.Node) *amqp.Channel {
+		conn, err := amqp.Dial(n.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ch
+	}
+	ch := channel(c.Nodes[0])
+	if _, err := ch.QueueDeclare("replicated", true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", "replicated", true, false,
+		amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := dc.WaitContext(ctx); !ok || err != nil {
+		t.Fatalf("confirm: %v %v", ok, err)
+	}
+	c.Nodes[0].Kill()
+	killed := time.Now()
+	msgs, err := channel(c.Nodes[1]).ConsumeWithContext(ctx, "replicated", "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-msgs:
+		if string(d.Body) != "x" {
+			t.Fatalf("got %q", d.Body)
+		}
+	case <-ctx.Done():
+		t.Fatal("the message did not come from another node after the kill")
+	}
+	t.Logf("message taken from %s %v after the kill of %s", c.Nodes[1].Name, time.Since(killed), c.Nodes[0].Name)
+}
