@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -63,9 +64,14 @@ type Consumer struct {
 	m      *metrics
 	beat   time.Duration
 	// header: the Source counts attempts in the header (HeaderCounter).
-	header  bool
-	mu      sync.Mutex
-	running bool
+	header bool
+	// failed remembers the failed attempts whose Retry or DeadLetter did not reach
+	// the broker, by queue and message id, so that the redelivery still counts them.
+	failedMu sync.Mutex
+	failed   map[failedKey]failedAttempt
+	seq      uint64
+	mu       sync.Mutex
+	running  bool
 }
 
 // New checks cfg and returns a Consumer.
@@ -177,6 +183,58 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return runErr
 }
 
+// maxRemembered bounds Consumer.failed: past it, the oldest half is forgotten.
+const maxRemembered = 10000
+
+type failedKey struct{ queue, id string }
+
+type failedAttempt struct {
+	attempt int
+	first   time.Time
+	seq     uint64 // order of remembering, to forget the oldest first
+}
+
+// remember records that attempt of m failed, first failing at first, and that the
+// broker did not learn it (its Retry or DeadLetter failed).
+func (c *Consumer) remember(m *Message, attempt int, first time.Time) {
+	if m.ID == "" {
+		return
+	}
+	c.failedMu.Lock()
+	defer c.failedMu.Unlock()
+	if c.failed == nil {
+		c.failed = map[failedKey]failedAttempt{}
+	}
+	if len(c.failed) >= maxRemembered {
+		var seqs []uint64
+		for _, f := range c.failed {
+			seqs = append(seqs, f.seq)
+		}
+		slices.Sort(seqs)
+		cut := seqs[len(seqs)/2]
+		for k, f := range c.failed {
+			if f.seq < cut {
+				delete(c.failed, k)
+			}
+		}
+	}
+	c.seq++
+	c.failed[failedKey{m.Queue, m.ID}] = failedAttempt{attempt: attempt, first: first, seq: c.seq}
+}
+
+// recall returns what remember recorded for m, and forgets it.
+func (c *Consumer) recall(m *Message) (failedAttempt, bool) {
+	if m.ID == "" {
+		return failedAttempt{}, false
+	}
+	c.failedMu.Lock()
+	defer c.failedMu.Unlock()
+	k := failedKey{m.Queue, m.ID}
+	f, ok := c.failed[k]
+	delete(c.failed, k)
+	return f, ok
+}
+
 // handle runs the handler on one delivery and settles it.
 func (c *Consumer) handle(work context.Context, d Delivery) {
 	m := d.Message()
@@ -195,6 +253,15 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 	}
 	if m.FirstFailure.IsZero() {
 		m.FirstFailure = parseTime(m.Header[HeaderFirstFailure])
+	}
+	if f, ok := c.recall(m); ok {
+		// This process saw an attempt fail whose Retry or DeadLetter the broker never
+		// got (it went away): that attempt counts, and its failure time is the first
+		// failure when the message carries none.
+		m.Attempt = max(m.Attempt, f.attempt+1)
+		if m.FirstFailure.IsZero() {
+			m.FirstFailure = f.first
+		}
 	}
 	q := m.Queue
 	c.m.received(q)
@@ -250,7 +317,9 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 		info := c.deadInfo(m, reason, class, err.Error(), m.Attempt, now)
 		c.logMsg(slog.LevelWarn, "redeliver: dead-lettering message", m, slog.String("reason", string(reason)),
 			slog.String("error_class", string(class)), slog.Any("error", err))
-		c.deadLetter(work, d, m, info)
+		if !c.deadLetter(work, d, m, info) {
+			c.remember(m, m.Attempt, info.FirstFailure)
+		}
 		return
 	}
 	delay := c.policy.Delay(m.Attempt, err)
@@ -274,6 +343,8 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 		slog.String("error_class", string(class)), slog.Any("error", err))
 	if c.settle(work, "retry", m, func(ctx context.Context) error { return d.Retry(ctx, r) }) {
 		c.m.retried(q, class)
+	} else {
+		c.remember(m, m.Attempt, first)
 	}
 }
 
@@ -364,10 +435,13 @@ func (c *Consumer) deadInfo(m *Message, reason Reason, class Class, errText stri
 	}
 }
 
-func (c *Consumer) deadLetter(work context.Context, d Delivery, m *Message, info DeadInfo) {
+// deadLetter dead-letters m and reports success.
+func (c *Consumer) deadLetter(work context.Context, d Delivery, m *Message, info DeadInfo) bool {
 	if c.settle(work, "dead_letter", m, func(ctx context.Context) error { return d.DeadLetter(ctx, info) }) {
 		c.m.deadLettered(m.Queue, info.Class)
+		return true
 	}
+	return false
 }
 
 // settle runs one settlement under SettleTimeout, detached from the shutdown, and logs

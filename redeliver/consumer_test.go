@@ -61,6 +61,8 @@ type fakeDelivery struct {
 	beats   atomic.Int32
 	beaten  chan struct{} // signalled (without blocking) by each InProgress
 	settled chan struct{}
+	// failRetry makes Retry fail, as when the broker went away.
+	failRetry bool
 }
 
 func (d *fakeDelivery) Message() *redeliver.Message { return d.m }
@@ -78,7 +80,12 @@ func (d *fakeDelivery) Ack(context.Context) error { return d.set("ack") }
 func (d *fakeDelivery) Retry(_ context.Context, r redeliver.RetryInfo) error {
 	d.mu.Lock()
 	d.retry = r
+	fail := d.failRetry
 	d.mu.Unlock()
+	if fail {
+		_ = d.set("retry-failed")
+		return errors.New("broker gone")
+	}
 	return d.set("retry")
 }
 func (d *fakeDelivery) DeadLetter(_ context.Context, info redeliver.DeadInfo) error {
@@ -646,5 +653,45 @@ func TestHeaderCounted(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFailedRetryRemembered: an attempt whose Retry failed (the broker went away) still
+// counts when the broker redelivers the message, header unchanged, to the same
+// Consumer, and its failure time is the first failure.
+func TestFailedRetryRemembered(t *testing.T) {
+	t.Parallel()
+	src := headerSource{newFakeSource(2)}
+	runs := make(chan *redeliver.Message, 3)
+	var n atomic.Int32
+	run(t, redeliver.Config{Source: src, Policy: redeliver.Policy{MaxAttempts: 3, Backoff: testBackoff},
+		Handler: func(ctx context.Context, m *redeliver.Message) error {
+			runs <- m
+			if n.Add(1) == 1 {
+				return errors.New("down")
+			}
+			return nil
+		}})
+	d := &fakeDelivery{m: &redeliver.Message{ID: "m", Queue: "q", DeliveryCount: 1}, beaten: make(chan struct{}, 1),
+		settled: make(chan struct{}), failRetry: true}
+	src.ch <- d
+	if op := d.wait(t); op != "retry-failed" {
+		t.Fatalf("first delivery settled by %s, want a failed retry", op)
+	}
+	first := <-runs
+	again := src.push(&redeliver.Message{ID: "m", Queue: "q", DeliveryCount: 2})
+	if op := again.wait(t); op != "ack" {
+		t.Fatalf("redelivery settled by %s, want ack", op)
+	}
+	m := <-runs
+	if m.Attempt != 2 || m.FirstFailure.IsZero() || m.FirstFailure.Before(first.Received) {
+		t.Errorf("redelivery: attempt %d, first failure %v; want 2 and the first run's failure (after %v)", m.Attempt, m.FirstFailure, first.Received)
+	}
+	other := src.push(&redeliver.Message{ID: "other", Queue: "q", DeliveryCount: 2})
+	if op := other.wait(t); op != "ack" {
+		t.Fatalf("other message settled by %s", op)
+	}
+	if m := <-runs; m.Attempt != 1 || !m.FirstFailure.IsZero() {
+		t.Errorf("another message: attempt %d, first failure %v; want 1 and none", m.Attempt, m.FirstFailure)
 	}
 }

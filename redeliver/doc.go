@@ -61,6 +61,13 @@
 // the header reports. JetStream redelivers the stored message unchanged, so there the
 // delivery count is the attempt count.
 //
+// An attempt that failed while the broker was away — its Retry or DeadLetter did not
+// reach the broker, which then redelivers the message with its header unchanged — is
+// remembered by the Consumer (by queue and message id, up to 10,000 messages): when the
+// message comes back to the same Consumer, that attempt counts and its failure time is
+// the first failure. A message without an id, or one that comes back to another
+// process, loses that attempt from its count.
+//
 // A settlement that fails (connection lost) is logged and counted; the broker then
 // redelivers the unacknowledged message, so processing is at-least-once. Make handlers
 // idempotent, for example with an inbox.

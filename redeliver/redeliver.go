@@ -86,8 +86,9 @@ type Message struct {
 	Header map[string]string
 	// Attempt is this delivery's number, 1 for the first: the count header + 1 on a
 	// Source whose retries rewrite the header (HeaderCounter: RabbitMQ), else the larger
-	// of the count header + 1 and DeliveryCount. The Consumer sets it; a Source leaves
-	// it 0.
+	// of the count header + 1 and DeliveryCount; and at least one more than an attempt
+	// the Consumer saw fail without the broker learning it (its Retry failed). The
+	// Consumer sets it; a Source leaves it 0.
 	//
 	// Handlers read the attempt here, and the first failure in FirstFailure, not in the
 	// headers: they are the same on every backend, while the count header is only

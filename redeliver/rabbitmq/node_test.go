@@ -270,3 +270,56 @@ func TestQueueType(t *testing.T) {
 		t.Errorf("Classic and Quorum together: %v, want ErrConfig", err)
 	}
 }
+
+// TestRetryDuringOutage: a handler's first run fails while the broker is down, so its
+// retry copy cannot be published and the broker redelivers the original, header
+// unchanged. The consumer remembers the failed attempt: the redelivery is attempt 2,
+// with the first failure's time.
+func TestRetryDuringOutage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a RabbitMQ node twice")
+	}
+	n := rabbitnode.Start(t)
+	cfg := Config{URL: n.URL(), Queue: "outage", Delays: testDelays, Logger: quiet(),
+		Reconnect: retry.Policy{Base: 50 * time.Millisecond, Cap: 500 * time.Millisecond}}
+	type run struct {
+		attempt int
+		first   time.Time
+	}
+	running, release := make(chan struct{}), make(chan struct{})
+	later := make(chan run, 10)
+	var runs atomic.Int32
+	consume(t, cfg, redeliver.Config{Policy: testPolicy(3), Handler: func(ctx context.Context, m *redeliver.Message) error {
+		if runs.Add(1) == 1 {
+			close(running)
+			<-release
+			return errors.New("fails while the broker is down")
+		}
+		later <- run{m.Attempt, m.FirstFailure}
+		return nil
+	}})
+	pub, err := NewPublisher(t.Context(), PublisherConfig{URL: n.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(t.Context(), "outage", &redeliver.Message{ID: "m1", Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	_ = pub.Close()
+	<-running
+	n.Stop()
+	before := time.Now()
+	close(release)
+	n.Restart()
+	select {
+	case r := <-later:
+		if r.attempt != 2 {
+			t.Errorf("the redelivery after a failure whose retry never reached the broker is attempt %d, want 2", r.attempt)
+		}
+		if r.first.Before(before) || r.first.After(time.Now()) {
+			t.Errorf("its first failure is %v, want the failure, after %v", r.first, before)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the message was not redelivered after the restart")
+	}
+}
