@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -86,13 +87,20 @@ const (
 // Consumer runs a Handler over a Source, retrying failed messages and dead-lettering
 // those that fail for good. Make one with New.
 type Consumer struct {
-	cfg     Config
-	policy  Policy
-	log     *slog.Logger
-	m       *metrics
-	beat    time.Duration
-	mu      sync.Mutex
-	running bool
+	cfg    Config
+	policy Policy
+	log    *slog.Logger
+	m      *metrics
+	beat   time.Duration
+	// header: the Source counts attempts in the header (HeaderCounter).
+	header bool
+	// failed remembers the failed attempts whose Retry or DeadLetter did not reach
+	// the broker, by queue and message id, so that the redelivery still counts them.
+	failedMu sync.Mutex
+	failed   map[failedKey]failedAttempt
+	seq      uint64
+	mu       sync.Mutex
+	running  bool
 }
 
 // New checks cfg and returns a Consumer.
@@ -125,6 +133,9 @@ func New(cfg Config) (*Consumer, error) {
 		}
 	}
 	c := &Consumer{cfg: cfg, policy: cfg.Policy.WithDefaults(), log: cfg.Logger, beat: beat}
+	if h, ok := cfg.Source.(HeaderCounter); ok {
+		c.header = h.CountsInHeader()
+	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -204,6 +215,58 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return runErr
 }
 
+// maxRemembered bounds Consumer.failed: past it, the oldest half is forgotten.
+const maxRemembered = 10000
+
+type failedKey struct{ queue, id string }
+
+type failedAttempt struct {
+	attempt int
+	first   time.Time
+	seq     uint64 // order of remembering, to forget the oldest first
+}
+
+// remember records that attempt of m failed, first failing at first, and that the
+// broker did not learn it (its Retry or DeadLetter failed).
+func (c *Consumer) remember(m *Message, attempt int, first time.Time) {
+	if m.ID == "" {
+		return
+	}
+	c.failedMu.Lock()
+	defer c.failedMu.Unlock()
+	if c.failed == nil {
+		c.failed = map[failedKey]failedAttempt{}
+	}
+	if len(c.failed) >= maxRemembered {
+		var seqs []uint64
+		for _, f := range c.failed {
+			seqs = append(seqs, f.seq)
+		}
+		slices.Sort(seqs)
+		cut := seqs[len(seqs)/2]
+		for k, f := range c.failed {
+			if f.seq < cut {
+				delete(c.failed, k)
+			}
+		}
+	}
+	c.seq++
+	c.failed[failedKey{m.Queue, m.ID}] = failedAttempt{attempt: attempt, first: first, seq: c.seq}
+}
+
+// recall returns what remember recorded for m, and forgets it.
+func (c *Consumer) recall(m *Message) (failedAttempt, bool) {
+	if m.ID == "" {
+		return failedAttempt{}, false
+	}
+	c.failedMu.Lock()
+	defer c.failedMu.Unlock()
+	k := failedKey{m.Queue, m.ID}
+	f, ok := c.failed[k]
+	delete(c.failed, k)
+	return f, ok
+}
+
 // handle runs the handler on one delivery and settles it.
 func (c *Consumer) handle(work context.Context, d Delivery) {
 	m := d.Message()
@@ -213,17 +276,52 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 	if m.Received.IsZero() {
 		m.Received = c.cfg.Clock()
 	}
-	m.Attempt = AttemptOf(m.Header, c.policy.Header, m.DeliveryCount)
+	if c.header {
+		// Only a handler's reported failure advances the header; a redelivery after
+		// a restart or a lost connection does not spend an attempt.
+		m.Attempt = AttemptOf(m.Header, c.policy.Header, 0)
+	} else {
+		m.Attempt = AttemptOf(m.Header, c.policy.Header, m.DeliveryCount)
+	}
 	if m.FirstFailure.IsZero() {
 		m.FirstFailure = parseTime(m.Header[HeaderFirstFailure])
+	}
+	if f, ok := c.recall(m); ok {
+		// This process saw an attempt fail whose Retry or DeadLetter the broker never
+		// got (it went away): that attempt counts, and its failure time is the first
+		// failure when the message carries none.
+		m.Attempt = max(m.Attempt, f.attempt+1)
+		if m.FirstFailure.IsZero() {
+			m.FirstFailure = f.first
+		}
 	}
 	q := m.Queue
 	c.m.received(q)
 
+	if c.header && m.DeliveryCount > c.policy.MaxDeliveries {
+		// Delivered this often with no outcome: its handler crashes the process or
+		// never returns (restarts alone do not come near the bound) — unless a run of it
+		// committed, which the inbox knows.
+		if c.seen(work, m) {
+			c.duplicate(work, d, m)
+			return
+		}
+		now := c.cfg.Clock()
+		info := c.deadInfo(m, ReasonMaxDeliver, ClassUnknown,
+			"delivered "+strconv.Itoa(m.DeliveryCount)+" times (the broker's count) without any handler settling it, more than max deliveries "+
+				strconv.Itoa(c.policy.MaxDeliveries)+": a handler that crashed the process or never returned?", m.Attempt-1, now)
+		c.logMsg(slog.LevelWarn, "redeliver: dead-lettering a message delivered more often than max deliveries", m,
+			slog.Int("delivery_count", m.DeliveryCount), slog.Int("max_deliveries", c.policy.MaxDeliveries))
+		c.deadLetter(work, d, m, info)
+		return
+	}
 	if m.Attempt > c.policy.MaxAttempts {
-		// The broker delivered it more often than the policy allows (crashes before a
-		// republish): the handler already had its attempts — unless one of them
-		// committed, which the inbox knows: then this is a duplicate, not a failure.
+		// The handler already had its attempts: the count header says so (a consumer
+		// with a higher MaxAttempts republished it), or, on a Source that does not
+		// count in the header, the broker delivered it more often than the policy
+		// allows (crashes before a settlement).
+		// One of them may have committed, which the inbox knows: then this is a
+		// duplicate, not a failure.
 		if c.seen(work, m) {
 			c.duplicate(work, d, m)
 			return
@@ -266,7 +364,9 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 		info := c.deadInfo(m, reason, class, err.Error(), m.Attempt, now)
 		c.logMsg(slog.LevelWarn, "redeliver: dead-lettering message", m, slog.String("reason", string(reason)),
 			slog.String("error_class", string(class)), slog.Any("error", err))
-		c.deadLetter(work, d, m, info)
+		if !c.deadLetter(work, d, m, info) {
+			c.remember(m, m.Attempt, info.FirstFailure)
+		}
 		return
 	}
 	delay := c.policy.Delay(m.Attempt, err)
@@ -290,6 +390,8 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 		slog.String("error_class", string(class)), slog.Any("error", err))
 	if c.settle(work, "retry", m, func(ctx context.Context) error { return d.Retry(ctx, r) }) {
 		c.m.retried(q, class)
+	} else {
+		c.remember(m, m.Attempt, first)
 	}
 }
 
@@ -401,7 +503,7 @@ func (c *Consumer) deadInfo(m *Message, reason Reason, class Class, errText stri
 	first := m.FirstFailure
 	if first.IsZero() {
 		first = now
-		if m.Attempt > 1 && !m.Published.IsZero() {
+		if (m.Attempt > 1 || reason == ReasonMaxDeliver) && !m.Published.IsZero() {
 			// Earlier attempts recorded no failure (they died with their process): the
 			// publish is the latest time known to precede them.
 			first = m.Published
@@ -413,10 +515,13 @@ func (c *Consumer) deadInfo(m *Message, reason Reason, class Class, errText stri
 	}
 }
 
-func (c *Consumer) deadLetter(work context.Context, d Delivery, m *Message, info DeadInfo) {
+// deadLetter dead-letters m and reports success.
+func (c *Consumer) deadLetter(work context.Context, d Delivery, m *Message, info DeadInfo) bool {
 	if c.settle(work, "dead_letter", m, func(ctx context.Context) error { return d.DeadLetter(ctx, info) }) {
 		c.m.deadLettered(m.Queue, info.Class)
+		return true
 	}
+	return false
 }
 
 // settle runs one settlement under SettleTimeout, detached from the shutdown, and logs

@@ -61,6 +61,8 @@ type fakeDelivery struct {
 	beats   atomic.Int32
 	beaten  chan struct{} // signalled (without blocking) by each InProgress
 	settled chan struct{}
+	// failRetry makes Retry fail, as when the broker went away.
+	failRetry bool
 }
 
 func (d *fakeDelivery) Message() *redeliver.Message { return d.m }
@@ -78,7 +80,12 @@ func (d *fakeDelivery) Ack(context.Context) error { return d.set("ack") }
 func (d *fakeDelivery) Retry(_ context.Context, r redeliver.RetryInfo) error {
 	d.mu.Lock()
 	d.retry = r
+	fail := d.failRetry
 	d.mu.Unlock()
+	if fail {
+		_ = d.set("retry-failed")
+		return errors.New("broker gone")
+	}
 	return d.set("retry")
 }
 func (d *fakeDelivery) DeadLetter(_ context.Context, info redeliver.DeadInfo) error {
@@ -567,5 +574,124 @@ func TestDecodeJSON(t *testing.T) {
 	}
 	if c := redeliver.DefaultClassify(fmt.Errorf("wrapped: %w", context.DeadlineExceeded)); c != redeliver.ClassTimeout {
 		t.Errorf("class = %s", c)
+	}
+}
+
+// headerSource is a fakeSource that counts attempts in the header (as RabbitMQ's does).
+type headerSource struct{ *fakeSource }
+
+func (headerSource) CountsInHeader() bool { return true }
+
+// TestHeaderCounted: on a Source that counts attempts in the header, the broker's
+// delivery count spends no attempt — a message redelivered by restarts runs as the
+// attempt its header says — and only a delivery count beyond MaxDeliveries
+// dead-letters it unrun, as max-deliver. Elsewhere the delivery count is an attempt.
+func TestHeaderCounted(t *testing.T) {
+	t.Parallel()
+	policy := redeliver.Policy{MaxAttempts: 3, MaxDeliveries: 5, Backoff: testBackoff}
+	if got := (redeliver.Policy{MaxAttempts: 3}).WithDefaults().MaxDeliveries; got != redeliver.DefaultMinMaxDeliveries {
+		t.Errorf("default MaxDeliveries for 3 attempts: %d, want %d", got, redeliver.DefaultMinMaxDeliveries)
+	}
+	if got := (redeliver.Policy{MaxAttempts: 10}).WithDefaults().MaxDeliveries; got != 40 {
+		t.Errorf("default MaxDeliveries for 10 attempts: %d, want 40", got)
+	}
+	published := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name     string
+		header   bool
+		count    int    // DeliveryCount
+		retries  string // count header
+		attempt  int    // Attempt the handler sees; 0: it must not run
+		op       string
+		reason   redeliver.Reason
+		attempts int
+	}{
+		{"restarts spend nothing", true, 5, "", 1, "ack", "", 0},
+		{"header counts", true, 4, "1", 2, "ack", "", 0},
+		{"beyond max deliveries", true, 6, "1", 0, "dead", redeliver.ReasonMaxDeliver, 1},
+		{"delivery count is the attempt elsewhere", false, 2, "", 2, "ack", "", 0},
+		{"beyond max attempts elsewhere", false, 4, "", 0, "dead", redeliver.ReasonMaxAttempts, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := newFakeSource(1)
+			var src redeliver.Source = fs
+			if tc.header {
+				src = headerSource{fs}
+			}
+			ran := make(chan int, 1)
+			run(t, redeliver.Config{Source: src, Policy: policy, Handler: func(ctx context.Context, m *redeliver.Message) error {
+				ran <- m.Attempt
+				return nil
+			}})
+			h := map[string]string{}
+			if tc.retries != "" {
+				h[redeliver.DefaultHeader] = tc.retries
+			}
+			d := fs.push(&redeliver.Message{ID: "m", Queue: "q", Header: h, DeliveryCount: tc.count, Published: published})
+			if op := d.wait(t); op != tc.op {
+				t.Fatalf("settled by %s, want %s", op, tc.op)
+			}
+			select {
+			case a := <-ran:
+				if a != tc.attempt {
+					t.Errorf("handler ran as attempt %d, want %d", a, tc.attempt)
+				}
+			default:
+				if tc.attempt != 0 {
+					t.Errorf("handler did not run, want attempt %d", tc.attempt)
+				}
+			}
+			if tc.op == "dead" {
+				d.mu.Lock()
+				info := d.dead
+				d.mu.Unlock()
+				if info.Reason != tc.reason || info.Attempts != tc.attempts {
+					t.Errorf("dead letter %+v, want reason %s, attempts %d", info, tc.reason, tc.attempts)
+				}
+				if tc.reason == redeliver.ReasonMaxDeliver && (info.Class != redeliver.ClassUnknown || !info.FirstFailure.Equal(published)) {
+					t.Errorf("max-deliver dead letter %+v: want class unknown, first failure the publish", info)
+				}
+			}
+		})
+	}
+}
+
+// TestFailedRetryRemembered: an attempt whose Retry failed (the broker went away) still
+// counts when the broker redelivers the message, header unchanged, to the same
+// Consumer, and its failure time is the first failure.
+func TestFailedRetryRemembered(t *testing.T) {
+	t.Parallel()
+	src := headerSource{newFakeSource(2)}
+	runs := make(chan *redeliver.Message, 3)
+	var n atomic.Int32
+	run(t, redeliver.Config{Source: src, Policy: redeliver.Policy{MaxAttempts: 3, Backoff: testBackoff},
+		Handler: func(ctx context.Context, m *redeliver.Message) error {
+			runs <- m
+			if n.Add(1) == 1 {
+				return errors.New("down")
+			}
+			return nil
+		}})
+	d := &fakeDelivery{m: &redeliver.Message{ID: "m", Queue: "q", DeliveryCount: 1}, beaten: make(chan struct{}, 1),
+		settled: make(chan struct{}), failRetry: true}
+	src.ch <- d
+	if op := d.wait(t); op != "retry-failed" {
+		t.Fatalf("first delivery settled by %s, want a failed retry", op)
+	}
+	first := <-runs
+	again := src.push(&redeliver.Message{ID: "m", Queue: "q", DeliveryCount: 2})
+	if op := again.wait(t); op != "ack" {
+		t.Fatalf("redelivery settled by %s, want ack", op)
+	}
+	m := <-runs
+	if m.Attempt != 2 || m.FirstFailure.IsZero() || m.FirstFailure.Before(first.Received) {
+		t.Errorf("redelivery: attempt %d, first failure %v; want 2 and the first run's failure (after %v)", m.Attempt, m.FirstFailure, first.Received)
+	}
+	other := src.push(&redeliver.Message{ID: "other", Queue: "q", DeliveryCount: 2})
+	if op := other.wait(t); op != "ack" {
+		t.Fatalf("other message settled by %s", op)
+	}
+	if m := <-runs; m.Attempt != 1 || !m.FirstFailure.IsZero() {
+		t.Errorf("another message: attempt %d, first failure %v; want 1 and none", m.Attempt, m.FirstFailure)
 	}
 }

@@ -55,9 +55,10 @@
 //
 // Consumer.Run calls Source.Receive from one goroutine, at most Config.Concurrency
 // deliveries outstanding, and runs the Handler on each in its own goroutine under
-// Policy.Timeout. For each Delivery it computes Message.Attempt = AttemptOf(header,
-// Policy.Header, Message.DeliveryCount) — the larger of the count header + 1 and the
-// broker's own delivery count — fills Message.FirstFailure from HeaderFirstFailure
+// Policy.Timeout. For each Delivery it computes Message.Attempt — the count header + 1
+// on a Source whose retries republish with the header advanced (HeaderCounter:
+// RabbitMQ), else the larger of the count header + 1 and the broker's own delivery
+// count (AttemptOf; JetStream) — fills Message.FirstFailure from HeaderFirstFailure
 // when the Source left it zero, and then settles it exactly once:
 //
 //   - with Config.Inbox, the message id is already recorded: Delivery.Ack without
@@ -70,10 +71,14 @@
 //   - it failed with ClassPermanent or ClassDecode, or on the last attempt:
 //     Delivery.DeadLetter with a DeadInfo (ReasonPermanent, ReasonDecode,
 //     ReasonMaxAttempts);
-//   - the message arrived with Attempt > MaxAttempts (the broker counted deliveries the
-//     header never saw, e.g. the process crashed before it could republish): DeadLetter
-//     without running the handler, unless Config.Inbox has its id recorded (then it is
-//     a duplicate, acknowledged);
+//   - on a HeaderCounter Source, the message arrived with a broker delivery count above
+//     Policy.MaxDeliveries (its handler crashes the process or never returns):
+//     DeadLetter with ReasonMaxDeliver and ClassUnknown, without running the handler,
+//     unless Config.Inbox has its id recorded (then it is a duplicate, acknowledged);
+//   - the message arrived with Attempt > MaxAttempts (the header says its attempts are
+//     spent; elsewhere the broker counted deliveries whose process crashed before it
+//     could settle them): DeadLetter without running the handler, unless Config.Inbox
+//     has its id recorded (then it is a duplicate, acknowledged);
 //   - the shutdown grace ended the handler: Delivery.Release.
 //
 // # Attempt and first failure
@@ -84,6 +89,28 @@
 // count header advanced and HeaderFirstFailure set, while JetStream redelivers the
 // stored message unchanged (its count header stays what the producer set; its broker
 // counts the deliveries and the backend keeps the first failure in a key-value bucket).
+//
+// An attempt counts when a handler ran and reported its failure, not when a broker
+// redelivered a message. Where the retry republishes the message (RabbitMQ), the count
+// header is advanced only by that report, while the broker's delivery count (a quorum
+// queue's x-delivery-count) rises on every redelivery of an unsettled message: a broker
+// restart or a lost connection advances it for every delivery in flight, the
+// prefetched ones no handler saw included. Counted as attempts, it dead-letters
+// messages that never ran: five restarts of a node in 21 s, with a 3 s handler,
+// dead-letter about a third of the messages early, half of those never run. So there
+// the header alone counts attempts, and the delivery count only guards against a message whose handler kills its process (no
+// failure is ever reported for it) with a much higher bound, Policy.MaxDeliveries
+// (default 4×MaxAttempts, at least 20): such a message costs that many crashes before
+// it is dead-lettered, and a run that died with its process is not among the attempts
+// the header reports. JetStream redelivers the stored message unchanged, so there the
+// delivery count is the attempt count.
+//
+// An attempt that failed while the broker was away — its Retry or DeadLetter did not
+// reach the broker, which then redelivers the message with its header unchanged — is
+// remembered by the Consumer (by queue and message id, up to 10,000 messages): when the
+// message comes back to the same Consumer, that attempt counts and its failure time is
+// the first failure. A message without an id, or one that comes back to another
+// process, loses that attempt from its count.
 //
 // A settlement that fails (connection lost) is logged and counted; the broker then
 // redelivers the unacknowledged message, so delivery is at-least-once. Config.Inbox

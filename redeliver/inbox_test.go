@@ -184,3 +184,43 @@ func TestConsumerInboxNestedHandler(t *testing.T) {
 		t.Errorf("handler ran %d times, %d effects; want 1 and 1", ran, n)
 	}
 }
+
+// TestConsumerInboxMaxDeliveries: on a Source that counts attempts in the header, a
+// message delivered more often than Policy.MaxDeliveries is dead-lettered unrun — unless
+// the inbox has its id recorded: then a run of it committed, and it is a duplicate,
+// acknowledged, never a dead letter of completed work.
+func TestConsumerInboxMaxDeliveries(t *testing.T) {
+	t.Parallel()
+	_, box := openInbox(t)
+	fs := newFakeSource(1)
+	runs := map[string]int{}
+	var mu sync.Mutex
+	stop := run(t, redeliver.Config{Source: headerSource{fs}, Inbox: box,
+		Policy: redeliver.Policy{MaxAttempts: 3, MaxDeliveries: 5, Backoff: testBackoff},
+		Handler: func(ctx context.Context, m *redeliver.Message) error {
+			mu.Lock()
+			runs[m.ID]++
+			mu.Unlock()
+			_, err := sqlitebox.Tx(ctx).ExecContext(ctx, "INSERT INTO effects (id) VALUES (?)", m.ID)
+			return err
+		}})
+	for i, s := range []struct {
+		m    redeliver.Message
+		want string
+	}{
+		{redeliver.Message{ID: "done", Queue: "q"}, "ack"},
+		{redeliver.Message{ID: "done", Queue: "q", DeliveryCount: 9}, "ack"},   // completed: a duplicate
+		{redeliver.Message{ID: "never", Queue: "q", DeliveryCount: 9}, "dead"}, // never committed
+	} {
+		m := s.m
+		if got := fs.push(&m).wait(t); got != s.want {
+			t.Errorf("step %d (%+v): settled %q, want %q", i, s.m, got, s.want)
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if runs["done"] != 1 || runs["never"] != 0 {
+		t.Errorf("handler runs %v, want done once and never none", runs)
+	}
+}

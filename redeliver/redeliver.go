@@ -84,8 +84,11 @@ type Message struct {
 	// Header holds the application headers as strings (numbers in decimal). Never nil
 	// for a received message.
 	Header map[string]string
-	// Attempt is this delivery's number, 1 for the first: the larger of the count
-	// header + 1 and DeliveryCount. The Consumer sets it; a Source leaves it 0.
+	// Attempt is this delivery's number, 1 for the first: the count header + 1 on a
+	// Source whose retries rewrite the header (HeaderCounter: RabbitMQ), else the larger
+	// of the count header + 1 and DeliveryCount; and at least one more than an attempt
+	// the Consumer saw fail without the broker learning it (its Retry failed). The
+	// Consumer sets it; a Source leaves it 0.
 	//
 	// Handlers read the attempt here, and the first failure in FirstFailure, not in the
 	// headers: they are the same on every backend, while the count header is only
@@ -160,7 +163,15 @@ const (
 	ReasonMaxAttempts Reason = "max-attempts" // every attempt failed transiently
 	ReasonPermanent   Reason = "permanent"    // a permanent error (ClassPermanent)
 	ReasonDecode      Reason = "decode"       // a decode failure (ClassDecode)
+	// ReasonMaxDeliver: the broker delivered one copy of the message more than
+	// Policy.MaxDeliveries times without any handler settling it (a HeaderCounter
+	// Source): a handler that crashes its process or never returns.
+	ReasonMaxDeliver Reason = "max-deliver"
 )
+
+// ClassUnknown is the error class of a message dead-lettered for ReasonMaxDeliver: no
+// handler reported an error.
+const ClassUnknown Class = "unknown"
 
 // Policy says how often and how soon a failed message is tried again. The zero value of
 // each field means the default documented on it.
@@ -183,6 +194,18 @@ type Policy struct {
 	// Header is the name of the header that carries the attempt count: the number of
 	// failed attempts so far, in decimal (RabbitMQ: an integer). Default "x-retry-count".
 	Header string
+	// MaxDeliveries bounds the deliveries of one copy of a message, by the broker's own
+	// count (Message.DeliveryCount), on a Source that counts attempts in the header
+	// (HeaderCounter: RabbitMQ). There a delivery is not an attempt: a broker restart or
+	// a lost connection hands back every unsettled delivery, the prefetched ones no
+	// handler saw included, and the broker counts each. So attempts are counted only
+	// where a handler reported a failure, and this much higher bound is what stops a
+	// message whose handler crashes the process or never returns (no failure is ever
+	// recorded for it): a delivery beyond it is dead-lettered without running the
+	// handler, with ReasonMaxDeliver. Default: 4×MaxAttempts, at least 20. Unused by
+	// other Sources (JetStream counts attempts in its delivery count and has its own
+	// MaxDeliver).
+	MaxDeliveries int
 }
 
 // Defaults of Policy.
@@ -191,6 +214,8 @@ const (
 	DefaultBase        = time.Second
 	DefaultCap         = 5 * time.Minute
 	DefaultTimeout     = 5 * time.Minute
+	// DefaultMinMaxDeliveries is the least default Policy.MaxDeliveries.
+	DefaultMinMaxDeliveries = 20
 )
 
 // WithDefaults returns p with its zero fields set to their defaults. Backends call it to
@@ -214,6 +239,9 @@ func (p Policy) WithDefaults() Policy {
 	}
 	if p.Header == "" {
 		p.Header = DefaultHeader
+	}
+	if p.MaxDeliveries <= 0 {
+		p.MaxDeliveries = max(4*p.MaxAttempts, DefaultMinMaxDeliveries)
 	}
 	return p
 }
@@ -285,6 +313,16 @@ type Delivery interface {
 	// redeliver the message meanwhile (JetStream's InProgress); a no-op where the broker
 	// needs nothing (RabbitMQ).
 	InProgress(ctx context.Context) error
+}
+
+// HeaderCounter is an optional interface of a Source whose Delivery.Retry republishes
+// the message with the count header advanced (RabbitMQ). There the header counts
+// exactly the attempts whose failure a handler reported, while the broker's delivery
+// count also counts deliveries no handler saw. When CountsInHeader reports true the
+// Consumer takes Message.Attempt from the header alone and checks
+// Message.DeliveryCount only against Policy.MaxDeliveries.
+type HeaderCounter interface {
+	CountsInHeader() bool
 }
 
 // Heartbeater is an optional interface of a Source: the interval at which the Consumer

@@ -39,7 +39,8 @@ func Example() {
 		URL:      "amqp://guest:guest@localhost:5672/",
 		Queue:    "emitter.access",
 		Prefetch: 20,
-		Quorum:   true, // the broker counts deliveries too: a poison message still ends in the DLQ
+		// Quorum queues by default: replicated, and the broker counts deliveries, so a
+		// message that crashes the consumer still ends in the DLQ.
 	})
 	if err != nil {
 		log.Fatal(err)

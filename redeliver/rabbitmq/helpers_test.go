@@ -78,7 +78,7 @@ func newRMQ(t testing.TB, quorum bool) *rmq {
 }
 
 func (r *rmq) config() Config {
-	return Config{URL: r.url, Queue: r.queue, Delays: testDelays, Quorum: r.topo.Quorum, Logger: quiet(), Prefetch: 50}
+	return Config{URL: r.url, Queue: r.queue, Delays: testDelays, Quorum: r.topo.Quorum, Classic: !r.topo.Quorum, Logger: quiet(), Prefetch: 50}
 }
 
 // count returns the ready messages of queue q.

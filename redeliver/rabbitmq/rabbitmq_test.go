@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -234,9 +235,10 @@ func TestPermanentAndDecode(t *testing.T) {
 	r.expectQueues(t, 2)
 }
 
-// TestQuorumDeliveryCount: a message the broker already delivered MaxAttempts times
-// (the consumer crashed each time, before it could republish) goes to the DLQ without
-// running the handler again.
+// TestQuorumDeliveryCount: a message the broker already delivered MaxDeliveries times
+// without any settlement (the consumer crashed each time, before it could republish)
+// goes to the DLQ without running the handler again, as max-deliver: no attempt
+// recorded a failure, so it counts none.
 func TestQuorumDeliveryCount(t *testing.T) {
 	t.Parallel()
 	r := newRMQ(t, true)
@@ -271,7 +273,9 @@ func TestQuorumDeliveryCount(t *testing.T) {
 	_ = ch.Close()
 
 	var log deliveryLog
-	consume(t, r.config(), redeliver.Config{Policy: testPolicy(3), Handler: func(ctx context.Context, m *redeliver.Message) error {
+	policy := testPolicy(3)
+	policy.MaxDeliveries = 3
+	consume(t, r.config(), redeliver.Config{Policy: policy, Handler: func(ctx context.Context, m *redeliver.Message) error {
 		log.add(m)
 		return nil
 	}})
@@ -288,7 +292,8 @@ func TestQuorumDeliveryCount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Info.Reason != redeliver.ReasonMaxAttempts || d.Info.Attempts != 3 {
+	if d.Info.Reason != redeliver.ReasonMaxDeliver || d.Info.Attempts != 0 || d.Info.Class != redeliver.ClassUnknown ||
+		!strings.Contains(d.Info.Err, "delivered 4 times") {
 		t.Errorf("info = %+v", d.Info)
 	}
 }

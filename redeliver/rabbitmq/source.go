@@ -26,10 +26,18 @@ type Config struct {
 	// Prefetch is the most unacknowledged deliveries the broker sends ahead (basic.qos).
 	// About twice the Consumer's Concurrency keeps every handler busy. Default 20.
 	Prefetch int
-	// Quorum declares every queue of the topology as a quorum queue: replicated, with
-	// at-least-once dead-lettering from the delay queues, and a broker-side delivery
-	// count (x-delivery-count) that Message.DeliveryCount reports. Default false:
-	// classic durable queues. It must match how the queues were first declared.
+	// Classic declares the queues of a new topology as classic queues. Default false:
+	// quorum queues — replicated where the cluster has the nodes, with at-least-once
+	// dead-lettering from the delay queues and a broker-side delivery count
+	// (x-delivery-count) that Message.DeliveryCount reports. A work queue that already
+	// exists keeps its type (RabbitMQ refuses to redeclare a queue with another one):
+	// by default the Source then uses the existing type for the whole topology and logs
+	// a warning when it is classic. NewSource logs at start what classic queues lose on
+	// a node crash (see the package documentation, "Queue type").
+	Classic bool
+	// Quorum insists on quorum queues: NewSource fails, saying so, when the work queue
+	// exists as a classic queue, instead of using it. Quorum and Classic together are
+	// refused.
 	Quorum bool
 	// Delays are the delay buckets: the TTLs of the delay queues, one queue each, in
 	// strictly ascending order, each a positive whole number of milliseconds (RabbitMQ's
@@ -81,7 +89,10 @@ type Source struct {
 	connects atomic.Int64
 }
 
-var _ redeliver.Source = (*Source)(nil)
+var (
+	_ redeliver.Source        = (*Source)(nil)
+	_ redeliver.HeaderCounter = (*Source)(nil)
+)
 
 // session is one connection with its consume and publish channels.
 type session struct {
@@ -104,6 +115,9 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	if cfg.URL == "" {
 		return nil, fmt.Errorf("%w: Config.URL is required", ErrConfig)
 	}
+	if cfg.Classic && cfg.Quorum {
+		return nil, fmt.Errorf("%w: Config.Classic and Config.Quorum are exclusive", ErrConfig)
+	}
 	topo, err := cfg.Topology()
 	if err != nil {
 		return nil, err
@@ -125,11 +139,17 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	cfg.AMQP = withConnectionName(cfg.AMQP, "retrysafe-redeliver "+cfg.Queue)
 	s := &Source{cfg: cfg, topo: topo, log: cfg.Logger.With(slog.String("queue", cfg.Queue))}
-	sess, err := s.connect(ctx)
+	// The first connect learns the work queue's type, when the configuration leaves it
+	// open; the Source is not shared yet, so it may change s.topo.
+	sess, err := s.connect(ctx, !cfg.Classic && !cfg.Quorum)
 	if err != nil {
 		return nil, err
 	}
 	s.cur = sess
+	if !s.topo.Quorum {
+		s.log.Warn("rabbitmq: the queues are classic queues: a crash of their node redelivers messages already acknowledged (up to every ack since the node started), a retry copy in a delay queue can be lost (at-most-once dead-lettering), a message that crashes every consumer is redelivered without end (no delivery count), and they live on one node; declare the topology anew as quorum queues (the default) to avoid it",
+			slog.Bool("existing", !cfg.Classic))
+	}
 	return s, nil
 }
 
@@ -151,8 +171,10 @@ func withConnectionName(c amqp.Config, name string) amqp.Config {
 	return c
 }
 
-// connect opens a session: connection, topology, publish channel, consumer.
-func (s *Source) connect(ctx context.Context) (*session, error) {
+// connect opens a session: connection, topology, publish channel, consumer. With
+// learn, a work queue that exists as another type than s.topo's makes the Source use
+// that type (only NewSource passes it).
+func (s *Source) connect(ctx context.Context, learn bool) (*session, error) {
 	conn, err := dial(ctx, s.cfg.URL, s.cfg.AMQP)
 	if err != nil {
 		return nil, err
@@ -164,7 +186,23 @@ func (s *Source) connect(ctx context.Context) (*session, error) {
 		if err != nil {
 			return fail(fmt.Errorf("rabbitmq: opening channel: %w", err))
 		}
-		if err := s.topo.declare(ctx, ch); err != nil {
+		err = s.topo.declare(ctx, ch)
+		if learn && s.topo.Quorum && typeMismatch(err) {
+			// The work queue exists as a classic queue (RabbitMQ refuses a redeclare
+			// with another type): keep it, and its delay queues and DLQ with it.
+			s.topo.Quorum = false
+			if ch, err = conn.Channel(); err != nil {
+				return fail(fmt.Errorf("rabbitmq: opening channel: %w", err))
+			}
+			err = s.topo.declare(ctx, ch)
+			if err == nil {
+				s.log.Warn("rabbitmq: the work queue exists as a classic queue; using it and its classic delay queues and DLQ (a queue's type cannot change in place)")
+			}
+		}
+		if err != nil {
+			if !s.cfg.Classic && typeMismatch(err) {
+				return fail(fmt.Errorf("%w (quorum queues wanted: a queue's type cannot change in place; drain and delete the classic queues, or set Config.Classic)", err))
+			}
 			return fail(err)
 		}
 		_ = ch.Close()
@@ -233,7 +271,7 @@ func (s *Source) reconnect(ctx context.Context, old *session) (*session, error) 
 		if closed {
 			return nil, redeliver.ErrClosed
 		}
-		sess, err := s.connect(ctx)
+		sess, err := s.connect(ctx, false)
 		if err == nil {
 			s.mu.Lock()
 			if s.closed {
@@ -382,3 +420,9 @@ func (d *delivery) Release(context.Context) error {
 // broker-wide consumer_timeout (30 minutes by default), which a handler's timeout
 // should stay below.
 func (d *delivery) InProgress(context.Context) error { return nil }
+
+// CountsInHeader reports true: every retry republishes the message with the count
+// header advanced, so the header alone counts attempts, and the broker's delivery
+// count (which a broker restart advances for every unsettled delivery, prefetched
+// ones included) only bounds deliveries (redeliver.Policy.MaxDeliveries).
+func (s *Source) CountsInHeader() bool { return true }

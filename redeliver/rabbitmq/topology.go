@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -53,9 +54,19 @@ func (t Topology) Queues() []string {
 	return q
 }
 
-// Topology returns the queues a Source with c declares (Queue, Delays and Quorum are
+// Topology returns the queues a Source with c declares (Queue, Delays and Classic are
 // read), or an error matching ErrConfig when NewSource would refuse them.
-func (c Config) Topology() (Topology, error) { return newTopology(c.Queue, c.Delays, c.Quorum) }
+// A Source may find the work queue already declared as a classic queue and use that
+// type instead (Source.Topology says which it uses).
+func (c Config) Topology() (Topology, error) { return newTopology(c.Queue, c.Delays, !c.Classic) }
+
+// typeMismatch reports whether err is RabbitMQ's refusal to redeclare a queue with
+// another x-queue-type than it has (PRECONDITION_FAILED, "inequivalent arg
+// 'x-queue-type'").
+func typeMismatch(err error) bool {
+	var aerr *amqp.Error
+	return errors.As(err, &aerr) && aerr.Code == amqp.PreconditionFailed && strings.Contains(aerr.Reason, "x-queue-type")
+}
 
 // newTopology returns the topology of queue with the given delay buckets (none: the
 // default ones).
