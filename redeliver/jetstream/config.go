@@ -292,7 +292,8 @@ func (cfg Config) open(ctx context.Context) (*session, error) {
 	}
 	s := &session{cfg: c, nc: c.Conn}
 	if s.nc == nil {
-		if s.nc, err = Dial(ctx, c.URL, "retrysafe redeliver "+c.Queue); err != nil {
+		s.nc, err = Dial(ctx, c.URL, "retrysafe redeliver "+c.Queue, LogConnection(c.Logger.With(slog.String("queue", c.Queue))))
+		if err != nil {
 			return nil, err
 		}
 		s.own = true
@@ -311,11 +312,12 @@ func (s *session) close() {
 	}
 }
 
-// Dial connects to the NATS server at url (default nats://127.0.0.1:4222) with a
-// connection that reconnects forever. When no server answers at first it tries again
-// until ctx ends, or for 30s when ctx has no deadline. name identifies the client in the
-// server's monitoring.
-func Dial(ctx context.Context, url, name string) (*nats.Conn, error) {
+// Dial connects to the NATS server at url (default nats://127.0.0.1:4222; a
+// comma-separated list names the servers of a cluster) with a connection that reconnects
+// forever. When no server answers at first it tries again until ctx ends, or for 30s
+// when ctx has no deadline. name identifies the client in the server's monitoring; opts
+// are applied after Dial's own (LogConnection, say).
+func Dial(ctx context.Context, url, name string, opts ...nats.Option) (*nats.Conn, error) {
 	if url == "" {
 		url = nats.DefaultURL
 	}
@@ -326,12 +328,12 @@ func Dial(ctx context.Context, url, name string) (*nats.Conn, error) {
 	}
 	wait := 100 * time.Millisecond
 	for {
-		nc, err := nats.Connect(url,
+		nc, err := nats.Connect(url, append([]nats.Option{
 			nats.Name(name),
 			nats.MaxReconnects(-1),
-			nats.ReconnectWait(250*time.Millisecond),
-			nats.Timeout(2*time.Second),
-		)
+			nats.ReconnectWait(250 * time.Millisecond),
+			nats.Timeout(2 * time.Second),
+		}, opts...)...)
 		if err == nil {
 			return nc, nil
 		}
@@ -346,6 +348,36 @@ func Dial(ctx context.Context, url, name string) (*nats.Conn, error) {
 		case <-t.C:
 		}
 		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// LogConnection logs a connection's losses and recoveries to log: a WARN "jetstream:
+// connection lost, reconnecting" when it drops (with the error), an INFO "jetstream:
+// reconnected" naming the server it is now connected to, and an INFO (WARN with an
+// error) when it is closed for good, so an operator sees an outage and its end. A Source
+// or DeadLetters that dials its own connection installs it with Config.Logger; a
+// connection given as Config.Conn keeps the handlers it was made with, so pass
+// LogConnection to nats.Connect (or Dial) to have its outages in the log.
+func LogConnection(log *slog.Logger) nats.Option {
+	return func(o *nats.Options) error {
+		o.DisconnectedErrCB = func(nc *nats.Conn, err error) {
+			if nc.IsClosed() {
+				return // Close, reported by ClosedCB
+			}
+			log.Warn("jetstream: connection lost, reconnecting", slog.Any("error", err))
+		}
+		o.ReconnectedCB = func(nc *nats.Conn) {
+			log.Info("jetstream: reconnected", slog.String("server", nc.ConnectedServerName()),
+				slog.String("url", nc.ConnectedUrlRedacted()))
+		}
+		o.ClosedCB = func(nc *nats.Conn) {
+			if err := nc.LastError(); err != nil {
+				log.Warn("jetstream: connection closed", slog.Any("error", err))
+				return
+			}
+			log.Info("jetstream: connection closed")
+		}
+		return nil
 	}
 }
 
