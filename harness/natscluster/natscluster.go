@@ -172,6 +172,23 @@ func (c *Cluster) Kill(i int) {
 	c.nodes[i].kill()
 }
 
+// Freeze stops node i's process (SIGSTOP) without killing it: its connections stay
+// open and what clients send it waits unanswered, as with a node that hangs. Kill then
+// loses it with whatever it was sent meanwhile.
+func (c *Cluster) Freeze(i int) {
+	c.t.Helper()
+	n := c.nodes[i]
+	n.logMu.Lock()
+	cmd := n.cmd
+	n.logMu.Unlock()
+	if cmd == nil {
+		c.t.Fatalf("natscluster: Freeze of %s, which does not run", n.Name)
+	}
+	if err := freeze(cmd.Process); err != nil {
+		c.t.Fatalf("natscluster: freezing %s: %v", n.Name, err)
+	}
+}
+
 // Restart starts the killed node i again, on its ports and store, and waits until the
 // cluster has a meta leader the node agrees on.
 func (c *Cluster) Restart(i int) {

@@ -2,14 +2,21 @@ package jetstream
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"math"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	js "github.com/nats-io/nats.go/jetstream"
+
 	"github.com/retrysafe/retrysafe/harness/natscluster"
 	"github.com/retrysafe/retrysafe/harness/testenv"
+	"github.com/retrysafe/retrysafe/redeliver"
 )
 
 // logRecord is one captured log record: its level, message and attributes as text.
@@ -120,5 +127,184 @@ func TestClusterConnectionLogged(t *testing.T) {
 	})
 	if got := logs.find(slog.LevelWarn, "jetstream: connection lost, reconnecting"); len(got) != 1 {
 		t.Errorf("%d connection-lost records, want 1 (Close is not a loss)", len(got))
+	}
+}
+
+// resumeBound is how long a failover test waits for handling to resume before it fails:
+// far above the seconds a fixed consumer takes, far below the settle timeout the tests
+// set (a settlement to the dead node that held its handler slot would stall the
+// consumer for that long).
+const resumeBound = 60 * time.Second
+
+// flow publishes n messages m-00000… (ids in publish order, so in stream order) to cfg's
+// queue, asynchronously, and waits for every PubAck.
+func flow(t *testing.T, c *natscluster.Cluster, cfg Config, from, n int) {
+	t.Helper()
+	j, err := js.New(c.Conn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := from; i < from+n; i++ {
+		m := nats.NewMsg(cfg.Queue)
+		m.Header.Set(js.MsgIDHeader, fmt.Sprintf("m-%05d", i))
+		m.Data = []byte("body")
+		if _, err := j.PublishMsgAsync(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-j.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		t.Fatalf("%d publishes unacknowledged after a minute", j.PublishAsyncPending())
+	}
+}
+
+// tracker records what the handler of a failover test completed. While held, the
+// handler waits, and holding counts the handlers waiting.
+type tracker struct {
+	mu       sync.Mutex
+	done     map[int]int // message index → completions
+	max      int         // highest index completed
+	after    int         // a completion of an index above it closes resumed
+	resumed  chan struct{}
+	resumeAt time.Time
+	hold     chan struct{} // nil: not held
+	holding  int
+}
+
+func newTracker() *tracker {
+	return &tracker{done: map[int]int{}, after: math.MaxInt, resumed: make(chan struct{})}
+}
+
+func (tr *tracker) handle(ctx context.Context, m *redeliver.Message) error {
+	var i int
+	if _, err := fmt.Sscanf(m.ID, "m-%d", &i); err != nil {
+		return redeliver.Decode(fmt.Errorf("unexpected message %q", m.ID))
+	}
+	tr.mu.Lock()
+	if hold := tr.hold; hold != nil {
+		tr.holding++
+		tr.mu.Unlock()
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		tr.mu.Lock()
+	}
+	defer tr.mu.Unlock()
+	tr.done[i]++
+	tr.max = max(tr.max, i)
+	if i > tr.after && tr.resumeAt.IsZero() {
+		tr.resumeAt = time.Now()
+		close(tr.resumed)
+	}
+	return nil
+}
+
+// completed returns how many distinct messages completed.
+func (tr *tracker) completed() int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return len(tr.done)
+}
+
+// holdAll makes every handler that starts from now on wait for release.
+func (tr *tracker) holdAll() {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.hold = make(chan struct{})
+}
+
+// held returns how many handlers wait.
+func (tr *tracker) held() int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.holding
+}
+
+// release lets the waiting handlers complete, and makes the completion of any message
+// pulled from now on signal resumed: one whose index exceeds every index completed or
+// held so far by more than the messages the Source may hold pulled ahead.
+func (tr *tracker) release(slack int) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	close(tr.hold)
+	tr.hold = nil
+	tr.after = tr.max + tr.holding + slack
+}
+
+// TestClusterConsumerLeaderKillResumes runs a consumer (concurrency 10) on an R3 stream
+// with messages flowing, and kills the consumer leader's node (SIGKILL) while ten
+// acknowledgements wait for its answer: it freezes the node (SIGSTOP) while ten handlers
+// are running, lets them complete, so their acknowledgements are sent to the frozen
+// node, then kills it. It measures the time from the kill until a message pulled after
+// it completes. The settle timeout is ten minutes: settlements to the dead node that held
+// handler slots would stop handling for that long. Every message completes in the end.
+func TestClusterConsumerLeaderKillResumes(t *testing.T) {
+	c := natscluster.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cfg := clusterConfig(c)
+	cfg.Replicas = 3
+	cfg.AckWait = 5 * time.Second
+	if err := Declare(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	const total, concurrency = 4000, 10
+	flow(t, c, cfg, 0, total)
+	names, err := cfg.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := c.ConsumerLeader(names.Stream, names.Consumer)
+	// The consumer's connection is on the leader's node.
+	urls := []string{c.Nodes()[leader].URL()}
+	for i, n := range c.Nodes() {
+		if i != leader {
+			urls = append(urls, n.URL())
+		}
+	}
+	nc, err := Dial(ctx, strings.Join(urls, ","), "failover test", nats.DontRandomize())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if nc.ConnectedServerName() != c.Nodes()[leader].Name {
+		t.Fatalf("connected to %s, want the leader %s", nc.ConnectedServerName(), c.Nodes()[leader].Name)
+	}
+	cfg.Conn = nc
+	tr := newTracker()
+	r := run(t, cfg, tr.handle, func(rc *redeliver.Config) {
+		rc.SettleTimeout = 10 * time.Minute
+		rc.Concurrency = concurrency
+	})
+	eventually(t, time.Minute, "300 messages to complete", func() bool { return tr.completed() >= 300 })
+	tr.holdAll()
+	eventually(t, time.Minute, "every handler to be held", func() bool { return tr.held() == concurrency })
+	c.Freeze(leader)
+	sent := nc.Stats().OutMsgs
+	tr.release(DefaultPrefetch + 50)
+	// The ten acknowledgements are on their way to the frozen node once the connection
+	// has counted them and written everything it buffered.
+	eventually(t, time.Minute, "the acknowledgements to be sent", func() bool {
+		b, err := nc.Buffered()
+		return nc.Stats().OutMsgs >= sent+concurrency && err == nil && b == 0
+	})
+	killed := time.Now()
+	c.Kill(leader)
+	select {
+	case <-tr.resumed:
+		tr.mu.Lock()
+		t.Logf("R3 stream, consumer leader %s killed with %d acknowledgements in flight: handling resumed %v after the kill",
+			c.Nodes()[leader].Name, concurrency, tr.resumeAt.Sub(killed).Round(time.Millisecond))
+		tr.mu.Unlock()
+	case <-time.After(resumeBound):
+		t.Fatalf("handling did not resume within %v of killing the consumer leader %s (%d of %d completed)",
+			resumeBound, c.Nodes()[leader].Name, tr.completed(), total)
+	}
+	eventually(t, 2*time.Minute, "every message to complete", func() bool { return tr.completed() == total })
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
 	}
 }
