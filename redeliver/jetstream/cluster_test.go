@@ -308,3 +308,97 @@ func TestClusterConsumerLeaderKillResumes(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// replicaWarning is the WARN a Source logs when it chooses one replica by default.
+const replicaWarning = "jetstream: the work stream, the DLQ stream and the failure bucket have one replica " +
+	"(no cluster of three servers seen): while their server is down the queue stops; a crash of it " +
+	"(kill -9, power loss) can lose the consumer's last acknowledgements and delivery counts, so completed " +
+	"messages run again and counts restart; losing its disk loses every message. Set Config.Replicas " +
+	"to 3 on a cluster of three or more JetStream servers"
+
+// streamReplicas returns the replica counts of cfg's work stream, DLQ stream and
+// failure bucket, as the server has them.
+func streamReplicas(t *testing.T, ctx context.Context, nc *nats.Conn, cfg Config) []int {
+	t.Helper()
+	full, err := cfg.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := js.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int
+	for _, name := range []string{full.Stream, full.DLQStream, "KV_" + full.FailureBucket} {
+		s, err := j.Stream(ctx, name)
+		if err != nil {
+			t.Fatalf("stream %s: %v", name, err)
+		}
+		got = append(got, s.CachedInfo().Config.Replicas)
+	}
+	return got
+}
+
+// TestClusterDefaultReplicas: on a 3-node cluster, given one node's URL, a Source
+// creates its streams and bucket with three replicas and warns of nothing; an explicit
+// Replicas wins.
+func TestClusterDefaultReplicas(t *testing.T) {
+	c := natscluster.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	logs := newCapture()
+	cfg := clusterConfig(c)
+	cfg.URL = c.Nodes()[1].URL()
+	cfg.Logger = slog.New(logs)
+	src, err := NewSource(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := streamReplicas(t, ctx, c.Conn(), cfg); !slices.Equal(got, []int{3, 3, 3}) {
+		t.Errorf("replicas of the work stream, DLQ stream and failure bucket = %v, want [3 3 3]", got)
+	}
+	if w := logs.find(slog.LevelWarn, replicaWarning); len(w) != 0 {
+		t.Errorf("warned of one replica on a 3-node cluster: %v", w)
+	}
+
+	explicit := clusterConfig(c)
+	explicit.Replicas = 1
+	if err := Declare(ctx, explicit); err != nil {
+		t.Fatal(err)
+	}
+	if got := streamReplicas(t, ctx, c.Conn(), explicit); !slices.Equal(got, []int{1, 1, 1}) {
+		t.Errorf("explicit Replicas 1: replicas %v, want [1 1 1]", got)
+	}
+}
+
+// TestSingleServerDefaultReplicas: on a single server (the shared one), a Source
+// creates its streams with one replica and says at start what that loses.
+func TestSingleServerDefaultReplicas(t *testing.T) {
+	t.Parallel()
+	url := testenv.NATSURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	logs := newCapture()
+	cfg := newConfig(t, url)
+	cfg.Logger = slog.New(logs)
+	src, err := NewSource(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := streamReplicas(t, ctx, connect(t, url), cfg); !slices.Equal(got, []int{1, 1, 1}) {
+		t.Errorf("replicas %v, want [1 1 1]", got)
+	}
+	w := logs.find(slog.LevelWarn, replicaWarning)
+	if len(w) != 1 {
+		t.Fatalf("%d one-replica warnings, want 1", len(w))
+	}
+	if w[0].attrs["queue"] != cfg.Queue {
+		t.Errorf("warning names queue %q, want %q", w[0].attrs["queue"], cfg.Queue)
+	}
+}

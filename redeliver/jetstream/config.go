@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"time"
 
@@ -84,7 +85,14 @@ type Config struct {
 	// message's AckWait is already running, so keep Prefetch × handler time well under
 	// AckWait. Default 16.
 	Prefetch int
-	// Replicas is the streams' replica count in a cluster. Default 1.
+	// Replicas is the replica count of the work stream (and so of the consumer), the
+	// DLQ stream and the failure bucket. Default: 3 when the server is part of a
+	// cluster of at least three servers, else 1, and then NewSource and Declare log a
+	// WARN saying what one replica loses on a node crash. The cluster's size is what the
+	// connection knows of it: the servers it was given and those the cluster announced
+	// (a cluster whose servers do not advertise themselves, no_advertise, and a URL
+	// naming one of them look like a single server: set Replicas). A stream that exists
+	// with another count is updated to it (the server scales it).
 	Replicas int
 	// MemoryStorage keeps both streams in memory instead of on disk (tests, benchmarks).
 	// Default false: file storage.
@@ -178,8 +186,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Prefetch <= 0 {
 		c.Prefetch = DefaultPrefetch
 	}
-	if c.Replicas <= 0 {
-		c.Replicas = 1
+	if c.Replicas < 0 {
+		c.Replicas = 0 // chosen by chooseReplicas once connected
 	}
 	if c.Duplicates <= 0 {
 		c.Duplicates = DefaultDuplicates
@@ -303,6 +311,46 @@ func (cfg Config) open(ctx context.Context) (*session, error) {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	return s, nil
+}
+
+// clusterReplicas is the replica count chosen by default in a cluster large enough.
+const clusterReplicas = 3
+
+// chooseReplicas sets the session's replica count when the Config leaves it to the
+// default: clusterReplicas when the connection knows of at least that many servers of
+// its cluster, else 1 with a WARN saying what that loses.
+func (s *session) chooseReplicas() {
+	if s.cfg.Replicas > 0 {
+		return
+	}
+	cluster := s.nc.ConnectedClusterName()
+	servers := 0
+	if cluster != "" {
+		servers = knownServers(s.nc)
+		if servers >= clusterReplicas {
+			s.cfg.Replicas = clusterReplicas
+			return
+		}
+	}
+	s.cfg.Replicas = 1
+	s.cfg.Logger.Warn("jetstream: the work stream, the DLQ stream and the failure bucket have one replica "+
+		"(no cluster of three servers seen): while their server is down the queue stops; a crash of it "+
+		"(kill -9, power loss) can lose the consumer's last acknowledgements and delivery counts, so completed "+
+		"messages run again and counts restart; losing its disk loses every message. Set Config.Replicas "+
+		"to 3 on a cluster of three or more JetStream servers",
+		slog.String("queue", s.cfg.Queue), slog.String("cluster", cluster), slog.Int("servers_known", servers))
+}
+
+// knownServers counts the distinct servers in the connection's pool: those it was given
+// and those its cluster announced.
+func knownServers(nc *nats.Conn) int {
+	seen := map[string]bool{}
+	for _, u := range nc.Servers() {
+		if pu, err := url.Parse(u); err == nil {
+			seen[pu.Host] = true
+		}
+	}
+	return len(seen)
 }
 
 // close closes the session's connection when it is its own.
@@ -435,6 +483,7 @@ func Declare(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer s.close()
+	s.chooseReplicas()
 	_, _, err = s.cfg.declare(ctx, s.js)
 	return err
 }

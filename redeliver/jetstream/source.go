@@ -56,6 +56,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
+	ss.chooseReplicas()
 	c, nc, own, j := ss.cfg, ss.nc, ss.own, ss.js
 	fail := func(err error) (*Source, error) {
 		ss.close()
