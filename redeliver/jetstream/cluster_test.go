@@ -236,17 +236,34 @@ func (tr *tracker) release(slack int) {
 
 // TestClusterConsumerLeaderKillResumes runs a consumer (concurrency 10) on an R3 stream
 // with messages flowing, and kills the consumer leader's node (SIGKILL) while ten
-// acknowledgements wait for its answer: it freezes the node (SIGSTOP) while ten handlers
-// are running, lets them complete, so their acknowledgements are sent to the frozen
-// node, then kills it. It measures the time from the kill until a message pulled after
-// it completes. The settle timeout is ten minutes: settlements to the dead node that held
-// handler slots would stop handling for that long. Every message completes in the end.
+// acknowledgements wait for its answer (see failover). Handling resumes once another
+// node leads the consumer.
 func TestClusterConsumerLeaderKillResumes(t *testing.T) {
+	failover(t, 3, false)
+}
+
+// TestClusterStreamNodeKillResumes runs a consumer (concurrency 10) on an R1 stream with
+// messages flowing, kills the stream's node (SIGKILL) while ten acknowledgements wait for
+// its answer (see failover), and restarts it. Handling resumes once the node is back.
+func TestClusterStreamNodeKillResumes(t *testing.T) {
+	failover(t, 1, true)
+}
+
+// failover runs a consumer (concurrency 10, settle timeout ten minutes) on a stream of
+// the given replicas with 4000 messages, and once 300 completed, kills the node that
+// leads the consumer (with one replica: the stream's node) with ten acknowledgements in
+// flight to it: it freezes the node (SIGSTOP) while ten handlers run, lets them
+// complete, so their acknowledgements are sent to the frozen node, then kills it; with
+// restart, it starts the node again. It measures the time from the kill (and from the
+// restart) until a message pulled after the kill completes: settlements to the dead node
+// that held handler slots would stop handling for the settle timeout. Every message
+// completes in the end.
+func failover(t *testing.T, replicas int, restart bool) {
 	c := natscluster.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	cfg := clusterConfig(c)
-	cfg.Replicas = 3
+	cfg.Replicas = replicas
 	cfg.AckWait = 5 * time.Second
 	if err := Declare(ctx, cfg); err != nil {
 		t.Fatal(err)
@@ -293,15 +310,26 @@ func TestClusterConsumerLeaderKillResumes(t *testing.T) {
 	})
 	killed := time.Now()
 	c.Kill(leader)
+	what := fmt.Sprintf("R%d stream, consumer leader %s killed with %d acknowledgements in flight",
+		replicas, c.Nodes()[leader].Name, concurrency)
+	var restarted time.Time
+	if restart {
+		restarted = time.Now()
+		c.Restart(leader)
+		what += fmt.Sprintf(", restarted at once (serving again %v after the kill)", time.Since(killed).Round(time.Millisecond))
+	}
 	select {
 	case <-tr.resumed:
 		tr.mu.Lock()
-		t.Logf("R3 stream, consumer leader %s killed with %d acknowledgements in flight: handling resumed %v after the kill",
-			c.Nodes()[leader].Name, concurrency, tr.resumeAt.Sub(killed).Round(time.Millisecond))
+		at := tr.resumeAt
 		tr.mu.Unlock()
+		msg := fmt.Sprintf("%s: handling resumed %v after the kill", what, at.Sub(killed).Round(time.Millisecond))
+		if restart {
+			msg += fmt.Sprintf(", %v after the restart began", at.Sub(restarted).Round(time.Millisecond))
+		}
+		t.Log(msg)
 	case <-time.After(resumeBound):
-		t.Fatalf("handling did not resume within %v of killing the consumer leader %s (%d of %d completed)",
-			resumeBound, c.Nodes()[leader].Name, tr.completed(), total)
+		t.Fatalf("%s: handling did not resume within %v (%d of %d completed)", what, resumeBound, tr.completed(), total)
 	}
 	eventually(t, 2*time.Minute, "every message to complete", func() bool { return tr.completed() == total })
 	if err := r.stop(); err != nil {
