@@ -49,8 +49,17 @@ type Config struct {
 	// Default: the Source's Heartbeater interval, or never when it has none; negative:
 	// never.
 	Heartbeat time.Duration
-	// SettleTimeout bounds each Ack, Retry, DeadLetter or Release. Default 30s.
+	// SettleTimeout bounds each Ack, Retry, DeadLetter or Release. Default 30s. A
+	// settlement runs after its handler has given back its concurrency slot, so one
+	// sent to a broker node that died (whose answer never comes) delays no other
+	// message: it only holds one of MaxSettling.
 	SettleTimeout time.Duration
+	// MaxSettling is the most messages received and not yet settled: handled or being
+	// handled, and waiting for their settlement's answer. When that many are, Run
+	// receives no more until one is settled (or its settlement fails), which bounds the
+	// work a broker that stopped answering can leave pending. Default 4 × Concurrency;
+	// at least Concurrency.
+	MaxSettling int
 	// Logger receives the consumer's logs. Default slog.Default().
 	Logger *slog.Logger
 	// Registerer, when set, receives the Prometheus collectors (retrysafe_redeliver_*).
@@ -117,6 +126,10 @@ func New(cfg Config) (*Consumer, error) {
 	if cfg.ShutdownGrace == 0 {
 		cfg.ShutdownGrace = DefaultShutdownGrace
 	}
+	if cfg.MaxSettling <= 0 {
+		cfg.MaxSettling = 4 * cfg.Concurrency
+	}
+	cfg.MaxSettling = max(cfg.MaxSettling, cfg.Concurrency)
 	if cfg.SettleTimeout <= 0 {
 		cfg.SettleTimeout = DefaultSettleTimeout
 	}
@@ -164,20 +177,33 @@ func (c *Consumer) Run(ctx context.Context) error {
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
 
+	// A message takes a slot of sem while its handler runs, and a slot of unsettled
+	// from its receipt until its settlement is over: a settlement waiting for a broker
+	// that stopped answering holds no handler slot.
 	sem := make(chan struct{}, c.cfg.Concurrency)
+	unsettled := make(chan struct{}, c.cfg.MaxSettling)
 	var wg sync.WaitGroup
 	var runErr error
 	for {
 		select {
-		case sem <- struct{}{}:
+		case unsettled <- struct{}{}:
 		case <-ctx.Done():
 		}
 		if ctx.Err() != nil {
 			break
 		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			<-unsettled
+			break
+		}
 		d, err := c.cfg.Source.Receive(ctx)
 		if err != nil {
 			<-sem
+			<-unsettled
 			if ctx.Err() == nil {
 				runErr = fmt.Errorf("redeliver: receive: %w", err)
 			}
@@ -186,8 +212,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() { <-sem }()
-			c.handle(work, d)
+			defer func() { <-unsettled }()
+			settle := c.handle(work, d)
+			<-sem
+			settle()
 		}()
 	}
 
@@ -267,8 +295,9 @@ func (c *Consumer) recall(m *Message) (failedAttempt, bool) {
 	return f, ok
 }
 
-// handle runs the handler on one delivery and settles it.
-func (c *Consumer) handle(work context.Context, d Delivery) {
+// handle runs the handler on one delivery and returns its settlement, which the caller
+// runs once it has given back the handler's concurrency slot.
+func (c *Consumer) handle(work context.Context, d Delivery) (settle func()) {
 	m := d.Message()
 	if m.Header == nil {
 		m.Header = map[string]string{}
@@ -303,8 +332,7 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 		// never returns (restarts alone do not come near the bound) — unless a run of it
 		// committed, which the inbox knows.
 		if c.seen(work, m) {
-			c.duplicate(work, d, m)
-			return
+			return func() { c.duplicate(work, d, m) }
 		}
 		now := c.cfg.Clock()
 		info := c.deadInfo(m, ReasonMaxDeliver, ClassUnknown,
@@ -312,8 +340,7 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 				strconv.Itoa(c.policy.MaxDeliveries)+": a handler that crashed the process or never returned?", m.Attempt-1, now)
 		c.logMsg(slog.LevelWarn, "redeliver: dead-lettering a message delivered more often than max deliveries", m,
 			slog.Int("delivery_count", m.DeliveryCount), slog.Int("max_deliveries", c.policy.MaxDeliveries))
-		c.deadLetter(work, d, m, info)
-		return
+		return func() { c.deadLetter(work, d, m, info) }
 	}
 	if m.Attempt > c.policy.MaxAttempts {
 		// The handler already had its attempts: the count header says so (a consumer
@@ -323,34 +350,33 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 		// One of them may have committed, which the inbox knows: then this is a
 		// duplicate, not a failure.
 		if c.seen(work, m) {
-			c.duplicate(work, d, m)
-			return
+			return func() { c.duplicate(work, d, m) }
 		}
 		now := c.cfg.Clock()
 		info := c.deadInfo(m, ReasonMaxAttempts, ClassTransient,
 			"delivered "+strconv.Itoa(m.Attempt)+" times, more than max attempts", m.Attempt-1, now)
 		c.logMsg(slog.LevelWarn, "redeliver: dead-lettering a message delivered more often than max attempts", m,
 			slog.Int("delivery_count", m.DeliveryCount))
-		c.deadLetter(work, d, m, info)
-		return
+		return func() { c.deadLetter(work, d, m, info) }
 	}
 
 	err, class, canceled, dup := c.call(work, d, m)
 	if dup {
-		c.duplicate(work, d, m)
-		return
+		return func() { c.duplicate(work, d, m) }
 	}
 	if err == nil {
-		c.settle(work, "ack", m, d.Ack)
-		c.m.succeeded(q)
-		return
+		return func() {
+			c.settle(work, "ack", m, d.Ack)
+			c.m.succeeded(q)
+		}
 	}
 	if canceled {
 		// Shutdown ended the handler: not the message's fault.
 		c.logMsg(slog.LevelInfo, "redeliver: releasing message at shutdown", m, slog.Any("error", err))
-		c.settle(work, "release", m, d.Release)
-		c.m.released(q)
-		return
+		return func() {
+			c.settle(work, "release", m, d.Release)
+			c.m.released(q)
+		}
 	}
 	now := c.cfg.Clock()
 	if !class.Retryable() || m.Attempt >= c.policy.MaxAttempts {
@@ -364,10 +390,11 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 		info := c.deadInfo(m, reason, class, err.Error(), m.Attempt, now)
 		c.logMsg(slog.LevelWarn, "redeliver: dead-lettering message", m, slog.String("reason", string(reason)),
 			slog.String("error_class", string(class)), slog.Any("error", err))
-		if !c.deadLetter(work, d, m, info) {
-			c.remember(m, m.Attempt, info.FirstFailure)
+		return func() {
+			if !c.deadLetter(work, d, m, info) {
+				c.remember(m, m.Attempt, info.FirstFailure)
+			}
 		}
-		return
 	}
 	delay := c.policy.Delay(m.Attempt, err)
 	first := m.FirstFailure
@@ -388,10 +415,12 @@ func (c *Consumer) handle(work context.Context, d Delivery) {
 	}
 	c.logMsg(slog.LevelInfo, "redeliver: retrying message", m, slog.Duration("delay", delay),
 		slog.String("error_class", string(class)), slog.Any("error", err))
-	if c.settle(work, "retry", m, func(ctx context.Context) error { return d.Retry(ctx, r) }) {
-		c.m.retried(q, class)
-	} else {
-		c.remember(m, m.Attempt, first)
+	return func() {
+		if c.settle(work, "retry", m, func(ctx context.Context) error { return d.Retry(ctx, r) }) {
+			c.m.retried(q, class)
+		} else {
+			c.remember(m, m.Attempt, first)
+		}
 	}
 }
 
@@ -474,8 +503,11 @@ func (c *Consumer) call(work context.Context, d Delivery, m *Message) (err error
 
 var errHandlerTimeout = errors.New("redeliver: handler timeout")
 
-// heartbeat calls d.InProgress every c.beat until stop is called.
+// heartbeat calls d.InProgress every c.beat until stop is called. stop cancels a call
+// under way rather than waiting for it: the handler's slot is not held by a signal to a
+// broker that stopped answering.
 func (c *Consumer) heartbeat(ctx context.Context, d Delivery, m *Message) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -490,13 +522,13 @@ func (c *Consumer) heartbeat(ctx context.Context, d Delivery, m *Message) (stop 
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if err := d.InProgress(ctx); err != nil {
+				if err := d.InProgress(ctx); err != nil && ctx.Err() == nil {
 					c.logMsg(slog.LevelWarn, "redeliver: in-progress signal failed", m, slog.Any("error", err))
 				}
 			}
 		}
 	}()
-	return func() { close(done); wg.Wait() }
+	return func() { close(done); cancel(); wg.Wait() }
 }
 
 func (c *Consumer) deadInfo(m *Message, reason Reason, class Class, errText string, attempts int, now time.Time) DeadInfo {

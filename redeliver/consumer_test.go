@@ -37,6 +37,13 @@ func (s *fakeSource) push(m *redeliver.Message) *fakeDelivery {
 	return d
 }
 
+// pushGated queues a message whose Ack waits until gate is closed.
+func (s *fakeSource) pushGated(m *redeliver.Message, gate chan struct{}) *fakeDelivery {
+	d := &fakeDelivery{m: m, beaten: make(chan struct{}, 1), settled: make(chan struct{}), gate: gate}
+	s.ch <- d
+	return d
+}
+
 func (s *fakeSource) Receive(ctx context.Context) (redeliver.Delivery, error) {
 	select {
 	case <-ctx.Done():
@@ -63,6 +70,7 @@ type fakeDelivery struct {
 	settled chan struct{}
 	// failRetry makes Retry fail, as when the broker went away.
 	failRetry bool
+	gate      chan struct{} // when set, Ack waits for it to close
 }
 
 func (d *fakeDelivery) Message() *redeliver.Message { return d.m }
@@ -76,7 +84,17 @@ func (d *fakeDelivery) set(op string) error {
 	close(d.settled)
 	return nil
 }
-func (d *fakeDelivery) Ack(context.Context) error { return d.set("ack") }
+func (d *fakeDelivery) Ack(ctx context.Context) error {
+	if d.gate != nil {
+		// A broker that does not answer until gate is closed.
+		select {
+		case <-d.gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return d.set("ack")
+}
 func (d *fakeDelivery) Retry(_ context.Context, r redeliver.RetryInfo) error {
 	d.mu.Lock()
 	d.retry = r
@@ -415,6 +433,49 @@ func testConcurrencyLimit(t *testing.T) {
 	}
 	if p := peak.Load(); p != limit {
 		t.Errorf("peak concurrency = %d, want %d", p, limit)
+	}
+}
+
+// A settlement the broker does not answer holds no handler slot: with both slots' messages
+// waiting for their Ack, the next messages are handled and settled; only MaxSettling
+// unsettled messages stop the consumer from receiving more.
+func TestSettlementHoldsNoSlot(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testSettlementHoldsNoSlot)
+}
+
+func testSettlementHoldsNoSlot(t *testing.T) {
+	const concurrency, maxSettling = 2, 5
+	src := newFakeSource(16)
+	gate := make(chan struct{})
+	run(t, redeliver.Config{Source: src, Concurrency: concurrency, MaxSettling: maxSettling,
+		SettleTimeout: time.Hour, ShutdownGrace: time.Second,
+		Handler: func(context.Context, *redeliver.Message) error { return nil }})
+	var stuck []*fakeDelivery
+	for i := range concurrency {
+		stuck = append(stuck, src.pushGated(&redeliver.Message{ID: "stuck" + strconv.Itoa(i), Queue: "q"}, gate))
+	}
+	synctest.Wait()
+	for i := range 3 {
+		d := src.push(&redeliver.Message{ID: strconv.Itoa(i), Queue: "q"})
+		if op := d.wait(t); op != "ack" {
+			t.Fatalf("message %d settled with %s, want ack", i, op)
+		}
+	}
+	// maxSettling unsettled: two stuck, then three more stuck fill it.
+	for i := range maxSettling - concurrency {
+		stuck = append(stuck, src.pushGated(&redeliver.Message{ID: "more" + strconv.Itoa(i), Queue: "q"}, gate))
+	}
+	last := src.push(&redeliver.Message{ID: "last", Queue: "q"})
+	synctest.Wait()
+	if n := len(src.ch); n != 1 {
+		t.Fatalf("%d messages waiting in the source, want 1: the consumer received beyond MaxSettling", n)
+	}
+	close(gate)
+	for _, d := range append(stuck, last) {
+		if op := d.wait(t); op != "ack" {
+			t.Fatalf("%s settled with %s, want ack", d.m.ID, op)
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"time"
 
@@ -84,7 +85,14 @@ type Config struct {
 	// message's AckWait is already running, so keep Prefetch × handler time well under
 	// AckWait. Default 16.
 	Prefetch int
-	// Replicas is the streams' replica count in a cluster. Default 1.
+	// Replicas is the replica count of the work stream (and so of the consumer), the
+	// DLQ stream and the failure bucket. Default: 3 when the server is part of a
+	// cluster of at least three servers, else 1, and then NewSource and Declare log a
+	// WARN saying what one replica loses on a node crash. The cluster's size is what the
+	// connection knows of it: the servers it was given and those the cluster announced
+	// (a cluster whose servers do not advertise themselves, no_advertise, and a URL
+	// naming one of them look like a single server: set Replicas). A stream that exists
+	// with another count is updated to it (the server scales it).
 	Replicas int
 	// MemoryStorage keeps both streams in memory instead of on disk (tests, benchmarks).
 	// Default false: file storage.
@@ -178,8 +186,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Prefetch <= 0 {
 		c.Prefetch = DefaultPrefetch
 	}
-	if c.Replicas <= 0 {
-		c.Replicas = 1
+	if c.Replicas < 0 {
+		c.Replicas = 0 // chosen by chooseReplicas once connected
 	}
 	if c.Duplicates <= 0 {
 		c.Duplicates = DefaultDuplicates
@@ -292,7 +300,8 @@ func (cfg Config) open(ctx context.Context) (*session, error) {
 	}
 	s := &session{cfg: c, nc: c.Conn}
 	if s.nc == nil {
-		if s.nc, err = Dial(ctx, c.URL, "retrysafe redeliver "+c.Queue); err != nil {
+		s.nc, err = Dial(ctx, c.URL, "retrysafe redeliver "+c.Queue, LogConnection(c.Logger.With(slog.String("queue", c.Queue))))
+		if err != nil {
 			return nil, err
 		}
 		s.own = true
@@ -304,6 +313,46 @@ func (cfg Config) open(ctx context.Context) (*session, error) {
 	return s, nil
 }
 
+// clusterReplicas is the replica count chosen by default in a cluster large enough.
+const clusterReplicas = 3
+
+// chooseReplicas sets the session's replica count when the Config leaves it to the
+// default: clusterReplicas when the connection knows of at least that many servers of
+// its cluster, else 1 with a WARN saying what that loses.
+func (s *session) chooseReplicas() {
+	if s.cfg.Replicas > 0 {
+		return
+	}
+	cluster := s.nc.ConnectedClusterName()
+	servers := 0
+	if cluster != "" {
+		servers = knownServers(s.nc)
+		if servers >= clusterReplicas {
+			s.cfg.Replicas = clusterReplicas
+			return
+		}
+	}
+	s.cfg.Replicas = 1
+	s.cfg.Logger.Warn("jetstream: the work stream, the DLQ stream and the failure bucket have one replica "+
+		"(no cluster of three servers seen): while their server is down the queue stops; a crash of it "+
+		"(kill -9, power loss) can lose the consumer's last acknowledgements and delivery counts, so completed "+
+		"messages run again and counts restart; losing its disk loses every message. Set Config.Replicas "+
+		"to 3 on a cluster of three or more JetStream servers",
+		slog.String("queue", s.cfg.Queue), slog.String("cluster", cluster), slog.Int("servers_known", servers))
+}
+
+// knownServers counts the distinct servers in the connection's pool: those it was given
+// and those its cluster announced.
+func knownServers(nc *nats.Conn) int {
+	seen := map[string]bool{}
+	for _, u := range nc.Servers() {
+		if pu, err := url.Parse(u); err == nil {
+			seen[pu.Host] = true
+		}
+	}
+	return len(seen)
+}
+
 // close closes the session's connection when it is its own.
 func (s *session) close() {
 	if s.own {
@@ -311,11 +360,12 @@ func (s *session) close() {
 	}
 }
 
-// Dial connects to the NATS server at url (default nats://127.0.0.1:4222) with a
-// connection that reconnects forever. When no server answers at first it tries again
-// until ctx ends, or for 30s when ctx has no deadline. name identifies the client in the
-// server's monitoring.
-func Dial(ctx context.Context, url, name string) (*nats.Conn, error) {
+// Dial connects to the NATS server at url (default nats://127.0.0.1:4222; a
+// comma-separated list names the servers of a cluster) with a connection that reconnects
+// forever. When no server answers at first it tries again until ctx ends, or for 30s
+// when ctx has no deadline. name identifies the client in the server's monitoring; opts
+// are applied after Dial's own (LogConnection, say).
+func Dial(ctx context.Context, url, name string, opts ...nats.Option) (*nats.Conn, error) {
 	if url == "" {
 		url = nats.DefaultURL
 	}
@@ -326,12 +376,12 @@ func Dial(ctx context.Context, url, name string) (*nats.Conn, error) {
 	}
 	wait := 100 * time.Millisecond
 	for {
-		nc, err := nats.Connect(url,
+		nc, err := nats.Connect(url, append([]nats.Option{
 			nats.Name(name),
 			nats.MaxReconnects(-1),
-			nats.ReconnectWait(250*time.Millisecond),
-			nats.Timeout(2*time.Second),
-		)
+			nats.ReconnectWait(250 * time.Millisecond),
+			nats.Timeout(2 * time.Second),
+		}, opts...)...)
 		if err == nil {
 			return nc, nil
 		}
@@ -346,6 +396,36 @@ func Dial(ctx context.Context, url, name string) (*nats.Conn, error) {
 		case <-t.C:
 		}
 		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// LogConnection logs a connection's losses and recoveries to log: a WARN "jetstream:
+// connection lost, reconnecting" when it drops (with the error), an INFO "jetstream:
+// reconnected" naming the server it is now connected to, and an INFO (WARN with an
+// error) when it is closed for good, so an operator sees an outage and its end. A Source
+// or DeadLetters that dials its own connection installs it with Config.Logger; a
+// connection given as Config.Conn keeps the handlers it was made with, so pass
+// LogConnection to nats.Connect (or Dial) to have its outages in the log.
+func LogConnection(log *slog.Logger) nats.Option {
+	return func(o *nats.Options) error {
+		o.DisconnectedErrCB = func(nc *nats.Conn, err error) {
+			if nc.IsClosed() {
+				return // Close, reported by ClosedCB
+			}
+			log.Warn("jetstream: connection lost, reconnecting", slog.Any("error", err))
+		}
+		o.ReconnectedCB = func(nc *nats.Conn) {
+			log.Info("jetstream: reconnected", slog.String("server", nc.ConnectedServerName()),
+				slog.String("url", nc.ConnectedUrlRedacted()))
+		}
+		o.ClosedCB = func(nc *nats.Conn) {
+			if err := nc.LastError(); err != nil {
+				log.Warn("jetstream: connection closed", slog.Any("error", err))
+				return
+			}
+			log.Info("jetstream: connection closed")
+		}
+		return nil
 	}
 }
 
@@ -403,6 +483,7 @@ func Declare(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer s.close()
+	s.chooseReplicas()
 	_, _, err = s.cfg.declare(ctx, s.js)
 	return err
 }

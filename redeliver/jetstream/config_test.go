@@ -28,7 +28,7 @@ func TestConfigDefaults(t *testing.T) {
 		Queue: "emitter.access", URL: nats.DefaultURL, Stream: "emitter_access", Consumer: "redeliver",
 		DLQSubject: "emitter.access.dlq", DLQStream: "emitter_access_dlq", FailureBucket: "emitter_access_failures",
 		FailureTTL: 24 * time.Hour, AckWait: 30 * time.Second,
-		MaxDeliver: 7, MaxAckPending: 1000, Prefetch: 16, Replicas: 1, Duplicates: 2 * time.Minute,
+		MaxDeliver: 7, MaxAckPending: 1000, Prefetch: 16, Replicas: 0, Duplicates: 2 * time.Minute,
 		DLQDuplicates: time.Hour, SweepInterval: time.Minute,
 	}
 	got := c

@@ -56,6 +56,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
+	ss.chooseReplicas()
 	c, nc, own, j := ss.cfg, ss.nc, ss.own, ss.js
 	fail := func(err error) (*Source, error) {
 		ss.close()
@@ -315,9 +316,20 @@ var (
 	ackTerm     = []byte("+TERM")
 )
 
+// ackAttempt bounds one try of an acknowledgement. An acknowledgement whose answer does
+// not come within it (the consumer leader died with the request, or the connection is
+// being re-established) is sent again, so it reaches the leader the cluster elects
+// next: the consumer answers every acknowledgement, and applying one twice changes
+// nothing.
+const ackAttempt = 2 * time.Second
+
+// ackRetryWait is the pause before sending again an acknowledgement that found no
+// consumer leader to answer it (one is being elected).
+const ackRetryWait = 100 * time.Millisecond
+
 // ackSync sends an acknowledgement of msg and waits for the server to confirm it (what
 // nats.go's DoubleAck does for +ACK), so a settle returns only once the server has the
-// outcome.
+// outcome. It tries again (see ackAttempt) until ctx ends; without a deadline, for 10s.
 func ackSync(ctx context.Context, nc *nats.Conn, msg js.Msg, body []byte) error {
 	reply := msg.Reply()
 	if reply == "" {
@@ -325,10 +337,28 @@ func ackSync(ctx context.Context, nc *nats.Conn, msg js.Msg, body []byte) error 
 	}
 	ctx, cancel := withTimeout(ctx)
 	defer cancel()
-	if _, err := nc.RequestWithContext(ctx, reply, body); err != nil {
-		return fmt.Errorf("jetstream: %s: %w", body, err)
+	for {
+		actx, acancel := context.WithTimeout(ctx, ackAttempt)
+		_, err := nc.RequestWithContext(actx, reply, body)
+		acancel()
+		if err == nil {
+			return nil
+		}
+		again := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+			errors.Is(err, nats.ErrNoResponders)
+		if !again || ctx.Err() != nil {
+			return fmt.Errorf("jetstream: %s: %w", body, err)
+		}
+		if errors.Is(err, nats.ErrNoResponders) {
+			t := time.NewTimer(ackRetryWait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return fmt.Errorf("jetstream: %s: %w", body, err)
+			case <-t.C:
+			}
+		}
 	}
-	return nil
 }
 
 // delivery is one received message.

@@ -1,0 +1,11 @@
+//go:build unix
+
+package natscluster
+
+import (
+	"os"
+	"syscall"
+)
+
+// freeze stops p (SIGSTOP).
+func freeze(p *os.Process) error { return p.Signal(syscall.SIGSTOP) }
