@@ -390,9 +390,12 @@ func (c *Consumer) handle(work context.Context, d Delivery) (settle func()) {
 		info := c.deadInfo(m, reason, class, err.Error(), m.Attempt, now)
 		c.logMsg(slog.LevelWarn, "redeliver: dead-lettering message", m, slog.String("reason", string(reason)),
 			slog.String("error_class", string(class)), slog.Any("error", err))
+		// Remembered before the settlement and forgotten once it is acknowledged, so
+		// that a redelivery of a settlement the broker never got finds it, however soon.
+		c.remember(m, m.Attempt, info.FirstFailure)
 		return func() {
-			if !c.deadLetter(work, d, m, info) {
-				c.remember(m, m.Attempt, info.FirstFailure)
+			if c.deadLetter(work, d, m, info) {
+				c.recall(m)
 			}
 		}
 	}
@@ -415,11 +418,11 @@ func (c *Consumer) handle(work context.Context, d Delivery) (settle func()) {
 	}
 	c.logMsg(slog.LevelInfo, "redeliver: retrying message", m, slog.Duration("delay", delay),
 		slog.String("error_class", string(class)), slog.Any("error", err))
+	c.remember(m, m.Attempt, first) // forgotten once the Retry is acknowledged, as above
 	return func() {
 		if c.settle(work, "retry", m, func(ctx context.Context) error { return d.Retry(ctx, r) }) {
+			c.recall(m)
 			c.m.retried(q, class)
-		} else {
-			c.remember(m, m.Attempt, first)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/retrysafe/retrysafe/redeliver"
@@ -120,9 +121,9 @@ func Example() {
 	}
 
 	q := newMemQueue("emitter.access")
-	acks := 0
+	var acks atomic.Int32 // settlements run on goroutines of their own
 	q.onAck = func() {
-		if acks++; acks == 2 {
+		if acks.Add(1) == 2 {
 			cancel() // both deliveries settled
 		}
 	}

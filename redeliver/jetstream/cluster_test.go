@@ -122,8 +122,8 @@ func TestClusterConnectionLogged(t *testing.T) {
 	if err := src.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "the INFO connection closed", func() bool {
-		return len(logs.find(slog.LevelInfo, "jetstream: connection closed")) == 1
+	eventually(t, time.Minute, "the DEBUG connection closed", func() bool {
+		return len(logs.find(slog.LevelDebug, "jetstream: connection closed")) == 1
 	})
 	if got := logs.find(slog.LevelWarn, "jetstream: connection lost, reconnecting"); len(got) != 1 {
 		t.Errorf("%d connection-lost records, want 1 (Close is not a loss)", len(got))

@@ -401,8 +401,9 @@ func Dial(ctx context.Context, url, name string, opts ...nats.Option) (*nats.Con
 
 // LogConnection logs a connection's losses and recoveries to log: a WARN "jetstream:
 // connection lost, reconnecting" when it drops (with the error), an INFO "jetstream:
-// reconnected" naming the server it is now connected to, and an INFO (WARN with an
-// error) when it is closed for good, so an operator sees an outage and its end. A Source
+// reconnected" naming the server it is now connected to, and a WARN when it is closed
+// for good by an error, so an operator sees an outage and its end (a Close asked for is
+// a DEBUG line: a command's output stays its own). A Source
 // or DeadLetters that dials its own connection installs it with Config.Logger; a
 // connection given as Config.Conn keeps the handlers it was made with, so pass
 // LogConnection to nats.Connect (or Dial) to have its outages in the log.
@@ -423,7 +424,7 @@ func LogConnection(log *slog.Logger) nats.Option {
 				log.Warn("jetstream: connection closed", slog.Any("error", err))
 				return
 			}
-			log.Info("jetstream: connection closed")
+			log.Debug("jetstream: connection closed") // asked for: the queue's business, not the operator's
 		}
 		return nil
 	}
