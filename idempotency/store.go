@@ -316,7 +316,8 @@ const (
 )
 
 // Finding is what one setting of a store's backend means for the promise that a keyed
-// request runs once.
+// request runs once. The queue backends (redeliver/jetstream, redeliver/rabbitmq) report
+// their brokers' settings with it too, for what a message's handling keeps.
 type Finding struct {
 	Level FindingLevel
 	// Check names the check, stably, for flags and tests: "redis.eviction",

@@ -323,22 +323,32 @@ func (s *session) chooseReplicas() {
 	if s.cfg.Replicas > 0 {
 		return
 	}
-	cluster := s.nc.ConnectedClusterName()
-	servers := 0
-	if cluster != "" {
-		servers = knownServers(s.nc)
-		if servers >= clusterReplicas {
-			s.cfg.Replicas = clusterReplicas
-			return
-		}
+	cluster, servers := clusterSize(s.nc)
+	if servers >= clusterReplicas {
+		s.cfg.Replicas = clusterReplicas
+		return
 	}
 	s.cfg.Replicas = 1
 	s.cfg.Logger.Warn("jetstream: the work stream, the DLQ stream and the failure bucket have one replica "+
-		"(no cluster of three servers seen): while their server is down the queue stops; a crash of it "+
-		"(kill -9, power loss) can lose the consumer's last acknowledgements and delivery counts, so completed "+
-		"messages run again and counts restart; losing its disk loses every message. Set Config.Replicas "+
+		"(no cluster of three servers seen): "+oneReplicaLoss+". Set Config.Replicas "+
 		"to 3 on a cluster of three or more JetStream servers",
 		slog.String("queue", s.cfg.Queue), slog.String("cluster", cluster), slog.Int("servers_known", servers))
+}
+
+// oneReplicaLoss says what a stream of one replica loses.
+const oneReplicaLoss = "while their server is down the queue stops; a crash of it " +
+	"(kill -9, power loss) can lose the consumer's last acknowledgements and delivery counts, so completed " +
+	"messages run again and counts restart; losing its disk loses every message"
+
+// clusterSize returns the name of the cluster the connection's server is part of and
+// the number of its servers the connection knows of: the servers it was given and those
+// the cluster announced. A server outside a cluster is ("", 1).
+func clusterSize(nc *nats.Conn) (cluster string, servers int) {
+	cluster = nc.ConnectedClusterName()
+	if cluster == "" {
+		return "", 1
+	}
+	return cluster, knownServers(nc)
 }
 
 // knownServers counts the distinct servers in the connection's pool: those it was given
