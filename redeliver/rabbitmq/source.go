@@ -147,11 +147,16 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	s.cur = sess
 	if !s.topo.Quorum {
-		s.log.Warn("rabbitmq: the queues are classic queues: a crash of their node redelivers messages already acknowledged (up to every ack since the node started), a retry copy in a delay queue can be lost (at-most-once dead-lettering), a message that crashes every consumer is redelivered without end (no delivery count), and they live on one node; declare the topology anew as quorum queues (the default) to avoid it",
+		s.log.Warn("rabbitmq: the queues are classic queues: "+classicLoss+"; declare the topology anew as quorum queues (the default) to avoid it",
 			slog.Bool("existing", !cfg.Classic))
 	}
 	return s, nil
 }
+
+// classicLoss says what classic queues lose on a crash of their node.
+const classicLoss = "a crash of their node redelivers messages already acknowledged (up to every ack since the node started), " +
+	"a retry copy in a delay queue can be lost (at-most-once dead-lettering), a message that crashes every consumer is " +
+	"redelivered without end (no delivery count), and they live on one node"
 
 // Topology returns the names of the queues the Source uses.
 func (s *Source) Topology() Topology { return s.topo }
