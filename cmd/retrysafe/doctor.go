@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -17,11 +18,16 @@ import (
 	"github.com/retrysafe/retrysafe/idempotency/pgstore"
 	"github.com/retrysafe/retrysafe/idempotency/redisstore"
 	"github.com/retrysafe/retrysafe/idempotency/sqlitestore"
+	"github.com/retrysafe/retrysafe/redeliver/jetstream"
+	"github.com/retrysafe/retrysafe/redeliver/rabbitmq"
 )
 
 const doctorIntro = `usage: retrysafe doctor [--store DSN] [--allow-store-risk CHECK,…]
+       retrysafe doctor [--store DSN] [--amqp URL] [--nats URL] --queue NAME…
 
-Says what the store's setup guarantees for the promise that a keyed request runs once.
+Says what the store's setup guarantees for the promise that a keyed request runs once,
+and what the brokers' setups of the named queues keep of their messages when a node
+crashes.
 It opens the store (no schema is applied), reads the backend's settings — persistence,
 replication, eviction, the file system — without writing anything, and prints one
 line per finding, then a summary:
@@ -48,18 +54,36 @@ What is read:
   SQLite      synchronous and journal_mode; the file's file system: a network one (NFS,
               SMB, 9p…) is refused, FUSE and tmpfs are warned about
   memory      nothing survives the process
+  RabbitMQ    each --queue: the work queue present (missing: refused); its type
+              (classic: a warning saying what a node crash loses — acknowledgements,
+              retry copies, the delivery count; quorum: OK); its DLQ and delay (retry)
+              queues present. The type is learnt by redeclaring the existing queue as a
+              consumer does, which changes nothing. The cluster's node count is not
+              readable over AMQP and is said to be unchecked
+  JetStream   each --queue (the subject): the work stream present (missing: refused);
+              the replicas of the work stream, the DLQ stream and the failure bucket
+              against the cluster's size the connection knows (one replica: a warning
+              saying what a crash or a lost disk loses; three: OK); memory storage
+              (warned); the consumer's MaxDeliver against 5 attempts and its AckWait
 
-flags (each can also be set from the environment: RETRYSAFE_STORE, RETRYSAFE_ALLOW_STORE_RISK):
+With --amqp or --nats the store is checked only when --store (or RETRYSAFE_STORE) is
+given. Each --queue is checked on each broker given.
+
+flags (each can also be set from the environment: RETRYSAFE_STORE, RETRYSAFE_ALLOW_STORE_RISK,
+RETRYSAFE_AMQP, RETRYSAFE_NATS, RETRYSAFE_QUEUE):
 `
 
 const doctorOutro = `
 exit status: 0 every finding is OK; 1 a warning and no refusal; 2 a refusal (one not
-allowed), bad flags, or a store that cannot be opened or read (one line on stderr).
+allowed), bad flags, or a store or broker that cannot be reached or read (one line on
+stderr).
 
 examples:
   retrysafe doctor --store 'postgres://retrysafe@db:5432/app?schema=retrysafe'
   retrysafe doctor --store 'redis://cache:6379/0?wait=1'
   retrysafe doctor --store sqlite:/var/lib/retrysafe/keys.db --allow-store-risk sqlite.filesystem
+  retrysafe doctor --amqp amqp://app:secret@rabbit:5672/ --queue orders --queue emails
+  retrysafe doctor --store postgres://app@db/app --nats nats://n1:4222,nats://n2:4222 --queue orders.created
 `
 
 // inspectTimeout bounds the reading of a store's settings.
@@ -163,58 +187,167 @@ func (j judged) detail() string {
 	return j.Detail
 }
 
+// doctorFlags are retrysafe doctor's flags.
+type doctorFlags struct {
+	dsn     string
+	allowed allowedRisks
+	amqp    string
+	nats    string
+	queues  queueList
+}
+
+// queueList is the repeatable --queue flag (a comma-separated list too, for
+// RETRYSAFE_QUEUE).
+type queueList []string
+
+func (q *queueList) String() string { return strings.Join(*q, ",") }
+
+func (q *queueList) Set(v string) error {
+	for _, n := range splitList(v) {
+		if !slices.Contains(*q, n) {
+			*q = append(*q, n)
+		}
+	}
+	return nil
+}
+
 // newDoctorFlags defines retrysafe doctor's flags and returns them with their
 // documentation, from which --help is written.
-func newDoctorFlags() (*flag.FlagSet, *string, *allowedRisks, []flagDoc) {
+func newDoctorFlags() (*flag.FlagSet, *doctorFlags, []flagDoc) {
 	fs := newFlagSet("retrysafe doctor")
-	dsn := fs.String("store", storedsn.Default, "")
-	allowed := &allowedRisks{}
-	fs.Var(allowed, "allow-store-risk", "")
+	f := &doctorFlags{}
+	fs.StringVar(&f.dsn, "store", storedsn.Default, "")
+	fs.Var(&f.allowed, "allow-store-risk", "")
+	fs.StringVar(&f.amqp, "amqp", "", "")
+	fs.StringVar(&f.nats, "nats", "", "")
+	fs.Var(&f.queues, "queue", "")
 	docs := []flagDoc{
-		{name: "store", arg: "DSN", help: "sqlite:PATH, postgres://…, redis://…, memory: — as the gateway's --store (retrysafe gateway --help); an SQLite file that does not exist is created"},
+		{name: "store", arg: "DSN", help: "sqlite:PATH, postgres://…, redis://…, memory: — as the gateway's --store (retrysafe gateway --help); an SQLite file that does not exist is created. With --amqp or --nats, checked only when given"},
 		allowRiskDoc(),
+		{name: "amqp", arg: "URL", help: "a RabbitMQ broker (amqp:// or amqps://) whose --queue topologies to check", def: "-"},
+		{name: "nats", arg: "URL", help: "a NATS server or cluster (nats://…, comma-separated for several) whose --queue JetStream topologies to check", def: "-"},
+		{name: "queue", arg: "NAME", help: "a work queue (RabbitMQ: the queue; JetStream: the subject), as the consumers' Config.Queue; repeated or comma-separated", def: "-"},
 	}
-	return fs, dsn, allowed, docs
+	return fs, f, docs
 }
 
 // doctorHelp is retrysafe doctor --help.
 func doctorHelp() string {
-	fs, _, _, docs := newDoctorFlags()
+	fs, _, docs := newDoctorFlags()
 	return doctorIntro + flagHelp(fs, docs) + doctorOutro
+}
+
+// brokerCheck is one queue to inspect on one broker.
+type brokerCheck struct {
+	title   string // "rabbitmq orders at amqp://…"
+	inspect func(context.Context) ([]idempotency.Finding, error)
+}
+
+// brokerChecks returns the queues to inspect on the brokers the flags name.
+func (f *doctorFlags) brokerChecks(logger *slog.Logger) []brokerCheck {
+	var out []brokerCheck
+	for _, q := range f.queues {
+		if f.amqp != "" {
+			cfg := rabbitmq.Config{URL: f.amqp, Queue: q, Logger: logger}
+			out = append(out, brokerCheck{title: "rabbitmq queue " + q + " at " + redactBroker(f.amqp, f.amqp),
+				inspect: func(ctx context.Context) ([]idempotency.Finding, error) { return rabbitmq.Inspect(ctx, cfg) }})
+		}
+		if f.nats != "" {
+			cfg := jetstream.Config{URL: f.nats, Queue: q, Logger: logger}
+			out = append(out, brokerCheck{title: "jetstream queue " + q + " at " + redactBroker(f.nats, f.nats),
+				inspect: func(ctx context.Context) ([]idempotency.Finding, error) { return jetstream.Inspect(ctx, cfg) }})
+		}
+	}
+	return out
 }
 
 func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	const cmd = "retrysafe doctor"
-	fs, dsn, allowedFlag, _ := newDoctorFlags()
+	fs, f, _ := newDoctorFlags()
 	if ok, status := parse(fs, args, doctorHelp(), nil, false, stdout, stderr); !ok {
 		return status
 	}
-	allowed := *allowedFlag
+	brokers := f.amqp != "" || f.nats != ""
+	switch {
+	case brokers && len(f.queues) == 0:
+		return fail(stderr, cmd, errors.New("--amqp and --nats need --queue NAME: the queues to check (see retrysafe doctor --help)"), exitUsage)
+	case !brokers && len(f.queues) > 0:
+		return fail(stderr, cmd, errors.New("--queue needs --amqp URL or --nats URL: the broker to check it on (see retrysafe doctor --help)"), exitUsage)
+	}
+	checkStore := !brokers
+	fs.Visit(func(fl *flag.Flag) { checkStore = checkStore || fl.Name == "store" })
 	// The doctor reports an evicting Redis instead of refusing to open it.
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	store, err := storedsn.OpenWith(ctx, *dsn, storedsn.Options{Logger: logger, Eviction: redisstore.EvictionIgnore})
-	if err != nil {
-		return fail(stderr, cmd, err, exitUsage)
+	var storeRefused bool
+	var all []judged
+	if checkStore {
+		store, err := storedsn.OpenWith(ctx, f.dsn, storedsn.Options{Logger: logger, Eviction: redisstore.EvictionIgnore})
+		if err != nil {
+			return fail(stderr, cmd, err, exitUsage)
+		}
+		defer store.Close()
+		found, err := inspectStore(ctx, store.Store, f.allowed)
+		if err != nil {
+			return fail(stderr, cmd, fmt.Errorf("%s: %w", store.Name, err), exitUsage)
+		}
+		fmt.Fprintf(stdout, "store %s\n", store.Name)
+		writeFindings(stdout, found)
+		_, _, refuse := tally(found)
+		storeRefused = refuse > 0
+		all = append(all, found...)
 	}
-	defer store.Close()
-	found, err := inspectStore(ctx, store.Store, allowed)
-	if err != nil {
-		return fail(stderr, cmd, fmt.Errorf("%s: %w", store.Name, err), exitUsage)
+	for _, b := range f.brokerChecks(logger) {
+		ictx, cancel := context.WithTimeout(ctx, inspectTimeout)
+		found, err := b.inspect(ictx)
+		cancel()
+		if err != nil {
+			return fail(stderr, cmd, errors.New(redactBroker(redactBroker(fmt.Sprintf("%s: %v", b.title, err), f.amqp), f.nats)), exitUsage)
+		}
+		fmt.Fprintln(stdout, b.title)
+		js := make([]judged, len(found))
+		for i, fd := range found {
+			js[i] = judged{Finding: fd}
+		}
+		writeFindings(stdout, js)
+		all = append(all, js...)
 	}
-	fmt.Fprintf(stdout, "store %s\n", store.Name)
-	writeFindings(stdout, found)
-	ok, warn, refuse := tally(found)
+	ok, warn, refuse := tally(all)
 	counts := fmt.Sprintf("%s, %s, %d ok", plural(refuse, "refusal"), plural(warn, "warning"), ok)
+	var promise []string
+	if checkStore {
+		promise = append(promise, "a keyed request runs once")
+	}
+	if brokers {
+		promise = append(promise, "the queues keep their messages, acknowledgements and counts through a broker node's crash")
+	}
 	switch {
 	case refuse > 0:
-		fmt.Fprintf(stdout, "%s: the gateway refuses to start on this store (allow a check with --allow-store-risk CHECK); exit 2\n", counts)
+		var why []string
+		if storeRefused {
+			why = append(why, "the gateway refuses to start on this store (allow a check with --allow-store-risk CHECK)")
+		}
+		if brokerRefused(all) {
+			why = append(why, "a queue cannot be consumed as it stands (the REFUSE lines say why)")
+		}
+		fmt.Fprintf(stdout, "%s: %s; exit 2\n", counts, strings.Join(why, "; "))
 		return exitUsage
 	case warn > 0:
-		fmt.Fprintf(stdout, "%s: a keyed request runs once, except as the warnings say; exit 1\n", counts)
+		fmt.Fprintf(stdout, "%s: %s, except as the warnings say; exit 1\n", counts, strings.Join(promise, ", and "))
 		return exitFail
 	}
-	fmt.Fprintf(stdout, "%s: the setup keeps the promise that a keyed request runs once; exit 0\n", counts)
+	fmt.Fprintf(stdout, "%s: the setup keeps the promise that %s; exit 0\n", counts, strings.Join(promise, ", and that "))
 	return exitOK
+}
+
+// brokerRefused reports whether a refusal among found is a broker's (a check named
+// rabbitmq.… or jetstream.…).
+func brokerRefused(found []judged) bool {
+	for _, f := range found {
+		if f.level() == idempotency.FindingRefuse && (strings.HasPrefix(f.Check, "rabbitmq.") || strings.HasPrefix(f.Check, "jetstream.")) {
+			return true
+		}
+	}
+	return false
 }
 
 // writeFindings writes one line per finding: LEVEL CHECK SETTING — DETAIL, the first

@@ -99,7 +99,8 @@ commands:
   sim       simulate what backoff, jitter and retry budgets buy (virtual time)
   dlq       inspect, replay and purge dead letters on RabbitMQ or NATS (list|show|replay|purge)
   console   the operator console (keys, dead letters) in a browser, without a gateway
-  doctor    say what the store's setup guarantees: persistence, replication, eviction
+  doctor    say what the store's setup guarantees: persistence, replication, eviction;
+            and the queues' brokers' (RabbitMQ queue types, JetStream replicas)
   migrate   apply the store's schema
   version   print the version
   help      this text, or "retrysafe help <command>"

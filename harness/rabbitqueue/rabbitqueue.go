@@ -19,11 +19,18 @@ import (
 // connection go when t ends.
 func Open(ctx context.Context, t testing.TB, url, queue string, logger *slog.Logger) (*rabbitmq.Source, *amqp.Connection) {
 	t.Helper()
-	admin, err := amqp.Dial(url)
+	return OpenConfig(ctx, t, rabbitmq.Config{URL: url, Queue: queue, Logger: logger})
+}
+
+// OpenConfig is Open with a Config of the test's (Config.Classic for classic queues,
+// say): its URL and Queue name the broker and the queue.
+func OpenConfig(ctx context.Context, t testing.TB, cfg rabbitmq.Config) (*rabbitmq.Source, *amqp.Connection) {
+	t.Helper()
+	admin, err := amqp.Dial(cfg.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: url, Queue: queue, Logger: logger})
+	src, err := rabbitmq.NewSource(ctx, cfg)
 	if err != nil {
 		_ = admin.Close()
 		t.Fatal(err)
