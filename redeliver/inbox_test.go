@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"path/filepath"
 	"sync"
 	"testing"
 
@@ -13,28 +12,13 @@ import (
 
 	"github.com/retrysafe/retrysafe/redeliver"
 	"github.com/retrysafe/retrysafe/redeliver/sqlitebox"
+	"github.com/retrysafe/retrysafe/redeliver/sqlitebox/sqliteboxtest"
 )
 
 // openInbox returns a SQLite database with a business table and its inbox.
 func openInbox(t *testing.T) (*sql.DB, *sqlitebox.Inbox) {
 	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "app.db")+
-		"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	if _, err := db.Exec("CREATE TABLE effects (id TEXT NOT NULL)"); err != nil {
-		t.Fatal(err)
-	}
-	box, err := sqlitebox.NewInbox(sqlitebox.InboxConfig{DB: db})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := box.Migrate(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	return db, box
+	return sqliteboxtest.Open(t, "CREATE TABLE effects (id TEXT NOT NULL)")
 }
 
 func counter(t *testing.T, reg *prometheus.Registry, name, queue string) float64 {

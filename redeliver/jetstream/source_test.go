@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -19,7 +18,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/redeliver"
-	"github.com/retrysafe/retrysafe/redeliver/sqlitebox"
+	"github.com/retrysafe/retrysafe/redeliver/sqlitebox/sqliteboxtest"
 	"github.com/retrysafe/retrysafe/retry"
 )
 
@@ -204,22 +203,7 @@ func TestKilledMidHandlingIsRedelivered(t *testing.T) {
 		ctx := context.Background()
 		cfg := newConfig(t, url)
 		cfg.AckWait = time.Second
-		db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "app.db")+
-			"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = db.Close() })
-		if _, err := db.ExecContext(ctx, "CREATE TABLE orders (id TEXT PRIMARY KEY)"); err != nil {
-			t.Fatal(err)
-		}
-		box, err := sqlitebox.NewInbox(sqlitebox.InboxConfig{DB: db})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := box.Migrate(ctx); err != nil {
-			t.Fatal(err)
-		}
+		db, box := sqliteboxtest.Open(t, "CREATE TABLE orders (id TEXT PRIMARY KEY)")
 		write := func(ctx context.Context, tx *sql.Tx, m *redeliver.Message) error {
 			_, err := tx.ExecContext(ctx, "INSERT INTO orders (id) VALUES (?)", m.ID)
 			return err

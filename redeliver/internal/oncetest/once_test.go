@@ -2,13 +2,11 @@ package oncetest_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/url"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -26,6 +24,7 @@ import (
 	"github.com/retrysafe/retrysafe/redeliver/pgbox"
 	"github.com/retrysafe/retrysafe/redeliver/rabbitmq"
 	"github.com/retrysafe/retrysafe/redeliver/sqlitebox"
+	"github.com/retrysafe/retrysafe/redeliver/sqlitebox/sqliteboxtest"
 	"github.com/retrysafe/retrysafe/retry"
 )
 
@@ -224,22 +223,7 @@ func pgStore(ctx context.Context, t *testing.T) store {
 }
 
 func sqliteStore(ctx context.Context, t *testing.T) store {
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "app.db")+
-		"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	if _, err := db.ExecContext(ctx, "CREATE TABLE effects (message_id TEXT NOT NULL)"); err != nil {
-		t.Fatal(err)
-	}
-	box, err := sqlitebox.NewInbox(sqlitebox.InboxConfig{DB: db})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := box.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	db, box := sqliteboxtest.Open(t, "CREATE TABLE effects (message_id TEXT NOT NULL)")
 	const insert = "INSERT INTO effects (message_id) VALUES (?)"
 	return store{
 		inbox: box,
