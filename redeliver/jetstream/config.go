@@ -106,9 +106,11 @@ type Config struct {
 	// again within it (the Term after a dead-lettering was lost and the message came back)
 	// is stored once. Default 1h.
 	DLQDuplicates time.Duration
-	// SweepInterval is how often the Source looks for orphans: messages that reached
-	// MaxDeliver while no Source heard the server's advisory. Default 1m; negative: only
-	// when the Source starts. The advisory itself is always followed.
+	// SweepInterval is how often the Source looks for orphans: messages the server no
+	// longer delivers that no Source settled (they reached MaxDeliver while no Source
+	// heard the server's advisory, or a crash of the stream's server lost their removal;
+	// see Source.Sweep). Default 1m; negative: only when the Source starts. The advisory
+	// itself is always followed.
 	SweepInterval time.Duration
 	// Logger receives the backend's logs. Default slog.Default().
 	Logger *slog.Logger

@@ -174,13 +174,13 @@ func (d *DeadLetters) matcher(ids []string) func(*js.RawStreamMsg) bool {
 }
 
 // Replay publishes the dead letters with the given ids (none: all) to the work queue, in
-// order: id kept (HeaderID), first publish kept (HeaderPublished), the count header and
-// the dead-letter headers removed (the message starts again at attempt 1, with no first
-// failure: the copy has a new sequence, so no failure record), the other headers and
-// the body as they were. Each
-// is removed from the DLQ once the work stream acknowledged its copy. Each copy's
-// Nats-Msg-Id names the dead letter, so replaying the same one twice (a crash between
-// the publish and the removal) stores one copy within the work stream's window.
+// order: id kept (HeaderID), first publish kept (HeaderPublished), the count header,
+// HeaderSwept and the dead-letter headers removed (the message starts again at attempt
+// 1, with no first failure: the copy has a new sequence, so no failure record), the
+// other headers and the body as they were. Each is removed from the DLQ once the work
+// stream acknowledged its copy. Each copy's Nats-Msg-Id names the dead letter, so
+// replaying the same one twice (a crash between the publish and the removal) stores one
+// copy within the work stream's window.
 func (d *DeadLetters) Replay(ctx context.Context, ids ...string) (int, error) {
 	match := d.matcher(ids)
 	n := 0
@@ -190,7 +190,7 @@ func (d *DeadLetters) Replay(ctx context.Context, ids ...string) (int, error) {
 		}
 		id := messageID(raw.Header, d.cfg.Stream, raw.Sequence)
 		h := copyHeader(raw.Header, func(k string) bool {
-			return redeliver.IsRedeliverHeader(k) || k == d.header
+			return redeliver.IsRedeliverHeader(k) || k == d.header || k == HeaderSwept
 		})
 		h.Set(HeaderID, id)
 		out := &nats.Msg{Subject: d.cfg.Queue, Header: h, Data: raw.Data}

@@ -91,8 +91,22 @@
 //   - advisories are not stored: one sent while no Source runs is lost. So a Source also
 //     sweeps (Sweep) when it starts and every SweepInterval: when the consumer has nothing
 //     pending, every message still in the work stream at or below the consumer's last
-//     delivered sequence is an orphan, and is moved the same way. Under a load that never
-//     lets the pending count reach zero, such an orphan waits for the next lull.
+//     delivered sequence is an orphan. Under a load that never lets the pending count
+//     reach zero, such an orphan waits for the next lull.
+//
+// An orphan the sweep finds is not evidence that a handler failed: when the stream's
+// server crashes (kill -9, power loss), it can come back holding messages whose
+// acknowledgement it had confirmed — their removal was lost — below a consumer state
+// that counts them delivered; measured on a one-replica stream, every message completed
+// in the seconds before the crash. Dead-lettering completed work is never right, while
+// running a handler again is the at-least-once duplicate that an inbox absorbs. So the
+// sweep publishes a first orphan again under its id (a new sequence, HeaderSwept = 1,
+// first publish kept) and removes it, with a WARN naming it; it then runs like any new
+// message, from attempt 1. Only a copy that becomes an orphan in turn — the server gave
+// it up twice and no Source ever settled it: a handler that crashes the process or never
+// returns — is moved to the DLQ, reason "max-deliver", with attempts 0, since how many
+// handler runs it had is not known. A dead letter's attempts are never a number no one
+// counted: the advisory's are the server's deliveries.
 //
 // # Message ids and deduplication
 //

@@ -26,6 +26,10 @@ const HeaderID = "redeliver-msg-id"
 // header alone (its store time is DeadLetter.DeadLettered).
 const HeaderPublished = "redeliver-published"
 
+// HeaderSwept counts how often a sweep published a message again because the server
+// no longer delivered it and no Source had settled it (see Source.Sweep).
+const HeaderSwept = "redeliver-swept"
+
 // HeaderContentType carries Message.ContentType (NATS messages have no content type of
 // their own).
 const HeaderContentType = "Content-Type"
@@ -61,7 +65,7 @@ func messageID(h nats.Header, stream string, seq uint64) string {
 func appHeader(h nats.Header) map[string]string {
 	out := make(map[string]string, len(h))
 	for k, v := range h {
-		if natsHeader(k) || k == HeaderID || k == HeaderPublished || k == HeaderContentType || len(v) == 0 {
+		if natsHeader(k) || k == HeaderID || k == HeaderPublished || k == HeaderSwept || k == HeaderContentType || len(v) == 0 {
 			continue
 		}
 		out[k] = v[0]
@@ -109,6 +113,13 @@ func deadKey(id, stream string, seq uint64) string {
 // duplicate within the work stream's window.
 func replayKey(id, dlqStream string, seq uint64) string {
 	return id + "@replay:" + dlqStream + ":" + strconv.FormatUint(seq, 10)
+}
+
+// sweepKey is the Nats-Msg-Id of an orphan's copy in the work stream: the same stored
+// message published again twice (a crash between the publish and the delete) is stored
+// once within the work stream's window.
+func sweepKey(id, stream string, seq uint64) string {
+	return id + "@swept:" + stream + ":" + strconv.FormatUint(seq, 10)
 }
 
 // publishedAt returns the first publish time a stored message's HeaderPublished

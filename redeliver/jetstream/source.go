@@ -556,7 +556,7 @@ func (s *Source) orphans(ctx context.Context) {
 		if n, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("jetstream: sweeping for orphans failed", slog.Any("error", err))
 		} else if n > 0 {
-			s.log.Warn("jetstream: orphans moved to the DLQ", slog.Int("count", n))
+			s.log.Warn("jetstream: sweep handled orphans (published again, or moved to the DLQ)", slog.Int("count", n))
 		}
 	}
 	sweep()
@@ -575,12 +575,22 @@ func (s *Source) orphans(ctx context.Context) {
 	}
 }
 
-// Sweep moves to the DLQ every orphan of the work stream: a message the consumer has
-// delivered (its sequence is at most the consumer's last delivered one) that is neither
-// acknowledged (the work stream would have removed it) nor pending. It does so only
-// while nothing is pending, since an orphan cannot be told from a pending message
-// otherwise; it returns how many it moved. The Source calls it at start and every
-// SweepInterval.
+// Sweep hands back every orphan of the work stream the server no longer delivers: a
+// message the consumer has delivered (its sequence is at most the consumer's last
+// delivered one) that is neither removed nor pending. It does so only while nothing is
+// pending, since an orphan cannot be told from a pending message otherwise; it returns
+// how many it handled. The Source calls it at start and every SweepInterval.
+//
+// Such a message is not proof that a handler failed: after a crash of the stream's
+// server, the stream can hold messages whose acknowledgement it had confirmed (their
+// removal was lost) below a consumer state that counts them delivered. So a first
+// orphan is published again under its id (HeaderID, a new sequence; HeaderSwept
+// counts it) and removed, with a WARN naming it: its handler may run once more, a
+// duplicate effect an inbox (Config.Inbox) absorbs, where dead-lettering completed work
+// would never be right. A copy that becomes an orphan in turn (HeaderSwept set) was
+// given up by the server twice without any Source settling it — a handler that crashes
+// the process or never returns — and is moved to the DLQ (ReasonMaxDeliver), with
+// attempts 0: how many handler runs it had is not known.
 func (s *Source) Sweep(ctx context.Context) (int, error) {
 	s.mu.Lock()
 	cons := s.cons
@@ -606,14 +616,48 @@ func (s *Source) Sweep(ctx context.Context) (int, error) {
 		if err != nil {
 			return n, fmt.Errorf("jetstream: reading messages from %d: %w", seq, err)
 		}
-		deliveries := uint64(max(ci.Config.MaxDeliver, 0))
-		if err := s.rescueMsg(ctx, raw, deliveries); err != nil {
+		if raw.Header.Get(HeaderSwept) == "" {
+			err = s.requeue(ctx, raw)
+		} else {
+			err = s.rescueMsg(ctx, raw, 0)
+		}
+		if err != nil {
 			return n, err
 		}
 		n++
 		seq = raw.Sequence + 1
 	}
 	return n, nil
+}
+
+// requeue publishes a copy of the orphan raw to the work queue (its id in HeaderID, its
+// first publish in HeaderPublished, HeaderSwept incremented; deduplicated by sweepKey,
+// so a second requeue of the same stored message after a crash stores one copy) and
+// deletes the orphan and its failure record.
+func (s *Source) requeue(ctx context.Context, raw *js.RawStreamMsg) error {
+	id := messageID(raw.Header, s.cfg.Stream, raw.Sequence)
+	published := publishedAt(raw.Header)
+	if published.IsZero() {
+		published = raw.Time
+	}
+	swept, _ := strconv.Atoi(raw.Header.Get(HeaderSwept))
+	h := copyHeader(raw.Header, nil)
+	h.Set(HeaderID, id)
+	h.Set(HeaderPublished, published.UTC().Format(time.RFC3339Nano))
+	h.Set(HeaderSwept, strconv.Itoa(swept+1))
+	out := &nats.Msg{Subject: s.cfg.Queue, Header: h, Data: raw.Data}
+	if _, err := s.js.PublishMsg(ctx, out, js.WithMsgID(sweepKey(id, s.cfg.Stream, raw.Sequence)),
+		js.WithExpectStream(s.cfg.Stream)); err != nil {
+		return fmt.Errorf("jetstream: publishing orphan %s again to %s: %w", id, s.cfg.Queue, err)
+	}
+	if err := s.stream.DeleteMsg(ctx, raw.Sequence); err != nil && !errors.Is(err, js.ErrMsgNotFound) {
+		return fmt.Errorf("jetstream: deleting orphan %d from %s: %w", raw.Sequence, s.cfg.Stream, err)
+	}
+	s.forgetFailure(ctx, raw.Sequence)
+	s.log.Warn("jetstream: an unsettled message the server no longer delivers was published again: "+
+		"it may have completed (a crash of the stream's server loses removals), so its handler may run again",
+		slog.String("message_id", id), slog.Uint64("stream_seq", raw.Sequence))
+	return nil
 }
 
 // rescue moves the orphan at seq to the DLQ; it reports whether it found it.
@@ -642,11 +686,16 @@ func (s *Source) rescueMsg(ctx context.Context, raw *js.RawStreamMsg, deliveries
 			first = t
 		}
 	}
+	why := "the server stopped redelivering it after " + strconv.FormatUint(deliveries, 10) +
+		" deliveries (MaxDeliver) without any consumer settling it: a handler that crashed the process or never returned?"
+	if deliveries == 0 {
+		why = "the server stopped redelivering it, and a copy published again, without any consumer settling " +
+			"either (the number of handler runs is not known): a handler that crashes the process or never returns?"
+	}
 	info := redeliver.DeadInfo{
-		Reason: ReasonMaxDeliver,
-		Class:  ClassUnknown,
-		Err: "the server stopped redelivering it after " + strconv.FormatUint(deliveries, 10) +
-			" deliveries (MaxDeliver) without any consumer settling it: a handler that crashed the process or never returned?",
+		Reason:       ReasonMaxDeliver,
+		Class:        ClassUnknown,
+		Err:          why,
 		Attempts:     int(min(deliveries, 1<<30)),
 		FirstFailure: first,
 		LastFailure:  now,

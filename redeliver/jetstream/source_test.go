@@ -396,7 +396,9 @@ func TestMaxDeliverAdvisoryMovesOrphanToDLQ(t *testing.T) {
 }
 
 // An orphan made while no Source listened (the advisory went unheard) is found by the
-// next Source's sweep.
+// next Source's sweep, which cannot tell it from a message whose acknowledgement a
+// crash lost: it publishes it again under its id. When the copy becomes an orphan in
+// turn, the sweep moves it to the DLQ, with attempts 0 (not known).
 func TestSweepFindsUnheardOrphan(t *testing.T) {
 	t.Parallel()
 	forEach(t, func(t *testing.T, url string) {
@@ -420,40 +422,79 @@ func TestSweepFindsUnheardOrphan(t *testing.T) {
 		if err := nc.Flush(); err != nil {
 			t.Fatal(err)
 		}
-		publish(t, nc, cfg, "lost-1")
-		// A raw client takes the message and dies without a word.
 		j, _ := js.New(nc)
 		cons, err := j.Consumer(ctx, c.Stream, c.Consumer)
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := cons.Next(js.FetchMaxWait(5 * time.Second))
+		// orphan has a raw client take the next message and die without a word, and
+		// returns its headers.
+		orphan := func() nats.Header {
+			t.Helper()
+			m, err := cons.Next(js.FetchMaxWait(5 * time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if md, _ := m.Metadata(); md.NumDelivered != 1 {
+				t.Fatalf("NumDelivered %d", md.NumDelivered)
+			}
+			// Its last pull request is still waiting: a 2.9 server acts on an expired
+			// message only while a pull asks for more, newer ones by themselves.
+			b, err := cons.Fetch(1, js.FetchMaxWait(2*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-advisories:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no MaxDeliver advisory")
+			}
+			// The request ends empty-handed, before a copy could go to it.
+			for m := range b.Messages() {
+				t.Fatalf("pulled %q while waiting for the advisory", m.Headers().Get(HeaderID))
+			}
+			return m.Headers()
+		}
+		publish(t, nc, cfg, "lost-1")
+		orphan()
+
+		// A Source's start sweep publishes it again.
+		src, err := NewSource(ctx, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if md, _ := m.Metadata(); md.NumDelivered != 1 {
-			t.Fatalf("NumDelivered %d", md.NumDelivered)
-		}
-		// Its last pull request is still waiting: a 2.9 server acts on an expired
-		// message only while a pull asks for more, newer ones by themselves.
-		if _, err := cons.Fetch(1, js.FetchMaxWait(5*time.Second)); err != nil {
+		eventually(t, 10*time.Second, "the orphan published again", func() bool {
+			st := queueState(t, nc, cfg)
+			return st.work == 1 && st.unpulled == 1 && st.dlq == 0
+		})
+		if err := src.Close(ctx); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case <-advisories:
-		case <-time.After(10 * time.Second):
-			t.Fatal("no MaxDeliver advisory")
+		if src.Rescued() != 0 {
+			t.Errorf("Rescued() = %d after publishing the orphan again, want 0", src.Rescued())
+		}
+		h := orphan()
+		if got := messageID(h, c.Stream, 0); got != "lost-1" {
+			t.Errorf("the copy's id is %q, want lost-1", got)
+		}
+		if got := h.Get(HeaderSwept); got != "1" {
+			t.Errorf("the copy's %s = %q, want 1", HeaderSwept, got)
 		}
 
+		// The copy, an orphan again, goes to the DLQ.
 		r := run(t, cfg, func(context.Context, *redeliver.Message) error {
 			t.Error("an orphan was delivered again")
 			return nil
 		}, nil)
 		dl := deadLetters(t, cfg)
+		var d *redeliver.DeadLetter
 		eventually(t, 10*time.Second, "the orphan in the DLQ", func() bool {
-			d, err := dl.Get(ctx, "lost-1")
-			return err == nil && d.Info.Reason == ReasonMaxDeliver
+			d, err = dl.Get(ctx, "lost-1")
+			return err == nil
 		})
+		if d.Info.Reason != ReasonMaxDeliver || d.Info.Attempts != 0 || d.Info.Class != ClassUnknown || string(d.Body) != "body of lost-1" {
+			t.Errorf("orphan dead letter %+v body %q", d.Info, d.Body)
+		}
 		eventually(t, 5*time.Second, "Rescued() = 1", func() bool { return r.src.Rescued() == 1 })
 		eventually(t, 5*time.Second, "only the dead letter", func() bool { return queueState(t, nc, cfg) == state{dlq: 1} })
 	})
