@@ -90,27 +90,7 @@ func TestE2EDoctor(t *testing.T) {
 			nil, []string{"retrysafe doctor:", "unreachable"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			out, code := runBinaryEnv(t, c.env, append([]string{"doctor"}, c.args...)...)
-			if code != c.code {
-				t.Errorf("exit status %d, want %d", code, c.code)
-			}
-			for _, l := range c.lines {
-				level, check, _ := strings.Cut(l, " ")
-				if doctorLine(out, level, check) == "" {
-					t.Errorf("no %s line", l)
-				}
-			}
-			for _, w := range c.want {
-				if !strings.Contains(out, w) {
-					t.Errorf("no %q in the output", w)
-				}
-			}
-			if strings.Contains(out, "secret") {
-				t.Error("the password leaks")
-			}
-			if t.Failed() {
-				t.Logf("output:\n%s", out)
-			}
+			expectDoctor(t, c.env, c.args, c.code, c.lines, c.want, nil)
 		})
 	}
 
@@ -220,5 +200,38 @@ func TestE2EGatewayStoreChecks(t *testing.T) {
 		if n := strings.Count(p.log(), "volatile-lru"); n != 1 {
 			t.Errorf("%v: the allowed eviction is in %d lines, want one:\n%s", allow, n, p.log())
 		}
+	}
+}
+
+// expectDoctor runs retrysafe doctor with args and env and checks its exit status, that it
+// printed a line for each "LEVEL check" of lines, each of want and none of not, and that
+// no password shows.
+func expectDoctor(t *testing.T, env, args []string, wantCode int, lines, want, not []string) {
+	t.Helper()
+	out, code := runBinaryEnv(t, env, append([]string{"doctor"}, args...)...)
+	if code != wantCode {
+		t.Errorf("exit status %d, want %d", code, wantCode)
+	}
+	for _, l := range lines {
+		level, check, _ := strings.Cut(l, " ")
+		if doctorLine(out, level, check) == "" {
+			t.Errorf("no %s line", l)
+		}
+	}
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("no %q in the output", w)
+		}
+	}
+	for _, w := range not {
+		if strings.Contains(out, w) {
+			t.Errorf("%q in the output", w)
+		}
+	}
+	if strings.Contains(out, "secret") || strings.Contains(out, "guest:guest") {
+		t.Error("the password leaks")
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s", out)
 	}
 }
