@@ -103,6 +103,8 @@ type Consumer struct {
 	beat   time.Duration
 	// header: the Source counts attempts in the header (HeaderCounter).
 	header bool
+	// keeper: the Source records failed attempts itself (AttemptKeeper).
+	keeper bool
 	// failed remembers the failed attempts whose Retry or DeadLetter did not reach
 	// the broker, by queue and message id, so that the redelivery still counts them.
 	failedMu sync.Mutex
@@ -148,6 +150,9 @@ func New(cfg Config) (*Consumer, error) {
 	c := &Consumer{cfg: cfg, policy: cfg.Policy.WithDefaults(), log: cfg.Logger, beat: beat}
 	if h, ok := cfg.Source.(HeaderCounter); ok {
 		c.header = h.CountsInHeader()
+	}
+	if k, ok := cfg.Source.(AttemptKeeper); ok {
+		c.keeper = k.KeepsAttempts()
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
@@ -305,11 +310,15 @@ func (c *Consumer) handle(work context.Context, d Delivery) (settle func()) {
 	if m.Received.IsZero() {
 		m.Received = c.cfg.Clock()
 	}
-	if c.header {
+	switch {
+	case c.header:
 		// Only a handler's reported failure advances the header; a redelivery after
 		// a restart or a lost connection does not spend an attempt.
 		m.Attempt = AttemptOf(m.Header, c.policy.Header, 0)
-	} else {
+	case c.keeper:
+		// Likewise only a reported failure advances the Source's record.
+		m.Attempt = max(AttemptOf(m.Header, c.policy.Header, 0), m.FailedAttempts+1)
+	default:
 		m.Attempt = AttemptOf(m.Header, c.policy.Header, m.DeliveryCount)
 	}
 	if m.FirstFailure.IsZero() {
@@ -327,7 +336,7 @@ func (c *Consumer) handle(work context.Context, d Delivery) (settle func()) {
 	q := m.Queue
 	c.m.received(q)
 
-	if c.header && m.DeliveryCount > c.policy.MaxDeliveries {
+	if (c.header || c.keeper) && m.DeliveryCount > c.policy.MaxDeliveries {
 		// Delivered this often with no outcome: its handler crashes the process or
 		// never returns (restarts alone do not come near the bound) — unless a run of it
 		// committed, which the inbox knows.
@@ -343,10 +352,10 @@ func (c *Consumer) handle(work context.Context, d Delivery) (settle func()) {
 		return func() { c.deadLetter(work, d, m, info) }
 	}
 	if m.Attempt > c.policy.MaxAttempts {
-		// The handler already had its attempts: the count header says so (a consumer
-		// with a higher MaxAttempts republished it), or, on a Source that does not
-		// count in the header, the broker delivered it more often than the policy
-		// allows (crashes before a settlement).
+		// The handler already had its attempts: the count header or the Source's
+		// record says so (a consumer with a higher MaxAttempts retried it), or, on a
+		// Source that counts attempts in its deliveries, the broker delivered it more
+		// often than the policy allows (crashes before a settlement).
 		// One of them may have committed, which the inbox knows: then this is a
 		// duplicate, not a failure.
 		if c.seen(work, m) {

@@ -643,10 +643,17 @@ type headerSource struct{ *fakeSource }
 
 func (headerSource) CountsInHeader() bool { return true }
 
-// TestHeaderCounted: on a Source that counts attempts in the header, the broker's
-// delivery count spends no attempt — a message redelivered by restarts runs as the
-// attempt its header says — and only a delivery count beyond MaxDeliveries
-// dead-letters it unrun, as max-deliver. Elsewhere the delivery count is an attempt.
+// keeperSource is a fakeSource that records failed attempts itself (as JetStream's
+// does): its messages carry FailedAttempts.
+type keeperSource struct{ *fakeSource }
+
+func (keeperSource) KeepsAttempts() bool { return true }
+
+// TestHeaderCounted: on a Source that counts attempts in the header, or records them
+// itself, the broker's delivery count spends no attempt — a message redelivered by
+// restarts runs as the attempt its header or record says — and only a delivery count
+// beyond MaxDeliveries dead-letters it unrun, as max-deliver. Elsewhere the delivery
+// count is an attempt.
 func TestHeaderCounted(t *testing.T) {
 	t.Parallel()
 	policy := redeliver.Policy{MaxAttempts: 3, MaxDeliveries: 5, Backoff: testBackoff}
@@ -660,24 +667,35 @@ func TestHeaderCounted(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		header   bool
+		keeper   bool
 		count    int    // DeliveryCount
+		failed   int    // FailedAttempts
 		retries  string // count header
 		attempt  int    // Attempt the handler sees; 0: it must not run
 		op       string
 		reason   redeliver.Reason
 		attempts int
 	}{
-		{"restarts spend nothing", true, 5, "", 1, "ack", "", 0},
-		{"header counts", true, 4, "1", 2, "ack", "", 0},
-		{"beyond max deliveries", true, 6, "1", 0, "dead", redeliver.ReasonMaxDeliver, 1},
-		{"delivery count is the attempt elsewhere", false, 2, "", 2, "ack", "", 0},
-		{"beyond max attempts elsewhere", false, 4, "", 0, "dead", redeliver.ReasonMaxAttempts, 3},
+		{"restarts spend nothing", true, false, 5, 0, "", 1, "ack", "", 0},
+		{"header counts", true, false, 4, 0, "1", 2, "ack", "", 0},
+		{"beyond max deliveries", true, false, 6, 0, "1", 0, "dead", redeliver.ReasonMaxDeliver, 1},
+		{"record: restarts spend nothing", false, true, 5, 0, "", 1, "ack", "", 0},
+		{"record counts", false, true, 4, 1, "", 2, "ack", "", 0},
+		{"record: a reset delivery count", false, true, 1, 2, "", 3, "ack", "", 0},
+		{"record: the larger of header and record", false, true, 1, 1, "2", 3, "ack", "", 0},
+		{"record: beyond max attempts", false, true, 4, 3, "", 0, "dead", redeliver.ReasonMaxAttempts, 3},
+		{"record: beyond max deliveries", false, true, 6, 1, "", 0, "dead", redeliver.ReasonMaxDeliver, 1},
+		{"delivery count is the attempt elsewhere", false, false, 2, 0, "", 2, "ack", "", 0},
+		{"beyond max attempts elsewhere", false, false, 4, 0, "", 0, "dead", redeliver.ReasonMaxAttempts, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fs := newFakeSource(1)
 			var src redeliver.Source = fs
-			if tc.header {
+			switch {
+			case tc.header:
 				src = headerSource{fs}
+			case tc.keeper:
+				src = keeperSource{fs}
 			}
 			ran := make(chan int, 1)
 			run(t, redeliver.Config{Source: src, Policy: policy, Handler: func(ctx context.Context, m *redeliver.Message) error {
@@ -688,7 +706,7 @@ func TestHeaderCounted(t *testing.T) {
 			if tc.retries != "" {
 				h[redeliver.DefaultHeader] = tc.retries
 			}
-			d := fs.push(&redeliver.Message{ID: "m", Queue: "q", Header: h, DeliveryCount: tc.count, Published: published})
+			d := fs.push(&redeliver.Message{ID: "m", Queue: "q", Header: h, DeliveryCount: tc.count, FailedAttempts: tc.failed, Published: published})
 			if op := d.wait(t); op != tc.op {
 				t.Fatalf("settled by %s, want %s", op, tc.op)
 			}

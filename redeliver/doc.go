@@ -57,8 +57,10 @@
 // deliveries outstanding, and runs the Handler on each in its own goroutine under
 // Policy.Timeout. For each Delivery it computes Message.Attempt — the count header + 1
 // on a Source whose retries republish with the header advanced (HeaderCounter:
-// RabbitMQ), else the larger of the count header + 1 and the broker's own delivery
-// count (AttemptOf; JetStream) — fills Message.FirstFailure from HeaderFirstFailure
+// RabbitMQ), the larger of the count header + 1 and Message.FailedAttempts + 1 on a
+// Source that records failed attempts itself (AttemptKeeper: JetStream), else the
+// larger of the count header + 1 and the broker's own delivery count (AttemptOf) —
+// fills Message.FirstFailure from HeaderFirstFailure
 // when the Source left it zero, and then settles it exactly once:
 //
 //   - with Config.Inbox, the message id is already recorded: Delivery.Ack without
@@ -71,7 +73,7 @@
 //   - it failed with ClassPermanent or ClassDecode, or on the last attempt:
 //     Delivery.DeadLetter with a DeadInfo (ReasonPermanent, ReasonDecode,
 //     ReasonMaxAttempts);
-//   - on a HeaderCounter Source, the message arrived with a broker delivery count above
+//   - on a HeaderCounter or AttemptKeeper Source, the message arrived with a broker delivery count above
 //     Policy.MaxDeliveries (its handler crashes the process or never returns):
 //     DeadLetter with ReasonMaxDeliver and ClassUnknown, without running the handler,
 //     unless Config.Inbox has its id recorded (then it is a duplicate, acknowledged);
@@ -87,8 +89,8 @@
 // first attempt failed in Message.FirstFailure (zero on attempt 1). Both mean the same
 // on every backend, which the headers do not: RabbitMQ republishes each retry with the
 // count header advanced and HeaderFirstFailure set, while JetStream redelivers the
-// stored message unchanged (its count header stays what the producer set; its broker
-// counts the deliveries and the backend keeps the first failure in a key-value bucket).
+// stored message unchanged (its count header stays what the producer set; the backend
+// keeps the failed attempts and the first failure in a key-value bucket).
 //
 // An attempt counts when a handler ran and reported its failure, not when a broker
 // redelivered a message. Where the retry republishes the message (RabbitMQ), the count
@@ -102,8 +104,11 @@
 // failure is ever reported for it) with a much higher bound, Policy.MaxDeliveries
 // (default 4×MaxAttempts, at least 20): such a message costs that many crashes before
 // it is dead-lettered, and a run that died with its process is not among the attempts
-// the header reports. JetStream redelivers the stored message unchanged, so there the
-// delivery count is the attempt count.
+// the header reports. JetStream redelivers the stored message unchanged, and its
+// delivery count has the same flaw and one more (it goes back to 1 when a server loses
+// the consumer's state), so there the Source records the failed attempts itself
+// (AttemptKeeper, Message.FailedAttempts) and the delivery count is bounded the same
+// way.
 //
 // An attempt that failed while the broker was away — its Retry or DeadLetter did not
 // reach the broker, which then redelivers the message with its header unchanged — is

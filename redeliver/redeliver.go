@@ -85,17 +85,24 @@ type Message struct {
 	// for a received message.
 	Header map[string]string
 	// Attempt is this delivery's number, 1 for the first: the count header + 1 on a
-	// Source whose retries rewrite the header (HeaderCounter: RabbitMQ), else the larger
-	// of the count header + 1 and DeliveryCount; and at least one more than an attempt
-	// the Consumer saw fail without the broker learning it (its Retry failed). The
-	// Consumer sets it; a Source leaves it 0.
+	// Source whose retries rewrite the header (HeaderCounter: RabbitMQ); the larger of
+	// the count header + 1 and FailedAttempts + 1 on a Source that records failed
+	// attempts itself (AttemptKeeper: JetStream); else the larger of the count header +
+	// 1 and DeliveryCount. It is at least one more than an attempt the Consumer saw fail
+	// without the broker learning it (its Retry failed). The Consumer sets it; a Source
+	// leaves it 0.
 	//
 	// Handlers read the attempt here, and the first failure in FirstFailure, not in the
 	// headers: they are the same on every backend, while the count header is only
 	// rewritten where a retry republishes the message (RabbitMQ). JetStream redelivers
 	// the stored message unchanged, so there the count header keeps what the producer
-	// set and the broker's delivery count does the counting.
+	// set and the Source's failure record does the counting.
 	Attempt int
+	// FailedAttempts is the number of this message's attempts whose failure a handler
+	// reported, as a Source that records them apart from the message (AttemptKeeper:
+	// JetStream) has them; 0 on other Sources, and before the first failure. Set by
+	// the Source.
+	FailedAttempts int
 	// FirstFailure is when this message's first failed attempt failed: zero while no
 	// attempt has failed (attempt 1, and after a replay), then the same time on every
 	// later delivery. It is also zero when the failure was never recorded: an attempt
@@ -164,8 +171,8 @@ const (
 	ReasonPermanent   Reason = "permanent"    // a permanent error (ClassPermanent)
 	ReasonDecode      Reason = "decode"       // a decode failure (ClassDecode)
 	// ReasonMaxDeliver: the broker delivered one copy of the message more than
-	// Policy.MaxDeliveries times without any handler settling it (a HeaderCounter
-	// Source): a handler that crashes its process or never returns.
+	// Policy.MaxDeliveries times without any handler settling it (a HeaderCounter or
+	// AttemptKeeper Source): a handler that crashes its process or never returns.
 	ReasonMaxDeliver Reason = "max-deliver"
 )
 
@@ -196,15 +203,15 @@ type Policy struct {
 	Header string
 	// MaxDeliveries bounds the deliveries of one copy of a message, by the broker's own
 	// count (Message.DeliveryCount), on a Source that counts attempts in the header
-	// (HeaderCounter: RabbitMQ). There a delivery is not an attempt: a broker restart or
+	// (HeaderCounter: RabbitMQ) or in a record of its own (AttemptKeeper: JetStream).
+	// There a delivery is not an attempt: a broker restart or
 	// a lost connection hands back every unsettled delivery, the prefetched ones no
 	// handler saw included, and the broker counts each. So attempts are counted only
 	// where a handler reported a failure, and this much higher bound is what stops a
 	// message whose handler crashes the process or never returns (no failure is ever
 	// recorded for it): a delivery beyond it is dead-lettered without running the
 	// handler, with ReasonMaxDeliver. Default: 4×MaxAttempts, at least 20. Unused by
-	// other Sources (JetStream counts attempts in its delivery count and has its own
-	// MaxDeliver).
+	// other Sources (they count attempts in the delivery count).
 	MaxDeliveries int
 }
 
@@ -323,6 +330,19 @@ type Delivery interface {
 // Message.DeliveryCount only against Policy.MaxDeliveries.
 type HeaderCounter interface {
 	CountsInHeader() bool
+}
+
+// AttemptKeeper is an optional interface of a Source whose Delivery.Retry cannot
+// rewrite the message (JetStream redelivers the stored message unchanged), so the
+// Source records each message's failed attempts apart from it, in Delivery.Retry, and
+// returns the count as Message.FailedAttempts on the next deliveries. The broker's
+// delivery count also counts deliveries no handler saw (pulled ahead and handed back by
+// a restart or a failover), and it can go back to 1 when a broker loses a consumer's
+// state. When KeepsAttempts reports true the Consumer takes Message.Attempt from the
+// count header and Message.FailedAttempts, never from the delivery count, and checks
+// Message.DeliveryCount only against Policy.MaxDeliveries.
+type AttemptKeeper interface {
+	KeepsAttempts() bool
 }
 
 // Heartbeater is an optional interface of a Source: the interval at which the Consumer

@@ -61,9 +61,10 @@ type Config struct {
 	// expires earlier leaves the later deliveries without a FirstFailure. Default 24h.
 	FailureTTL time.Duration
 
-	// Policy is the Consumer's redeliver.Policy. Only MaxAttempts (for the MaxDeliver
-	// default) and Header (the count header a replay resets) are read. Default: the zero
-	// Policy's defaults (5 attempts, "x-retry-count").
+	// Policy is the Consumer's redeliver.Policy. Only MaxDeliveries (for the MaxDeliver
+	// default), MaxAttempts (its default's base) and Header (the count header a replay
+	// resets) are read. Default: the zero Policy's defaults (5 attempts, 20 deliveries,
+	// "x-retry-count").
 	Policy redeliver.Policy
 
 	// AckWait is how long the server waits for an outcome before it redelivers a
@@ -74,9 +75,12 @@ type Config struct {
 	// MaxDeliver is the consumer's MaxDeliver: the server's backstop, which stops
 	// redelivering a message after that many deliveries even if no consumer ever settles
 	// it. A message that reaches it is moved to the DLQ by the Source (see the package
-	// documentation, "Orphans"). Default Policy.MaxAttempts + 2: one delivery for the
-	// Consumer to dead-letter a message the broker delivered more often than the policy
-	// allows (a process that crashes on it), one spare. Negative: no limit.
+	// documentation, "Orphans"). Default Policy.MaxDeliveries + 2: one delivery for the
+	// Consumer to dead-letter a message delivered more often than the policy allows (a
+	// process that crashes on it, with ReasonMaxDeliver), one spare. A delivery is not
+	// an attempt (the failure bucket counts those), so it must stay well above
+	// MaxAttempts: failovers and restarts hand back prefetched messages, each
+	// redelivery counted. Negative: no limit.
 	MaxDeliver int
 	// MaxAckPending is the most messages delivered and not yet settled, messages waiting
 	// for a delayed redelivery included. Default 1000 (the server's default).
@@ -178,7 +182,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.AckWait = max(c.AckWait, minAckWait)
 	switch {
 	case c.MaxDeliver == 0:
-		c.MaxDeliver = c.Policy.MaxAttempts + 2
+		c.MaxDeliver = c.Policy.MaxDeliveries + 2
 	case c.MaxDeliver < 0:
 		c.MaxDeliver = -1
 	}

@@ -28,7 +28,7 @@ func TestConfigDefaults(t *testing.T) {
 		Queue: "emitter.access", URL: nats.DefaultURL, Stream: "emitter_access", Consumer: "redeliver",
 		DLQSubject: "emitter.access.dlq", DLQStream: "emitter_access_dlq", FailureBucket: "emitter_access_failures",
 		FailureTTL: 24 * time.Hour, AckWait: 30 * time.Second,
-		MaxDeliver: 7, MaxAckPending: 1000, Prefetch: 16, Replicas: 0, Duplicates: 2 * time.Minute,
+		MaxDeliver: 22, MaxAckPending: 1000, Prefetch: 16, Replicas: 0, Duplicates: 2 * time.Minute,
 		DLQDuplicates: time.Hour, SweepInterval: time.Minute,
 	}
 	got := c
@@ -47,9 +47,13 @@ func TestConfigDefaults(t *testing.T) {
 	if c.FailureBucket != "orders_eu_failures" {
 		t.Errorf("FailureBucket %q: want the stream's name with what a bucket name cannot hold as '_'", c.FailureBucket)
 	}
-	c, _ = Config{Queue: "q", Policy: redeliver.Policy{MaxAttempts: 2}}.withDefaults()
-	if c.MaxDeliver != 4 {
-		t.Errorf("MaxDeliver %d, want MaxAttempts+2", c.MaxDeliver)
+	c, _ = Config{Queue: "q", Policy: redeliver.Policy{MaxAttempts: 2, MaxDeliveries: 9}}.withDefaults()
+	if c.MaxDeliver != 11 {
+		t.Errorf("MaxDeliver %d, want MaxDeliveries+2", c.MaxDeliver)
+	}
+	c, _ = Config{Queue: "q", Policy: redeliver.Policy{MaxAttempts: 10}}.withDefaults()
+	if c.MaxDeliver != 42 {
+		t.Errorf("MaxDeliver %d, want the default MaxDeliveries (4×MaxAttempts) + 2", c.MaxDeliver)
 	}
 }
 

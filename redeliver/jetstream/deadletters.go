@@ -175,7 +175,7 @@ func (d *DeadLetters) matcher(ids []string) func(*js.RawStreamMsg) bool {
 
 // Replay publishes the dead letters with the given ids (none: all) to the work queue, in
 // order: id kept (HeaderID), first publish kept (HeaderPublished), the count header,
-// HeaderSwept and the dead-letter headers removed (the message starts again at attempt
+// HeaderSwept, HeaderFailed and the dead-letter headers removed (the message starts again at attempt
 // 1, with no first failure: the copy has a new sequence, so no failure record), the
 // other headers and the body as they were. Each is removed from the DLQ once the work
 // stream acknowledged its copy. Each copy's Nats-Msg-Id names the dead letter, so
@@ -190,7 +190,7 @@ func (d *DeadLetters) Replay(ctx context.Context, ids ...string) (int, error) {
 		}
 		id := messageID(raw.Header, d.cfg.Stream, raw.Sequence)
 		h := copyHeader(raw.Header, func(k string) bool {
-			return redeliver.IsRedeliverHeader(k) || k == d.header || k == HeaderSwept
+			return redeliver.IsRedeliverHeader(k) || k == d.header || k == HeaderSwept || k == HeaderFailed
 		})
 		h.Set(HeaderID, id)
 		out := &nats.Msg{Subject: d.cfg.Queue, Header: h, Data: raw.Data}

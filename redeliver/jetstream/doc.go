@@ -12,10 +12,10 @@
 //   - the DLQ stream "emitter_access_dlq" on "emitter.access.dlq", with limits
 //     retention: dead letters stay until they are replayed or purged;
 //   - the key-value bucket "emitter_access_failures" (Config.FailureBucket), which
-//     holds the first failure time of each message being retried (see "Attempt
-//     counting"), each record for at most Config.FailureTTL (default 24h);
+//     holds the failed attempts and first failure time of each message being retried
+//     (see "Attempt counting"), each record for at most Config.FailureTTL (default 24h);
 //   - the durable pull consumer "redeliver" on the work stream: explicit acks, AckWait
-//     (default 30s), MaxDeliver (default MaxAttempts+2), MaxAckPending. Every Source of
+//     (default 30s), MaxDeliver (default Policy.MaxDeliveries+2), MaxAckPending. Every Source of
 //     the queue, in any number of processes, shares it.
 //
 // # Pulling
@@ -36,8 +36,8 @@
 // has the outcome, as redeliver.Delivery requires:
 //
 //   - success: +ACK, then the message's first failure record, if any, is deleted;
-//   - a transient failure: on the first one, the first failure time is recorded in the
-//     failure bucket; then NakWithDelay with the policy's backoff. The server
+//   - a transient failure: the failed attempts and the first failure time are recorded
+//     in the failure bucket; then NakWithDelay with the policy's backoff. The server
 //     redelivers the stored message as it is after the delay; nothing is republished,
 //     and the x-retry-count header is not rewritten;
 //   - the last attempt, a permanent error or a decode failure: the message (body and
@@ -52,32 +52,38 @@
 //
 // # Attempt counting
 //
-// JetStream counts deliveries itself: each delivery's metadata carries NumDelivered, the
-// first delivery being 1, and it survives crashes (it is the consumer's state on the
-// server). The Source reports it as Message.DeliveryCount, and the Consumer takes the
-// larger of it and the count header + 1 (redeliver.AttemptOf). Because a Nak redelivers
-// the message unchanged, the header is only ever what the producer set (a message that
-// already had attempts elsewhere, or none) and NumDelivered does the counting, so no
-// republish is needed.
+// A Nak redelivers the stored message unchanged, so a retry cannot advance a count
+// header, and the server's own count, NumDelivered (reported as
+// Message.DeliveryCount), is not an attempt count: it counts every delivery, those no
+// handler saw included — a failover or a restart hands back every message pulled ahead
+// into a Source, and each comes back with NumDelivered one higher — and it goes back to
+// 1 when a server loses the consumer's recent state (a kill -9 of a one-replica
+// stream's server). Counted as attempts, such deliveries dead-lettered messages whose
+// handler had run once, as past their attempts, and reset others to attempt 1.
 //
-// For the same reason the first failure time cannot travel in a header. The Source
-// records it in the failure bucket, keyed by the message's work stream sequence, when
-// the first attempt fails (before the Nak: a Retry that cannot record it fails, and
-// the server redelivers the message after AckWait), reads it back on every
-// redelivery (NumDelivered > 1) as Message.FirstFailure, and deletes it when the
-// message is acknowledged or dead-lettered; a record whose deletion was lost expires
-// after FailureTTL. A handler thus reads Message.Attempt and Message.FirstFailure as on
-// RabbitMQ; an attempt that died with its process records no failure, on both. A delivery lost to a crash counts as an attempt: a message that
-// crashes the process every time reaches Attempt > MaxAttempts and the Consumer
-// dead-letters it without running the handler again. A Release (shutdown) counts too: a
-// message interrupted by a shutdown has one attempt fewer left. A count header h set by
-// the producer is a floor: the first deliveries are all attempt h+1 until NumDelivered
-// passes it, so such a message may get up to h deliveries more than MaxAttempts − h
-// (never fewer).
+// So the Source counts attempts itself (redeliver.AttemptKeeper), in the failure
+// bucket, keyed by the message's work stream sequence: each failed attempt's Retry
+// records "<failed attempts> <first failure time>" before the Nak (a Retry that cannot
+// record it fails, the server redelivers the message after AckWait, and the Consumer
+// remembers the attempt), every redelivery (NumDelivered > 1) reads it back as
+// Message.FailedAttempts and Message.FirstFailure, and an acknowledgement or a
+// dead-lettering deletes it; a record whose deletion was lost expires after
+// FailureTTL. The Consumer takes Message.Attempt as FailedAttempts + 1 (or the count
+// header + 1 the producer set, if larger), so a handler reads Attempt and FirstFailure
+// as on RabbitMQ. A first delivery costs no lookup, except while the consumer delivers
+// sequence numbers it had delivered before — the sign that the server lost its state,
+// logged as a WARN — when every delivery reads the bucket. A Source started after such
+// a loss cannot see it, and its first deliveries then start again from attempt 1.
+//
+// An attempt that died with its process records no failure, as on RabbitMQ: a message
+// that crashes the process every time is stopped by its deliveries instead, at
+// Policy.MaxDeliveries (default 4×MaxAttempts, at least 20), when the Consumer
+// dead-letters it unrun with reason "max-deliver". A Release (shutdown) spends no
+// attempt.
 //
 // # MaxDeliver, the backstop, and orphans
 //
-// The consumer's MaxDeliver (default MaxAttempts+2) is the server's own limit, for when
+// The consumer's MaxDeliver (default Policy.MaxDeliveries+2) is the server's own limit, for when
 // no Source settles a message at all (the process crashes while it dead-letters the
 // message, or a Source without this package's logic consumes the queue). When a message
 // reaches it, the server stops delivering it but does not remove it: in a work-queue
@@ -87,7 +93,8 @@
 //   - every Source subscribes to the consumer's MaxDeliver advisory
 //     ($JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>) and moves the
 //     message it names to the DLQ with reason "max-deliver" (ReasonMaxDeliver), class
-//     "unknown", attempts = the deliveries made, then deletes it from the work stream;
+//     "unknown", attempts = the failed attempts its failure record holds (the
+//     server's deliveries are in the text), then deletes it from the work stream;
 //   - advisories are not stored: one sent while no Source runs is lost. So a Source also
 //     sweeps (Sweep) when it starts and every SweepInterval: when the consumer has nothing
 //     pending, every message still in the work stream at or below the consumer's last
@@ -101,12 +108,13 @@
 // in the seconds before the crash. Dead-lettering completed work is never right, while
 // running a handler again is the at-least-once duplicate that an inbox absorbs. So the
 // sweep publishes a first orphan again under its id (a new sequence, HeaderSwept = 1,
-// first publish kept) and removes it, with a WARN naming it; it then runs like any new
-// message, from attempt 1. Only a copy that becomes an orphan in turn — the server gave
-// it up twice and no Source ever settled it: a handler that crashes the process or never
-// returns — is moved to the DLQ, reason "max-deliver", with attempts 0, since how many
-// handler runs it had is not known. A dead letter's attempts are never a number no one
-// counted: the advisory's are the server's deliveries.
+// first publish kept, its failure record in HeaderFailed) and removes it, with a WARN
+// naming it; it then runs like any new message, its attempts going on from the record.
+// Only a copy that becomes an orphan in turn — the server gave it up twice and no
+// Source ever settled it: a handler that crashes the process or never returns — is
+// moved to the DLQ, reason "max-deliver", with the failed attempts recorded (runs that
+// died with their process are not among them). A dead letter's attempts are never a
+// number no one counted.
 //
 // # Message ids and deduplication
 //

@@ -24,7 +24,8 @@ const (
 	CheckStorage = "jetstream.storage"
 	// CheckConsumer: the durable consumer exists.
 	CheckConsumer = "jetstream.consumer"
-	// CheckMaxDeliver: the consumer's MaxDeliver against the policy's attempts.
+	// CheckMaxDeliver: the consumer's MaxDeliver against the policy's attempts and
+	// max deliveries.
 	CheckMaxDeliver = "jetstream.max-deliver"
 	// CheckAckWait: the consumer's AckWait.
 	CheckAckWait = "jetstream.ack-wait"
@@ -90,20 +91,21 @@ func Inspect(ctx context.Context, cfg Config) ([]idempotency.Finding, error) {
 		return nil, fmt.Errorf("jetstream: reading consumer %s on %s: %w", c.Consumer, c.Stream, err)
 	}
 	cc := cons.CachedInfo().Config
-	attempts := c.Policy.MaxAttempts
-	if attempts <= 0 {
-		attempts = 5 // the zero Policy's default
-	}
-	md := "max_deliver=" + strconv.Itoa(cc.MaxDeliver) + " (policy max attempts " + strconv.Itoa(attempts) + ")"
+	p := c.Policy.WithDefaults()
+	md := "max_deliver=" + strconv.Itoa(cc.MaxDeliver) + " (policy max attempts " + strconv.Itoa(p.MaxAttempts) +
+		", max deliveries " + strconv.Itoa(p.MaxDeliveries) + ")"
 	switch {
-	case cc.MaxDeliver > 0 && cc.MaxDeliver <= attempts:
+	case cc.MaxDeliver > 0 && cc.MaxDeliver <= p.MaxAttempts:
 		add(idempotency.FindingWarn, CheckMaxDeliver, md,
-			"the server stops delivering a message before the policy's attempts are spent: it becomes an orphan, dead-lettered as max-deliver by the sweep with attempts unspent; the default is max attempts + 2")
+			"the server stops delivering a message before the policy's attempts are spent: it becomes an orphan, published again by the sweep, then dead-lettered as max-deliver; the default is max deliveries + 2")
+	case cc.MaxDeliver > 0 && cc.MaxDeliver <= p.MaxDeliveries:
+		add(idempotency.FindingWarn, CheckMaxDeliver, md,
+			"the server stops delivering a message before the policy's max deliveries: a delivery is not an attempt (failovers and restarts hand back messages pulled ahead, each counted), so a message can become an orphan with attempts left; the default is max deliveries + 2")
 	case cc.MaxDeliver <= 0:
 		add(idempotency.FindingOK, CheckMaxDeliver, md,
-			"no server backstop: the Consumer dead-letters a message delivered more often than the policy allows")
+			"no server backstop: the Consumer dead-letters a message delivered more often than the policy's max deliveries")
 	default:
-		add(idempotency.FindingOK, CheckMaxDeliver, md, "the server's backstop is past the policy's attempts")
+		add(idempotency.FindingOK, CheckMaxDeliver, md, "the server's backstop is past the policy's max deliveries")
 	}
 	aw := "ack_wait=" + cc.AckWait.String()
 	switch {

@@ -73,14 +73,27 @@ func TestInspectSingleServer(t *testing.T) {
 			t.Errorf("storage finding %+v, want OK for file storage", f)
 		}
 	}
-	if f := findings(found, CheckMaxDeliver); len(f) != 1 || f[0].Level != idempotency.FindingOK || !strings.Contains(f[0].Setting, "max_deliver=5 ") {
-		t.Errorf("max-deliver findings %+v, want one OK with max_deliver=5 (3 attempts + 2)", f)
+	if f := findings(found, CheckMaxDeliver); len(f) != 1 || f[0].Level != idempotency.FindingOK || !strings.Contains(f[0].Setting, "max_deliver=22 ") {
+		t.Errorf("max-deliver findings %+v, want one OK with max_deliver=22 (20 deliveries + 2)", f)
 	}
 	if f := findings(found, CheckAckWait); len(f) != 1 || f[0].Level != idempotency.FindingWarn || f[0].Setting != "ack_wait=1s" {
 		t.Errorf("ack-wait findings %+v, want one warning for ack_wait=1s", f)
 	}
 	if len(findings(found, CheckConsumer))+len(findings(found, CheckStream)) != 0 {
 		t.Errorf("findings %+v: the declared streams and consumer reported missing", found)
+	}
+
+	// A MaxDeliver past the attempts but within the deliveries a failover can add.
+	cfg.MaxDeliver = 10
+	if err := Declare(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	found, err = Inspect(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := findings(found, CheckMaxDeliver); len(f) != 1 || f[0].Level != idempotency.FindingWarn || !strings.Contains(f[0].Detail, "a delivery is not an attempt") {
+		t.Errorf("max-deliver findings %+v, want one warning for max_deliver=10 below max deliveries 20", f)
 	}
 }
 

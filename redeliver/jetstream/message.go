@@ -30,6 +30,11 @@ const HeaderPublished = "redeliver-published"
 // no longer delivered it and no Source had settled it (see Source.Sweep).
 const HeaderSwept = "redeliver-swept"
 
+// HeaderFailed carries, on a copy the sweep publishes again (HeaderSwept), the failure
+// record of the orphan it replaces: its failed attempts and first failure, as
+// "<attempts> <RFC 3339 time>". The copy's attempts go on from there.
+const HeaderFailed = "redeliver-failed"
+
 // HeaderContentType carries Message.ContentType (NATS messages have no content type of
 // their own).
 const HeaderContentType = "Content-Type"
@@ -65,7 +70,7 @@ func messageID(h nats.Header, stream string, seq uint64) string {
 func appHeader(h nats.Header) map[string]string {
 	out := make(map[string]string, len(h))
 	for k, v := range h {
-		if natsHeader(k) || k == HeaderID || k == HeaderPublished || k == HeaderSwept || k == HeaderContentType || len(v) == 0 {
+		if natsHeader(k) || k == HeaderID || k == HeaderPublished || k == HeaderSwept || k == HeaderFailed || k == HeaderContentType || len(v) == 0 {
 			continue
 		}
 		out[k] = v[0]
@@ -89,7 +94,8 @@ func copyHeader(h nats.Header, drop func(string) bool) nats.Header {
 // deadMsg builds the dead letter of a stored message: its body and headers, its id in
 // HeaderID, its first publish in HeaderPublished and the dead-letter headers.
 func deadMsg(subject, id string, published time.Time, h nats.Header, body []byte, info redeliver.DeadInfo) *nats.Msg {
-	out := &nats.Msg{Subject: subject, Header: copyHeader(h, nil), Data: body}
+	// The failure record a swept copy carried is in info (attempts, first failure).
+	out := &nats.Msg{Subject: subject, Header: copyHeader(h, func(k string) bool { return k == HeaderFailed }), Data: body}
 	out.Header.Set(HeaderID, id)
 	if !published.IsZero() {
 		out.Header.Set(HeaderPublished, published.UTC().Format(time.RFC3339Nano))
@@ -154,3 +160,31 @@ func toDeadLetter(raw *js.RawStreamMsg, stream, queue string) redeliver.DeadLett
 // failureKey is a message's key in the failure bucket: its work stream sequence, which
 // stays the same across redeliveries and differs for a replayed copy.
 func failureKey(seq uint64) string { return strconv.FormatUint(seq, 10) }
+
+// failure is a message's failure record: how many of its attempts failed, and when the
+// first one did.
+type failure struct {
+	attempts int // -1: not known (a record written before records counted attempts)
+	first    time.Time
+}
+
+// String encodes the record as the bucket and HeaderFailed hold it: "<attempts> <first>".
+func (f failure) String() string {
+	return strconv.Itoa(f.attempts) + " " + f.first.UTC().Format(time.RFC3339Nano)
+}
+
+// parseFailure decodes a failure record. A bare time (an older record's form) has
+// attempts -1.
+func parseFailure(v string) (failure, bool) {
+	n, at, ok := strings.Cut(v, " ")
+	if !ok {
+		first, err := time.Parse(time.RFC3339Nano, v)
+		return failure{attempts: -1, first: first}, err == nil
+	}
+	attempts, err := strconv.Atoi(n)
+	if err != nil || attempts < 0 || attempts >= 1<<30 {
+		return failure{}, false
+	}
+	first, err := time.Parse(time.RFC3339Nano, at)
+	return failure{attempts: attempts, first: first}, err == nil
+}

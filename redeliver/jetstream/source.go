@@ -40,12 +40,25 @@ type Source struct {
 	advSub  *nats.Subscription
 	orphanC chan orphan
 	rescued atomic.Int64
+
+	// lastDelivery is the highest consumer sequence received; recheck is the highest
+	// consumer sequence the consumer delivered before its state went back (see
+	// regressed). Both are touched only by Receive, which runs once at a time.
+	lastDelivery atomic.Uint64
+	recheck      atomic.Uint64
 }
 
 var (
-	_ redeliver.Source      = (*Source)(nil)
-	_ redeliver.Heartbeater = (*Source)(nil)
+	_ redeliver.Source        = (*Source)(nil)
+	_ redeliver.Heartbeater   = (*Source)(nil)
+	_ redeliver.AttemptKeeper = (*Source)(nil)
 )
+
+// KeepsAttempts reports true: a message's failed attempts are counted in the failure
+// bucket, written by Delivery.Retry, and returned as Message.FailedAttempts, because
+// NumDelivered counts deliveries no handler saw (pulled ahead, then handed back by a
+// failover or a restart) and goes back to 1 when a server loses the consumer's state.
+func (s *Source) KeepsAttempts() bool { return true }
 
 // NewSource connects (Config.URL, or Config.Conn), declares the work stream, the DLQ
 // stream and the durable consumer (Declare), starts following the consumer's MaxDeliver
@@ -370,8 +383,11 @@ type delivery struct {
 	found bool   // the failure bucket held a record of the message when it was received
 }
 
-// newDelivery converts a pulled message. A redelivered one (NumDelivered > 1) gets its
-// FirstFailure from the failure bucket.
+// newDelivery converts a pulled message. A redelivered one (NumDelivered > 1), and any
+// delivered while the consumer's state is behind what this Source saw (regressed), gets
+// its FailedAttempts and FirstFailure from the failure bucket; a first delivery costs
+// no lookup. A copy the sweep published again starts from the record it carries
+// (HeaderFailed).
 func (s *Source) newDelivery(ctx context.Context, msg js.Msg) *delivery {
 	d := &delivery{s: s, msg: msg}
 	h := msg.Headers()
@@ -382,10 +398,12 @@ func (s *Source) newDelivery(ctx context.Context, msg js.Msg) *delivery {
 		Header:      appHeader(h),
 		Received:    s.cfg.Clock(),
 	}
+	lookup := false
 	if md, err := msg.Metadata(); err == nil {
 		d.seq = md.Sequence.Stream
 		m.DeliveryCount = int(min(md.NumDelivered, 1<<30))
 		m.Published = md.Timestamp
+		lookup = md.NumDelivered > 1 || s.regressed(md.Sequence.Consumer)
 	} else {
 		s.log.Warn("jetstream: message without metadata", slog.Any("error", err))
 	}
@@ -393,11 +411,45 @@ func (s *Source) newDelivery(ctx context.Context, msg js.Msg) *delivery {
 		m.Published = p // a replayed copy: its first life's publish
 	}
 	m.ID = messageID(h, s.cfg.Stream, d.seq)
-	if d.seq > 0 && m.DeliveryCount > 1 {
-		m.FirstFailure, d.found = s.firstFailure(ctx, d.seq)
+	if v := h.Get(HeaderFailed); v != "" {
+		if f, ok := parseFailure(v); ok && f.attempts >= 0 {
+			m.FailedAttempts, m.FirstFailure = f.attempts, f.first
+		}
+	}
+	if d.seq > 0 && lookup {
+		var f failure
+		if f, d.found = s.failure(ctx, d.seq); d.found {
+			if f.attempts < 0 {
+				f.attempts = max(m.DeliveryCount-1, 1) // an older record: its deliveries were its attempts
+			}
+			m.FailedAttempts = max(m.FailedAttempts, f.attempts)
+			m.FirstFailure = f.first
+		}
 	}
 	d.m = m
 	return d
+}
+
+// regressed reports whether a delivery with consumer sequence cseq must have its
+// failure record read although it says it is a first delivery. The consumer numbers
+// its deliveries, redeliveries included, in increasing order; a sequence at or below one
+// received before means the server lost the consumer's recent state (a crash of a
+// one-replica stream's server; the consumer deleted and declared again), and with it
+// the delivery counts: every delivery up to the highest sequence seen before may be a
+// message that failed. A Source started after the loss cannot see it.
+func (s *Source) regressed(cseq uint64) bool {
+	last := s.lastDelivery.Load()
+	if cseq > last {
+		s.lastDelivery.Store(cseq)
+		return cseq <= s.recheck.Load()
+	}
+	if s.recheck.Load() < last {
+		s.recheck.Store(last)
+		s.log.Warn("jetstream: the consumer delivers sequence numbers it delivered before: the server lost its recent state, "+
+			"and its delivery counts; failed attempts are read from the failure bucket for every delivery until it passes the old sequence",
+			slog.Uint64("consumer_seq", cseq), slog.Uint64("last_seen", last))
+	}
+	return true
 }
 
 // bucket returns the failure bucket.
@@ -407,28 +459,25 @@ func (s *Source) bucket() js.KeyValue {
 	return s.kv
 }
 
-// firstFailure reads the first failure recorded for the message at seq; found is false
-// when there is none (or it cannot be read, which it logs).
-func (s *Source) firstFailure(ctx context.Context, seq uint64) (first time.Time, found bool) {
+// failure reads the failure record of the message at seq; found is false when there is
+// none (or it cannot be read, which it logs).
+func (s *Source) failure(ctx context.Context, seq uint64) (f failure, found bool) {
 	ctx, cancel := withTimeout(ctx)
 	defer cancel()
 	e, err := s.bucket().Get(ctx, failureKey(seq))
 	if err != nil {
 		if !errors.Is(err, js.ErrKeyNotFound) && ctx.Err() == nil {
-			s.log.Warn("jetstream: reading a first failure failed", slog.Uint64("stream_seq", seq), slog.Any("error", err))
+			s.log.Warn("jetstream: reading a failure record failed", slog.Uint64("stream_seq", seq), slog.Any("error", err))
 		}
-		return time.Time{}, false
+		return failure{}, false
 	}
-	first, err = time.Parse(time.RFC3339Nano, string(e.Value()))
-	return first, err == nil
+	return parseFailure(string(e.Value()))
 }
 
-// recordFailure records first as the first failure of the message at seq, unless one is
-// recorded already (the older one stays).
-func (s *Source) recordFailure(ctx context.Context, seq uint64, first time.Time) error {
-	_, err := s.bucket().Create(ctx, failureKey(seq), []byte(first.UTC().Format(time.RFC3339Nano)))
-	if err != nil && !errors.Is(err, js.ErrKeyExists) {
-		return fmt.Errorf("jetstream: recording the first failure of message %d in %s: %w", seq, s.cfg.FailureBucket, err)
+// recordFailure records f as the failure record of the message at seq.
+func (s *Source) recordFailure(ctx context.Context, seq uint64, f failure) error {
+	if _, err := s.bucket().PutString(ctx, failureKey(seq), f.String()); err != nil {
+		return fmt.Errorf("jetstream: recording a failed attempt of message %d in %s: %w", seq, s.cfg.FailureBucket, err)
 	}
 	return nil
 }
@@ -458,14 +507,17 @@ func (d *delivery) Ack(ctx context.Context) error {
 }
 
 // Retry asks the server to redeliver the message after r.Delay (NakWithDelay). The
-// message comes back as it is: r.Header is not written, because JetStream counts the
-// deliveries itself (Message.DeliveryCount) and the Consumer takes the larger of that
-// and the count header. On the first failure, the failure bucket records
-// r.FirstFailure first, for the next deliveries' Message.FirstFailure; if it cannot,
-// Retry fails and the server redelivers the message after AckWait.
+// message comes back as it is: r.Header is not written. The failure bucket first
+// records the failed attempts (r.Attempt) and r.FirstFailure, for the next deliveries'
+// Message.FailedAttempts and FirstFailure; if it cannot, Retry fails and the server
+// redelivers the message after AckWait (the Consumer remembers the attempt).
 func (d *delivery) Retry(ctx context.Context, r redeliver.RetryInfo) error {
-	if d.seq > 0 && !d.found && !r.FirstFailure.IsZero() {
-		if err := d.s.recordFailure(ctx, d.seq, r.FirstFailure); err != nil {
+	if d.seq > 0 {
+		first := r.FirstFailure
+		if first.IsZero() {
+			first = d.s.cfg.Clock()
+		}
+		if err := d.s.recordFailure(ctx, d.seq, failure{attempts: r.Attempt, first: first}); err != nil {
 			return err
 		}
 	}
@@ -645,6 +697,9 @@ func (s *Source) requeue(ctx context.Context, raw *js.RawStreamMsg) error {
 	h.Set(HeaderID, id)
 	h.Set(HeaderPublished, published.UTC().Format(time.RFC3339Nano))
 	h.Set(HeaderSwept, strconv.Itoa(swept+1))
+	if f, ok := s.orphanFailure(ctx, raw); ok {
+		h.Set(HeaderFailed, f.String()) // the copy's attempts go on from the orphan's
+	}
 	out := &nats.Msg{Subject: s.cfg.Queue, Header: h, Data: raw.Data}
 	if _, err := s.js.PublishMsg(ctx, out, js.WithMsgID(sweepKey(id, s.cfg.Stream, raw.Sequence)),
 		js.WithExpectStream(s.cfg.Stream)); err != nil {
@@ -658,6 +713,28 @@ func (s *Source) requeue(ctx context.Context, raw *js.RawStreamMsg) error {
 		"it may have completed (a crash of the stream's server loses removals), so its handler may run again",
 		slog.String("message_id", id), slog.Uint64("stream_seq", raw.Sequence))
 	return nil
+}
+
+// orphanFailure returns what is known of an orphan's failed attempts: its failure
+// record, else the record its copy carries (HeaderFailed); ok is false when neither
+// exists (attempts 0).
+func (s *Source) orphanFailure(ctx context.Context, raw *js.RawStreamMsg) (failure, bool) {
+	var carried failure
+	if v := raw.Header.Get(HeaderFailed); v != "" {
+		if f, ok := parseFailure(v); ok && f.attempts >= 0 {
+			carried = f
+		}
+	}
+	f, found := s.failure(ctx, raw.Sequence)
+	switch {
+	case found && f.attempts >= carried.attempts:
+		return f, true
+	case !carried.first.IsZero():
+		return carried, true
+	case found: // an older record without a count
+		return failure{first: f.first}, true
+	}
+	return failure{}, false
 }
 
 // rescue moves the orphan at seq to the DLQ; it reports whether it found it.
@@ -679,24 +756,28 @@ func (s *Source) rescueMsg(ctx context.Context, raw *js.RawStreamMsg, deliveries
 	if published.IsZero() {
 		published = raw.Time
 	}
-	first, found := s.firstFailure(ctx, raw.Sequence)
-	if !found {
+	f, known := s.orphanFailure(ctx, raw)
+	first := f.first
+	if !known {
 		first = published // a lower bound: no attempt recorded its failure
 		if t, err := time.Parse(time.RFC3339Nano, raw.Header.Get(redeliver.HeaderFirstFailure)); err == nil {
 			first = t
 		}
 	}
+	attempts := max(f.attempts, 0)
 	why := "the server stopped redelivering it after " + strconv.FormatUint(deliveries, 10) +
-		" deliveries (MaxDeliver) without any consumer settling it: a handler that crashed the process or never returned?"
+		" deliveries (MaxDeliver) without any consumer settling it, " + strconv.Itoa(attempts) +
+		" of them failed attempts: a handler that crashed the process or never returned?"
 	if deliveries == 0 {
 		why = "the server stopped redelivering it, and a copy published again, without any consumer settling " +
-			"either (the number of handler runs is not known): a handler that crashes the process or never returns?"
+			"either (" + strconv.Itoa(attempts) + " failed attempts recorded; runs that ended with their process are not): " +
+			"a handler that crashes the process or never returns?"
 	}
 	info := redeliver.DeadInfo{
 		Reason:       ReasonMaxDeliver,
 		Class:        ClassUnknown,
 		Err:          why,
-		Attempts:     int(min(deliveries, 1<<30)),
+		Attempts:     attempts,
 		FirstFailure: first,
 		LastFailure:  now,
 		Queue:        s.cfg.Queue,
@@ -708,9 +789,7 @@ func (s *Source) rescueMsg(ctx context.Context, raw *js.RawStreamMsg, deliveries
 	if err := s.stream.DeleteMsg(ctx, raw.Sequence); err != nil && !errors.Is(err, js.ErrMsgNotFound) {
 		return fmt.Errorf("jetstream: deleting orphan %d from %s: %w", raw.Sequence, s.cfg.Stream, err)
 	}
-	if found {
-		s.forgetFailure(ctx, raw.Sequence)
-	}
+	s.forgetFailure(ctx, raw.Sequence)
 	s.rescued.Add(1)
 	s.log.Warn("jetstream: orphan moved to the DLQ", slog.String("message_id", id),
 		slog.Uint64("stream_seq", raw.Sequence), slog.Uint64("deliveries", deliveries))

@@ -236,7 +236,7 @@ func TestKilledMidHandlingIsRedelivered(t *testing.T) {
 		t.Logf("process A stopped: %v", a.stop())
 
 		// Process B gets it after AckWait; the inbox says it is done.
-		var ranB, attemptB atomic.Int32
+		var ranB, attemptB, countB atomic.Int32
 		handler := box.Handler(func(ctx context.Context, tx *sql.Tx, m *redeliver.Message) error {
 			ranB.Add(1)
 			return write(ctx, tx, m)
@@ -244,6 +244,7 @@ func TestKilledMidHandlingIsRedelivered(t *testing.T) {
 		run(t, cfg, func(ctx context.Context, m *redeliver.Message) error {
 			deliveries.Add(1)
 			attemptB.Store(int32(m.Attempt))
+			countB.Store(int32(m.DeliveryCount))
 			return handler(ctx, m)
 		}, nil)
 		eventually(t, 10*time.Second, "the redelivery", func() bool { return deliveries.Load() == 2 })
@@ -255,8 +256,10 @@ func TestKilledMidHandlingIsRedelivered(t *testing.T) {
 		if deliveries.Load() != 2 || rows != 1 || ranB.Load() != 0 {
 			t.Errorf("%d deliveries, %d business rows, B ran the write %d times; want 2, 1, 0", deliveries.Load(), rows, ranB.Load())
 		}
-		if attemptB.Load() != 2 {
-			t.Errorf("the redelivery is attempt %d, want 2 (NumDelivered counts the crash)", attemptB.Load())
+		// A run that died with its process reported no failure: it spends no attempt
+		// (Policy.MaxDeliveries bounds such runs), though the server counts it.
+		if attemptB.Load() != 1 || countB.Load() != 2 {
+			t.Errorf("the redelivery is attempt %d, delivery %d; want attempt 1, delivery 2", attemptB.Load(), countB.Load())
 		}
 	})
 }
@@ -397,8 +400,9 @@ func TestMaxDeliverAdvisoryMovesOrphanToDLQ(t *testing.T) {
 
 // An orphan made while no Source listened (the advisory went unheard) is found by the
 // next Source's sweep, which cannot tell it from a message whose acknowledgement a
-// crash lost: it publishes it again under its id. When the copy becomes an orphan in
-// turn, the sweep moves it to the DLQ, with attempts 0 (not known).
+// crash lost: it publishes it again under its id, its failure record (two failed
+// attempts) with it. When the copy becomes an orphan in turn, the sweep moves it to the
+// DLQ, with the two attempts and the first failure's time the record holds.
 func TestSweepFindsUnheardOrphan(t *testing.T) {
 	t.Parallel()
 	forEach(t, func(t *testing.T, url string) {
@@ -428,14 +432,15 @@ func TestSweepFindsUnheardOrphan(t *testing.T) {
 			t.Fatal(err)
 		}
 		// orphan has a raw client take the next message and die without a word, and
-		// returns its headers.
-		orphan := func() nats.Header {
+		// returns its headers and stream sequence.
+		orphan := func() (nats.Header, uint64) {
 			t.Helper()
 			m, err := cons.Next(js.FetchMaxWait(5 * time.Second))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if md, _ := m.Metadata(); md.NumDelivered != 1 {
+			md, _ := m.Metadata()
+			if md.NumDelivered != 1 {
 				t.Fatalf("NumDelivered %d", md.NumDelivered)
 			}
 			// Its last pull request is still waiting: a 2.9 server acts on an expired
@@ -453,10 +458,19 @@ func TestSweepFindsUnheardOrphan(t *testing.T) {
 			for m := range b.Messages() {
 				t.Fatalf("pulled %q while waiting for the advisory", m.Headers().Get(HeaderID))
 			}
-			return m.Headers()
+			return m.Headers(), md.Sequence.Stream
 		}
 		publish(t, nc, cfg, "lost-1")
-		orphan()
+		_, seq := orphan()
+		// Two attempts of it had failed, the first at failedAt.
+		failedAt := time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC)
+		kv, err := j.KeyValue(ctx, c.FailureBucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.PutString(ctx, failureKey(seq), failure{attempts: 2, first: failedAt}.String()); err != nil {
+			t.Fatal(err)
+		}
 
 		// A Source's start sweep publishes it again.
 		src, err := NewSource(ctx, cfg)
@@ -473,12 +487,15 @@ func TestSweepFindsUnheardOrphan(t *testing.T) {
 		if src.Rescued() != 0 {
 			t.Errorf("Rescued() = %d after publishing the orphan again, want 0", src.Rescued())
 		}
-		h := orphan()
+		h, _ := orphan()
 		if got := messageID(h, c.Stream, 0); got != "lost-1" {
 			t.Errorf("the copy's id is %q, want lost-1", got)
 		}
 		if got := h.Get(HeaderSwept); got != "1" {
 			t.Errorf("the copy's %s = %q, want 1", HeaderSwept, got)
+		}
+		if got, want := h.Get(HeaderFailed), "2 2026-12-01T09:30:00Z"; got != want {
+			t.Errorf("the copy's %s = %q, want %q", HeaderFailed, got, want)
 		}
 
 		// The copy, an orphan again, goes to the DLQ.
@@ -492,8 +509,12 @@ func TestSweepFindsUnheardOrphan(t *testing.T) {
 			d, err = dl.Get(ctx, "lost-1")
 			return err == nil
 		})
-		if d.Info.Reason != ReasonMaxDeliver || d.Info.Attempts != 0 || d.Info.Class != ClassUnknown || string(d.Body) != "body of lost-1" {
-			t.Errorf("orphan dead letter %+v body %q", d.Info, d.Body)
+		if d.Info.Reason != ReasonMaxDeliver || d.Info.Attempts != 2 || !d.Info.FirstFailure.Equal(failedAt) ||
+			d.Info.Class != ClassUnknown || string(d.Body) != "body of lost-1" {
+			t.Errorf("orphan dead letter %+v body %q; want max-deliver, class unknown, 2 attempts, first failure %v", d.Info, d.Body, failedAt)
+		}
+		if _, ok := d.Header[HeaderFailed]; ok {
+			t.Errorf("the dead letter's headers hold %s: %v", HeaderFailed, d.Header)
 		}
 		eventually(t, 5*time.Second, "Rescued() = 1", func() bool { return r.src.Rescued() == 1 })
 		eventually(t, 5*time.Second, "only the dead letter", func() bool { return queueState(t, nc, cfg) == state{dlq: 1} })
