@@ -64,7 +64,8 @@ What is read:
               the replicas of the work stream, the DLQ stream and the failure bucket
               against the cluster's size the connection knows (one replica: a warning
               saying what a crash or a lost disk loses; three: OK); memory storage
-              (warned); the consumer's MaxDeliver against 5 attempts and its AckWait
+              (warned); the consumer's MaxDeliver against 5 attempts and 20
+              deliveries (the default policy's), and its AckWait
 
 With --amqp or --nats the store is checked only when --store (or RETRYSAFE_STORE) is
 given. Each --queue is checked on each broker given.
