@@ -36,10 +36,11 @@ const killBatch, killAfter = 300, 100
 const killAckWait = 3 * time.Second
 
 // killSettleTimeout is the Consumer's SettleTimeout, shortened from the default 30s for
-// the same reason: a settlement sent on the connection of a node that dies under it
-// (the failure record a Retry writes) waits for an answer until the timeout, holding its
-// handler's slot. It stays above a leader election (about five seconds), so that an
-// acknowledgement re-sent to the new leader is not given up on.
+// the same reason: a Retry whose failure record was written through a node that dies
+// under it waits for an answer until the timeout, and its message comes back only after
+// that (with the default, the connection's node's kill made a scenario last 30s). It
+// stays above a leader election (about five seconds), so that an acknowledgement re-sent
+// to the new leader is not given up on.
 const killSettleTimeout = 10 * time.Second
 
 // killEffects is the PostgreSQL side of the kill suite: a pgbox inbox and a table with
@@ -568,7 +569,7 @@ func runKillScenario(t *testing.T, c *natscluster.Cluster, fx *killEffects, s ki
 		if s.atOnce {
 			what += fmt.Sprintf(": resumed %v after the kill", at.Sub(killed).Round(time.Millisecond))
 		}
-		what += fmt.Sprintf("; restart served in %v, next acknowledgement %v after the restart began",
+		what += fmt.Sprintf("; Restart returned (node serving, meta leader agreed) after %v, next acknowledgement %v after the restart began",
 			served.Sub(restarted).Round(time.Millisecond), at.Sub(restarted).Round(time.Millisecond))
 		figures = append(figures, what)
 		t.Logf("cycle %d: %s", cycle+1, what)
