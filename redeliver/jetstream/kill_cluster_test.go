@@ -29,6 +29,10 @@ import (
 // them were acknowledged.
 const killBatch, killAfter = 300, 100
 
+// killRunTime is how long a handler run takes, so that a fault finds handlers running
+// (their effect alone takes a millisecond).
+const killRunTime = 5 * time.Millisecond
+
 // killAckWait is the suite's AckWait, the one setting that differs from the library's
 // defaults: a delivery lost with a node (pulled through it, or whose acknowledgement it
 // swallowed) comes back after AckWait, and the default 30s would make each scenario
@@ -370,7 +374,7 @@ func publishKill(t *testing.T, c *natscluster.Cluster, cfg Config, from, n int) 
 type killScenario struct {
 	replicas int           // 0: the library's default (3 on the cluster)
 	noInbox  bool          // run without Config.Inbox: at-least-once
-	slow     time.Duration // each handler run's time
+	slow     time.Duration // each handler run's time (killRunTime when zero)
 	// target picks the node to kill in the given cycle, from the leaders of the
 	// stream and its consumer, and says whether the consumer's connection is to be on
 	// it (else on another node).
@@ -396,7 +400,8 @@ func TestClusterKill(t *testing.T) {
 	}
 	c := natscluster.Start(t)
 	fx := newKillEffects(t)
-	// leaderOf kills the given leader, the connection on another node.
+	// streamLeader and consumerLeader kill that leader's node, the connection on
+	// another node.
 	streamLeader := func(_, sl, _ int) (int, bool) { return sl, false }
 	consumerLeader := func(_, _, cl int) (int, bool) { return cl, false }
 	// The node the connection is on, leading neither the stream nor its consumer where
@@ -492,7 +497,11 @@ func runKillScenario(t *testing.T, c *natscluster.Cluster, fx *killEffects, s ki
 	cfg.Conn = nc
 
 	ids := publishKill(t, c, cfg, 0, killBatch)
-	k := newKillRun(fx, cfg.Queue, !s.noInbox, s.slow)
+	slow := s.slow
+	if slow == 0 {
+		slow = killRunTime
+	}
+	k := newKillRun(fx, cfg.Queue, !s.noInbox, slow)
 	src, err := NewSource(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
