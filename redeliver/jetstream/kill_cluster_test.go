@@ -25,16 +25,16 @@ import (
 
 // The kill suite's sizes: each scenario publishes killBatch messages before its first
 // fault and killBatch/3 more after each restart (so that handling after the restart is
-// measured on messages that need the restarted cluster), and faults once killAfter of
-// them were acknowledged.
+// measured on messages that need the restarted cluster), and faults first once killAfter
+// of them were acknowledged, then (repeated faults) once ten more were.
 const killBatch, killAfter = 300, 100
 
 // killRunTime is how long a handler run takes, so that a fault finds handlers running
 // (their effect alone takes a millisecond).
 const killRunTime = 5 * time.Millisecond
 
-// killAckWait is the suite's AckWait, the one setting that differs from the library's
-// defaults: a delivery lost with a node (pulled through it, or whose acknowledgement it
+// killAckWait is the suite's AckWait, one of the two settings that differ from the
+// library's defaults: a delivery lost with a node (pulled through it, or whose acknowledgement it
 // swallowed) comes back after AckWait, and the default 30s would make each scenario
 // last that long. It stays well above Prefetch × the slowest handler's time.
 const killAckWait = 3 * time.Second
@@ -42,7 +42,7 @@ const killAckWait = 3 * time.Second
 // killSettleTimeout is the Consumer's SettleTimeout, shortened from the default 30s for
 // the same reason: a Retry whose failure record was written through a node that dies
 // under it waits for an answer until the timeout, and its message comes back only after
-// that (with the default, the connection's node's kill made a scenario last 30s). It
+// that, so with the default a kill of the connection's node makes a scenario last 30s. It
 // stays above a leader election (about five seconds), so that an acknowledgement re-sent
 // to the new leader is not given up on.
 const killSettleTimeout = 10 * time.Second
@@ -386,7 +386,7 @@ type killScenario struct {
 }
 
 // TestClusterKill runs a Consumer with the library's defaults (the work stream R3 on the
-// cluster; AckWait shortened, see killAckWait) and Config.Inbox on PostgreSQL against a
+// cluster; AckWait and SettleTimeout shortened, see killAckWait) and Config.Inbox on PostgreSQL against a
 // 3-node cluster whose nodes are killed (SIGKILL) and restarted while handlers run. Every
 // fifth message fails its first run. In each scenario every message's effect is applied
 // exactly once, none is dead-lettered, the attempts the handler sees are truthful (see
