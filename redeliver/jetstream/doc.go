@@ -70,10 +70,11 @@
 // dead-lettering deletes it; a record whose deletion was lost expires after
 // FailureTTL. The Consumer takes Message.Attempt as FailedAttempts + 1 (or the count
 // header + 1 the producer set, if larger), so a handler reads Attempt and FirstFailure
-// as on RabbitMQ. A first delivery costs no lookup, except while the consumer delivers
-// sequence numbers it had delivered before — the sign that the server lost its state,
-// logged as a WARN — when every delivery reads the bucket. A Source started after such
-// a loss cannot see it, and its first deliveries then start again from attempt 1.
+// as on RabbitMQ. A first delivery costs no lookup, except when it is not new — its
+// stream sequence is at or below one the Source received as a first delivery before,
+// the sign that the server lost the consumer's state, logged as a WARN — and then it
+// reads the bucket. A Source started after such a loss cannot see it, and those
+// messages then start again from attempt 1.
 //
 // An attempt that died with its process records no failure, as on RabbitMQ: a message
 // that crashes the process every time is stopped by its deliveries instead, at

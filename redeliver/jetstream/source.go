@@ -41,11 +41,11 @@ type Source struct {
 	orphanC chan orphan
 	rescued atomic.Int64
 
-	// lastDelivery is the highest consumer sequence received; recheck is the highest
-	// consumer sequence the consumer delivered before its state went back (see
-	// regressed). Both are touched only by Receive, which runs once at a time.
-	lastDelivery atomic.Uint64
-	recheck      atomic.Uint64
+	// lastFirst is the highest stream sequence of a first delivery received; recheck is
+	// the highest one received before the consumer's state went back (see regressed).
+	// Both are touched only by Receive, which runs once at a time.
+	lastFirst atomic.Uint64
+	recheck   atomic.Uint64
 }
 
 var (
@@ -329,15 +329,15 @@ var (
 	ackTerm     = []byte("+TERM")
 )
 
-// ackAttempt bounds one try of an acknowledgement. An acknowledgement whose answer does
-// not come within it (the consumer leader died with the request, or the connection is
-// being re-established) is sent again, so it reaches the leader the cluster elects
-// next: the consumer answers every acknowledgement, and applying one twice changes
-// nothing.
+// ackAttempt bounds one try of an acknowledgement, or of a failure record's write. A
+// request whose answer does not come within it (the consumer or stream leader died with
+// it, or the connection is being re-established) is sent again, so it reaches the
+// leader the cluster elects next: the consumer answers every acknowledgement, applying
+// one twice changes nothing, and a record written twice holds the same value.
 const ackAttempt = 2 * time.Second
 
-// ackRetryWait is the pause before sending again an acknowledgement that found no
-// consumer leader to answer it (one is being elected).
+// ackRetryWait is the pause before sending again a request that found no leader to
+// answer it (one is being elected).
 const ackRetryWait = 100 * time.Millisecond
 
 // ackSync sends an acknowledgement of msg and waits for the server to confirm it (what
@@ -348,26 +348,40 @@ func ackSync(ctx context.Context, nc *nats.Conn, msg js.Msg, body []byte) error 
 	if reply == "" {
 		return fmt.Errorf("jetstream: %w", js.ErrMsgNoReply)
 	}
+	err := untilAnswered(ctx, func(ctx context.Context) error {
+		_, err := nc.RequestWithContext(ctx, reply, body)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("jetstream: %s: %w", body, err)
+	}
+	return nil
+}
+
+// untilAnswered runs try, each time bounded by ackAttempt, until it succeeds, fails
+// otherwise than for a lost or missing answer, or ctx ends (without a deadline, after
+// 10s); it returns try's last error.
+func untilAnswered(ctx context.Context, try func(context.Context) error) error {
 	ctx, cancel := withTimeout(ctx)
 	defer cancel()
 	for {
 		actx, acancel := context.WithTimeout(ctx, ackAttempt)
-		_, err := nc.RequestWithContext(actx, reply, body)
+		err := try(actx)
 		acancel()
 		if err == nil {
 			return nil
 		}
-		again := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
-			errors.Is(err, nats.ErrNoResponders)
+		noLeader := errors.Is(err, nats.ErrNoResponders) || errors.Is(err, js.ErrNoStreamResponse)
+		again := noLeader || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
 		if !again || ctx.Err() != nil {
-			return fmt.Errorf("jetstream: %s: %w", body, err)
+			return err
 		}
-		if errors.Is(err, nats.ErrNoResponders) {
+		if noLeader {
 			t := time.NewTimer(ackRetryWait)
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return fmt.Errorf("jetstream: %s: %w", body, err)
+				return err
 			case <-t.C:
 			}
 		}
@@ -403,7 +417,7 @@ func (s *Source) newDelivery(ctx context.Context, msg js.Msg) *delivery {
 		d.seq = md.Sequence.Stream
 		m.DeliveryCount = int(min(md.NumDelivered, 1<<30))
 		m.Published = md.Timestamp
-		lookup = md.NumDelivered > 1 || s.regressed(md.Sequence.Consumer)
+		lookup = md.NumDelivered > 1 || s.regressed(md.Sequence.Stream)
 	} else {
 		s.log.Warn("jetstream: message without metadata", slog.Any("error", err))
 	}
@@ -430,24 +444,26 @@ func (s *Source) newDelivery(ctx context.Context, msg js.Msg) *delivery {
 	return d
 }
 
-// regressed reports whether a delivery with consumer sequence cseq must have its
-// failure record read although it says it is a first delivery. The consumer numbers
-// its deliveries, redeliveries included, in increasing order; a sequence at or below one
-// received before means the server lost the consumer's recent state (a crash of a
-// one-replica stream's server; the consumer deleted and declared again), and with it
-// the delivery counts: every delivery up to the highest sequence seen before may be a
-// message that failed. A Source started after the loss cannot see it.
-func (s *Source) regressed(cseq uint64) bool {
-	last := s.lastDelivery.Load()
-	if cseq > last {
-		s.lastDelivery.Store(cseq)
-		return cseq <= s.recheck.Load()
+// regressed reports whether a first delivery (NumDelivered 1) of the message at stream
+// sequence seq must have its failure record read all the same. The consumer delivers
+// new messages in stream order, so each first delivery a Source receives has a higher
+// stream sequence than the one before; one at or below a sequence received before is a
+// message delivered before that the server counts anew: it lost the consumer's recent
+// state (a crash of a one-replica stream's server; the consumer deleted and declared
+// again), and with it the delivery counts. Every first delivery up to the highest
+// sequence received before may then be a message that failed. A Source started after
+// the loss cannot see it.
+func (s *Source) regressed(seq uint64) bool {
+	last := s.lastFirst.Load()
+	if seq > last {
+		s.lastFirst.Store(seq)
+		return seq <= s.recheck.Load()
 	}
 	if s.recheck.Load() < last {
 		s.recheck.Store(last)
-		s.log.Warn("jetstream: the consumer delivers sequence numbers it delivered before: the server lost its recent state, "+
-			"and its delivery counts; failed attempts are read from the failure bucket for every delivery until it passes the old sequence",
-			slog.Uint64("consumer_seq", cseq), slog.Uint64("last_seen", last))
+		s.log.Warn("jetstream: the consumer delivers as new a message it delivered before: the server lost its recent state, "+
+			"and its delivery counts; failed attempts are read from the failure bucket for such deliveries",
+			slog.Uint64("stream_seq", seq), slog.Uint64("last_seen", last))
 	}
 	return true
 }
@@ -475,8 +491,14 @@ func (s *Source) failure(ctx context.Context, seq uint64) (f failure, found bool
 }
 
 // recordFailure records f as the failure record of the message at seq.
+// Each try is bounded (untilAnswered): a write sent to a node that died is sent again
+// to the next leader, instead of holding the settlement until its timeout.
 func (s *Source) recordFailure(ctx context.Context, seq uint64, f failure) error {
-	if _, err := s.bucket().PutString(ctx, failureKey(seq), f.String()); err != nil {
+	err := untilAnswered(ctx, func(ctx context.Context) error {
+		_, err := s.bucket().PutString(ctx, failureKey(seq), f.String())
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("jetstream: recording a failed attempt of message %d in %s: %w", seq, s.cfg.FailureBucket, err)
 	}
 	return nil
