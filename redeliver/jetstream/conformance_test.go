@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/retrysafe/retrysafe/redeliver"
 	"github.com/retrysafe/retrysafe/redeliver/redelivertest"
 )
@@ -22,25 +24,29 @@ func TestConformance(t *testing.T) {
 				if err := Declare(ctx, cfg); err != nil {
 					t.Fatal(err)
 				}
-				nc := connect(t, url)
-				pub, err := NewPublisher(nc)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return &redelivertest.Queue{
-					Name:        cfg.Queue,
-					Publisher:   pub,
-					DeadLetters: deadLetters(t, cfg),
-					NewSource: func(t *testing.T) redeliver.Source {
-						s, err := NewSource(ctx, cfg)
-						if err != nil {
-							t.Fatal(err)
-						}
-						return s
-					},
-					Stored: func(t *testing.T) int { return int(queueState(t, nc, cfg).work) },
-				}
+				return conformanceQueue(t, connect(t, url), cfg)
 			},
 		})
 	})
+}
+
+// conformanceQueue is the suite's view of cfg's declared queue, reached through nc.
+func conformanceQueue(t *testing.T, nc *nats.Conn, cfg Config) *redelivertest.Queue {
+	pub, err := NewPublisher(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &redelivertest.Queue{
+		Name:        cfg.Queue,
+		Publisher:   pub,
+		DeadLetters: deadLetters(t, cfg),
+		NewSource: func(t *testing.T) redeliver.Source {
+			s, err := NewSource(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+		Stored: func(t *testing.T) int { return int(queueState(t, nc, cfg).work) },
+	}
 }

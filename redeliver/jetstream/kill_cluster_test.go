@@ -744,23 +744,7 @@ func clusterConformance(t *testing.T, c *natscluster.Cluster) {
 			if got := streamReplicas(t, ctx, nc, cfg)[0]; got != 3 {
 				t.Fatalf("work stream has %d replicas, want 3", got)
 			}
-			pub, err := NewPublisher(nc)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return &redelivertest.Queue{
-				Name:        cfg.Queue,
-				Publisher:   pub,
-				DeadLetters: deadLetters(t, cfg),
-				NewSource: func(t *testing.T) redeliver.Source {
-					s, err := NewSource(ctx, cfg)
-					if err != nil {
-						t.Fatal(err)
-					}
-					return s
-				},
-				Stored: func(t *testing.T) int { return int(queueState(t, nc, cfg).work) },
-			}
+			return conformanceQueue(t, nc, cfg)
 		},
 	})
 }
