@@ -106,6 +106,26 @@ func (d *DeadLetters) count(ch *amqp.Channel) (int, error) {
 	return q.Messages, nil
 }
 
+// returnWait bounds how long a scan waits for the messages it requeued to be counted in
+// the queue again.
+const returnWait = 5 * time.Second
+
+// awaitReturned waits until the DLQ counts at least n ready messages, for at most
+// returnWait. A requeue is not answered, and a quorum queue applies it after the
+// channel's later methods (its Raft log commits it): a count, a list or a purge that
+// follows a scan at once would miss the messages still on their way back. Another
+// reader of the DLQ can keep the count below n; the wait then ends at the bound.
+func (d *DeadLetters) awaitReturned(ch *amqp.Channel, n int) {
+	deadline := time.Now().Add(returnWait)
+	for {
+		c, err := d.count(ch)
+		if err != nil || c >= n || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // action is what a scan does with a message.
 type action int
 
@@ -116,7 +136,8 @@ const (
 )
 
 // scan takes up to max messages (max <= 0: as many as the queue had when it began) from
-// the DLQ and calls visit on each; the messages not removed are requeued when it ends.
+// the DLQ and calls visit on each; the messages not removed are requeued when it ends,
+// and scan returns once the queue holds them again (see awaitReturned).
 func (d *DeadLetters) scan(ctx context.Context, max int, visit func(*amqp.Delivery) (action, error)) error {
 	ch, err := d.conn.Channel()
 	if err != nil {
@@ -131,9 +152,10 @@ func (d *DeadLetters) scan(ctx context.Context, max int, visit func(*amqp.Delive
 		n = min(n, max)
 	}
 	var lastKept uint64
+	kept := 0
 	defer func() {
-		if lastKept > 0 {
-			_ = ch.Nack(lastKept, true, true)
+		if lastKept > 0 && ch.Nack(lastKept, true, true) == nil {
+			d.awaitReturned(ch, kept)
 		}
 	}()
 	for i := 0; i < n; i++ {
@@ -148,6 +170,9 @@ func (d *DeadLetters) scan(ctx context.Context, max int, visit func(*amqp.Delive
 			return nil
 		}
 		a, err := visit(&m)
+		if err != nil || a != remove {
+			kept++
+		}
 		switch {
 		case err != nil:
 			lastKept = m.DeliveryTag

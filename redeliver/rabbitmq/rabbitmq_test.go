@@ -619,6 +619,44 @@ func TestDeadLettersReplayAndPurge(t *testing.T) {
 	r.expectQueues(t, 0)
 }
 
+// A read of the DLQ (List, Get) takes the messages and requeues them; a quorum queue
+// applies the requeue after the channel is done. Each read returns only once the
+// messages are back: a count, a list or a purge right after it sees every one of them.
+func TestDeadLettersReadLeavesThemCounted(t *testing.T) {
+	t.Parallel()
+	r := newRMQ(t, true)
+	consume(t, r.config(), redeliver.Config{Policy: testPolicy(2), Handler: func(ctx context.Context, m *redeliver.Message) error {
+		return retry.Permanent(errors.New("refused"))
+	}})
+	const n = 60
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = "rd-" + strconv.Itoa(i)
+	}
+	r.publish(t, ids...)
+	eventually(t, 20*time.Second, "the dead letters", func() bool { return r.count(t, r.topo.DLQ) == n })
+	dl, err := OpenDeadLetters(t.Context(), DeadLettersConfig{URL: r.url, Queue: r.queue, Quorum: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dl.Close()
+	short := 0
+	for range 10 {
+		all, err := dl.List(t.Context(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counted := r.count(t, r.topo.DLQ)
+		if len(all) != n || counted != n {
+			short++
+			t.Logf("List returned %d, then the DLQ counted %d; want %d and %d", len(all), counted, n, n)
+		}
+	}
+	if short > 0 {
+		t.Errorf("%d of 10 reads of the DLQ were short or left it short", short)
+	}
+}
+
 func TestOpenDeadLettersMissing(t *testing.T) {
 	t.Parallel()
 	url := testenv.AMQPURL(t)
