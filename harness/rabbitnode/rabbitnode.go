@@ -81,9 +81,18 @@ type Node struct {
 // the test ends.
 func Start(t testing.TB) *Node {
 	t.Helper()
-	n := prepare(t, cookie(t))
+	n := prepare(t, cookie(t), Options{})
 	n.run()
 	return n
+}
+
+// Options configure the nodes of StartClusterWith.
+type Options struct {
+	// Advanced is the nodes' advanced.config: Erlang terms, for the settings
+	// rabbitmq.conf does not take, e.g.
+	// "[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 5000}]}].". Default
+	// none.
+	Advanced string
 }
 
 // Cluster is a RabbitMQ cluster of disposable nodes on this host.
@@ -97,10 +106,16 @@ type Cluster struct {
 // returns once each accepts AMQP connections. The nodes boot in parallel.
 func StartCluster(t testing.TB, size int) *Cluster {
 	t.Helper()
+	return StartClusterWith(t, size, Options{})
+}
+
+// StartClusterWith is StartCluster with nodes configured by o.
+func StartClusterWith(t testing.TB, size int, o Options) *Cluster {
+	t.Helper()
 	c := &Cluster{}
 	ck := cookie(t)
 	for range max(size, 1) {
-		c.Nodes = append(c.Nodes, prepare(t, ck))
+		c.Nodes = append(c.Nodes, prepare(t, ck, o))
 	}
 	errs := make(chan error, len(c.Nodes))
 	for _, n := range c.Nodes {
@@ -154,7 +169,7 @@ func cookie(t testing.TB) []byte {
 }
 
 // prepare makes a node's directories and environment; it starts nothing.
-func prepare(t testing.TB, cookie []byte) *Node {
+func prepare(t testing.TB, cookie []byte, o Options) *Node {
 	t.Helper()
 	server, ctl := binaries()
 	if server == "" || ctl == "" {
@@ -180,6 +195,9 @@ func prepare(t testing.TB, cookie []byte) *Node {
 		"rabbitmq.conf":     conf,
 		"enabled_plugins":   "[].\n",
 		"rabbitmq-env.conf": "# the node's settings come from the environment\n",
+	}
+	if o.Advanced != "" {
+		files["advanced.config"] = o.Advanced + "\n"
 	}
 	for name, text := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {

@@ -26,14 +26,17 @@ func TestConformance(t *testing.T) {
 }
 
 func conformanceQueue(t *testing.T, quorum bool, p redeliver.Policy) *redelivertest.Queue {
-	r := newRMQ(t, quorum)
+	return conformanceQueueOf(t, newRMQ(t, quorum), quorum, p)
+}
+
+func conformanceQueueOf(t *testing.T, r *rmq, quorum bool, p redeliver.Policy) *redelivertest.Queue {
 	ctx := context.Background()
 	pre, err := NewSource(ctx, r.config()) // declares the topology
 	if err != nil {
 		t.Fatal(err)
 	}
 	_ = pre.Close(ctx)
-	pub, err := NewPublisher(ctx, PublisherConfig{URL: r.url})
+	pub, err := NewPublisher(ctx, PublisherConfig{URL: r.url, URLs: r.urls})
 	if err != nil {
 		t.Fatal(err)
 	}

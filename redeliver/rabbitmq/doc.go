@@ -128,6 +128,45 @@
 // consumes again. Deliveries from the old connection can no longer be settled (their
 // acks fail; the Consumer logs and counts them) and the broker redelivers them.
 //
+// # Clusters
+//
+// On a RabbitMQ cluster, give the Source every node: Config.URL and Config.URLs (the
+// Publisher likewise, PublisherConfig.URLs). A reconnect tries the nodes in turn,
+// starting with the one after the node it lost and ending with that node, and waits
+// the Reconnect backoff only after a round in which none answered; it logs the node it
+// connected to ("rabbitmq: connected", node=host:port). With URL alone a consumer whose
+// node died waits for that node to come back, although the surviving nodes serve its
+// quorum queues. Measured on a disposable 3-node cluster of RabbitMQ 3.10 (TestCluster,
+// under -race on a shared 2-core machine, four runs), a consumer of 4 handlers with the
+// default settings and an inbox, 300 messages per fault, every fifth failing its first
+// run:
+//
+//   - kill -9 of the node leading the queues (the consumer on another node): handling
+//     went on 54–130 ms after the kill, the consumer keeping its connection;
+//   - kill -9 of the consumer's node: it reconnected to the next node and handling
+//     resumed 56–500 ms after the kill; with URL alone nothing was handled for the
+//     90 s the test waited with the node down;
+//   - two clean stops of the consumer's node against 500 ms handlers: resumed
+//     0.55–1.5 s after each stop;
+//
+// with no message lost, none dead-lettered, and no effect applied twice with the inbox;
+// without it 0–1, 3–5 and 6–7 effects of the 300, 300 and 200 messages were applied
+// twice (acks lost with the node). Quorum queues survive the loss of a minority of their
+// nodes: on three nodes, one at a time.
+//
+// One broker setting matters after a kill -9 of the node leading the work queue. A
+// retry copy leaves its delay queue through the quorum queue's at-least-once
+// dead-letter worker, which republishes it to the work queue and waits for the
+// confirm; a copy republished towards the dead leader is sent again only after
+// dead_letter_worker_publisher_confirm_timeout, 3 minutes by default. In the test the
+// copies in the delay queues then came back 2 min 53 s after the node's restart, the
+// last 6 minutes after the kill. Set it lower in advanced.config, for example
+//
+//	[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 5000}]}].
+//
+// and they came back within 4 s of the kill. Nothing is lost either way (the copies stay
+// in the delay queue until confirmed), but the retries wait that long.
+//
 // # Publishing
 //
 // Every publish — retry copies, dead letters, replays, Publisher.Publish — goes to the

@@ -48,6 +48,7 @@ func testPolicy(maxAttempts int) redeliver.Policy {
 // rmq is one test's RabbitMQ: a unique work queue and an admin connection.
 type rmq struct {
 	url   string
+	urls  []string // the other nodes of a cluster, if any
 	queue string
 	topo  Topology
 	admin *amqp.Connection
@@ -55,7 +56,14 @@ type rmq struct {
 
 func newRMQ(t testing.TB, quorum bool) *rmq {
 	t.Helper()
-	url := testenv.AMQPURL(t)
+	return newRMQAt(t, []string{testenv.AMQPURL(t)}, quorum)
+}
+
+// newRMQAt is newRMQ on the broker whose nodes are urls; the admin connection goes to
+// the first.
+func newRMQAt(t testing.TB, urls []string, quorum bool) *rmq {
+	t.Helper()
+	url := urls[0]
 	queue := testenv.Name("rd")
 	topo, err := newTopology(queue, testDelays, quorum)
 	if err != nil {
@@ -65,7 +73,7 @@ func newRMQ(t testing.TB, quorum bool) *rmq {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &rmq{url: url, queue: queue, topo: topo, admin: admin}
+	r := &rmq{url: url, urls: urls[1:], queue: queue, topo: topo, admin: admin}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -78,7 +86,7 @@ func newRMQ(t testing.TB, quorum bool) *rmq {
 }
 
 func (r *rmq) config() Config {
-	return Config{URL: r.url, Queue: r.queue, Delays: testDelays, Quorum: r.topo.Quorum, Classic: !r.topo.Quorum, Logger: quiet(), Prefetch: 50}
+	return Config{URL: r.url, URLs: r.urls, Queue: r.queue, Delays: testDelays, Quorum: r.topo.Quorum, Classic: !r.topo.Quorum, Logger: quiet(), Prefetch: 50}
 }
 
 // count returns the ready messages of queue q.

@@ -12,11 +12,17 @@ import (
 	"github.com/retrysafe/retrysafe/redeliver"
 )
 
-// PublisherConfig configures a Publisher. URL is required; the zero value of every other
-// field means the default documented on it.
+// PublisherConfig configures a Publisher. URL (or URLs) is required; the zero value of
+// every other field means the default documented on it.
 type PublisherConfig struct {
-	// URL is the broker's AMQP URL. Required.
+	// URL is the broker's AMQP URL: the node the Publisher connects to first. Required
+	// unless URLs is set.
 	URL string
+	// URLs are the AMQP URLs of the other nodes of the broker's cluster, as in
+	// Config.URLs: NewPublisher tries URL, then URLs in order; after the connection was
+	// lost, the next Publish tries each node once, starting with the one after the node
+	// it lost. Default none: URL alone.
+	URLs []string
 	// AMQP configures the connection. Its Properties get a "connection_name" of
 	// "retrysafe-publisher" unless they have one. Default: amqp091's defaults.
 	AMQP amqp.Config
@@ -26,30 +32,35 @@ type PublisherConfig struct {
 
 // Publisher is a redeliver.Publisher on RabbitMQ: it publishes persistent messages to a
 // queue through the default exchange, mandatory, and waits for each confirm. After the
-// connection was lost, the next Publish reconnects (once; the caller retries). It is
+// connection was lost, the next Publish reconnects (once to each node; the caller
+// retries). It is
 // safe for concurrent use; concurrent publishes share one channel and are confirmed
 // independently.
 type Publisher struct {
-	cfg PublisherConfig
+	cfg   PublisherConfig
+	nodes nodes
 
 	mu     sync.Mutex
 	conn   *amqp.Connection
 	pub    *confirmChannel
 	closed bool
+	node   int  // index in nodes of the node connected to (or tried) last
+	dialed bool // a connection was tried before
 }
 
 var _ redeliver.Publisher = (*Publisher)(nil)
 
-// NewPublisher connects to cfg.URL.
+// NewPublisher connects to cfg.URL, or when it fails to each of cfg.URLs in turn.
 func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) {
-	if cfg.URL == "" {
-		return nil, fmt.Errorf("%w: PublisherConfig.URL is required", ErrConfig)
+	ns, err := newNodes("PublisherConfig", cfg.URL, cfg.URLs)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
 	cfg.AMQP = withConnectionName(cfg.AMQP, "retrysafe-publisher")
-	p := &Publisher{cfg: cfg}
+	p := &Publisher{cfg: cfg, nodes: ns}
 	if _, err := p.channel(ctx); err != nil {
 		return nil, err
 	}
@@ -70,17 +81,29 @@ func (p *Publisher) channel(ctx context.Context) (*confirmChannel, error) {
 		_ = p.conn.Close()
 		p.conn, p.pub = nil, nil
 	}
-	conn, err := dial(ctx, p.cfg.URL, p.cfg.AMQP)
-	if err != nil {
-		return nil, err
+	start := 0
+	if p.dialed {
+		start = p.nodes.after(p.node)
 	}
-	pub, err := newConfirmChannel(conn)
-	if err != nil {
-		_ = conn.Close()
-		return nil, err
+	p.dialed = true
+	var errs []error
+	for n := range p.nodes {
+		p.node = (start + n) % len(p.nodes)
+		conn, err := dial(ctx, p.nodes[p.node], p.cfg.AMQP)
+		if err == nil {
+			var pub *confirmChannel
+			if pub, err = newConfirmChannel(conn); err == nil {
+				p.conn, p.pub = conn, pub
+				return pub, nil
+			}
+			_ = conn.Close()
+		}
+		if ctx.Err() != nil || len(p.nodes) == 1 {
+			return nil, err
+		}
+		errs = append(errs, err)
 	}
-	p.conn, p.pub = conn, pub
-	return pub, nil
+	return nil, errors.Join(errs...)
 }
 
 // Publish sends m (ID, Body, ContentType and Header, all headers as strings, with the

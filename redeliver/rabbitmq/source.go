@@ -15,11 +15,23 @@ import (
 	"github.com/retrysafe/retrysafe/retry"
 )
 
-// Config configures a Source. URL and Queue are required; the zero value of every other
-// field means the default documented on it.
+// Config configures a Source. Queue and URL (or URLs) are required; the zero value of
+// every other field means the default documented on it.
 type Config struct {
-	// URL is the broker's AMQP URL, e.g. "amqp://guest:guest@127.0.0.1:5672/". Required.
+	// URL is the broker's AMQP URL, e.g. "amqp://guest:guest@127.0.0.1:5672/": the node
+	// the Source connects to first. Required unless URLs is set.
 	URL string
+	// URLs are the AMQP URLs of the other nodes of the broker's cluster. The Source
+	// tries URL first, then URLs in order; when its connection is lost it reconnects
+	// to the nodes in turn, starting with the one after the node it lost and ending
+	// with that node, waiting the Reconnect backoff after each round in which none
+	// answered. So a consumer whose node died goes on with a surviving node, which
+	// serves the quorum queues (their leader moves to a surviving member), instead of
+	// waiting for its node to come back. Each must be a distinct AMQP URL (same vhost
+	// and credentials as a rule); an empty one or a repeated node is refused. A node
+	// that does not answer costs up to AMQP.Dial's connection timeout (30 s by
+	// default) per try. Default none: URL alone.
+	URLs []string
 	// Queue is the work queue. Required. The Source also uses Queue+".dlq" and the delay
 	// queues Queue+".delay.<ms>ms" (see Topology).
 	Queue string
@@ -73,14 +85,19 @@ type Config struct {
 }
 
 // ErrConfig is returned (wrapped) for a Config that cannot work: a missing URL or queue,
-// delay buckets NewSource refuses.
+// a URL that does not parse or names a node twice, delay buckets NewSource refuses.
 var ErrConfig = errors.New("rabbitmq: invalid config")
 
 // Source is a redeliver.Source on a RabbitMQ work queue. Make one with NewSource.
 type Source struct {
-	cfg  Config
-	topo Topology
-	log  *slog.Logger
+	cfg   Config
+	nodes nodes
+	topo  Topology
+	log   *slog.Logger
+
+	// node is the index in nodes of the node connected to (or tried) last; only
+	// NewSource and reconnect, which Receive's caller runs one at a time, change it.
+	node atomic.Int32
 
 	mu     sync.Mutex
 	cur    *session
@@ -108,12 +125,14 @@ func (s *session) close() {
 	}
 }
 
-// NewSource connects to cfg.URL, declares the topology (unless cfg.NoDeclare) and starts
-// consuming the work queue. It fails when the first connection fails; later the Source
-// reconnects by itself.
+// NewSource connects to cfg.URL (or, when it fails, to each of cfg.URLs in turn),
+// declares the topology (unless cfg.NoDeclare) and starts consuming the work queue. It
+// fails when no node accepts the first connection; later the Source reconnects by
+// itself.
 func NewSource(ctx context.Context, cfg Config) (*Source, error) {
-	if cfg.URL == "" {
-		return nil, fmt.Errorf("%w: Config.URL is required", ErrConfig)
+	ns, err := newNodes("Config", cfg.URL, cfg.URLs)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Classic && cfg.Quorum {
 		return nil, fmt.Errorf("%w: Config.Classic and Config.Quorum are exclusive", ErrConfig)
@@ -138,12 +157,23 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		cfg.Clock = time.Now
 	}
 	cfg.AMQP = withConnectionName(cfg.AMQP, "retrysafe-redeliver "+cfg.Queue)
-	s := &Source{cfg: cfg, topo: topo, log: cfg.Logger.With(slog.String("queue", cfg.Queue))}
+	s := &Source{cfg: cfg, nodes: ns, topo: topo, log: cfg.Logger.With(slog.String("queue", cfg.Queue))}
 	// The first connect learns the work queue's type, when the configuration leaves it
 	// open; the Source is not shared yet, so it may change s.topo.
-	sess, err := s.connect(ctx, !cfg.Classic && !cfg.Quorum)
-	if err != nil {
-		return nil, err
+	var sess *session
+	var errs []error
+	for i := range ns {
+		s.node.Store(int32(i))
+		if sess, err = s.connect(ctx, i, !cfg.Classic && !cfg.Quorum); err == nil || ctx.Err() != nil {
+			break
+		}
+		errs = append(errs, err)
+	}
+	if sess == nil {
+		if len(errs) == 1 || ctx.Err() != nil {
+			return nil, err
+		}
+		return nil, errors.Join(errs...)
 	}
 	s.cur = sess
 	if !s.topo.Quorum {
@@ -176,11 +206,11 @@ func withConnectionName(c amqp.Config, name string) amqp.Config {
 	return c
 }
 
-// connect opens a session: connection, topology, publish channel, consumer. With
-// learn, a work queue that exists as another type than s.topo's makes the Source use
-// that type (only NewSource passes it).
-func (s *Source) connect(ctx context.Context, learn bool) (*session, error) {
-	conn, err := dial(ctx, s.cfg.URL, s.cfg.AMQP)
+// connect opens a session on node i: connection, topology, publish channel, consumer.
+// With learn, a work queue that exists as another type than s.topo's makes the Source
+// use that type (only NewSource passes it).
+func (s *Source) connect(ctx context.Context, i int, learn bool) (*session, error) {
+	conn, err := dial(ctx, s.nodes[i], s.cfg.AMQP)
 	if err != nil {
 		return nil, err
 	}
@@ -244,7 +274,7 @@ func dial(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection, e
 	select {
 	case r := <-done:
 		if r.err != nil {
-			return nil, fmt.Errorf("rabbitmq: connecting: %w", r.err)
+			return nil, fmt.Errorf("rabbitmq: connecting to %s: %w", hostOf(url), r.err)
 		}
 		return r.c, nil
 	case <-ctx.Done():
@@ -257,26 +287,31 @@ func dial(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection, e
 	}
 }
 
-// reconnect replaces the broken session old with a new one, retrying with backoff
-// until it succeeds, ctx ends or the Source is closed.
+// reconnect replaces the broken session old with a new one, trying the nodes in turn
+// from the one after the node connected to (or tried) last, with backoff after each
+// round of failures, until it succeeds, ctx ends or the Source is closed.
 func (s *Source) reconnect(ctx context.Context, old *session) (*session, error) {
 	s.mu.Lock()
 	if s.cur == old {
 		s.cur = nil
 	}
 	s.mu.Unlock()
+	lost := int(s.node.Load())
 	if old != nil {
 		old.close()
-		s.log.Warn("rabbitmq: connection lost, reconnecting")
+		s.log.Warn("rabbitmq: connection lost, reconnecting", slog.String("node", hostOf(s.nodes[lost])))
 	}
+	start := s.nodes.after(lost)
 	for n := 0; ; n++ {
+		i := (start + n) % len(s.nodes)
+		s.node.Store(int32(i))
 		s.mu.Lock()
 		closed := s.closed
 		s.mu.Unlock()
 		if closed {
 			return nil, redeliver.ErrClosed
 		}
-		sess, err := s.connect(ctx, false)
+		sess, err := s.connect(ctx, i, false)
 		if err == nil {
 			s.mu.Lock()
 			if s.closed {
@@ -286,14 +321,19 @@ func (s *Source) reconnect(ctx context.Context, old *session) (*session, error) 
 			}
 			s.cur = sess
 			s.mu.Unlock()
-			s.log.Info("rabbitmq: connected", slog.Int("attempt", n+1))
+			s.log.Info("rabbitmq: connected", slog.String("node", hostOf(s.nodes[i])), slog.Int("attempt", n+1))
 			return sess, nil
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		wait := s.cfg.Reconnect.Backoff(min(n, 30), 0)
-		s.log.Warn("rabbitmq: connecting failed", slog.Any("error", err), slog.Duration("retry_in", wait))
+		if s.nodes.after(i) != start {
+			// More nodes to try in this round: the next one at once.
+			s.log.Warn("rabbitmq: connecting failed, trying the next node", slog.String("node", hostOf(s.nodes[i])), slog.Any("error", err))
+			continue
+		}
+		wait := s.cfg.Reconnect.Backoff(min(n/len(s.nodes), 30), 0)
+		s.log.Warn("rabbitmq: connecting failed", slog.String("node", hostOf(s.nodes[i])), slog.Any("error", err), slog.Duration("retry_in", wait))
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
