@@ -72,12 +72,23 @@ func TestDeliveriesNoHandlerSawSpendNoAttempts(t *testing.T) {
 	})
 }
 
-// A server that loses the consumer's state — here the consumer is deleted, and the
-// running Source declares it again — delivers every message anew with NumDelivered 1.
-// A message that had failed two attempts runs next as attempt 3, with its first
-// failure's time: the failure bucket, not the delivery count, holds the attempts.
+// A server that loses the consumer's state — here the consumer is deleted — delivers
+// every message anew with NumDelivered 1. A message that had failed two attempts runs
+// next as attempt 3, with its first failure's time: the failure bucket, not the
+// delivery count, holds the attempts. Both when the running Source declares the
+// consumer again, and when the consumer's process was stopped and starts after the
+// loss.
 func TestLostConsumerStateKeepsAttempts(t *testing.T) {
 	t.Parallel()
+	for _, restart := range []bool{false, true} {
+		t.Run(map[bool]string{false: "running", true: "restarted"}[restart], func(t *testing.T) {
+			t.Parallel()
+			lostConsumerState(t, restart)
+		})
+	}
+}
+
+func lostConsumerState(t *testing.T, restart bool) {
 	forEach(t, func(t *testing.T, url string) {
 		ctx := context.Background()
 		cfg := newConfig(t, url)
@@ -88,7 +99,7 @@ func TestLostConsumerStateKeepsAttempts(t *testing.T) {
 			first          time.Time
 		}
 		runs := make(chan handled, 8)
-		r := run(t, cfg, func(_ context.Context, m *redeliver.Message) error {
+		handler := func(_ context.Context, m *redeliver.Message) error {
 			runs <- handled{m.Attempt, m.DeliveryCount, m.FirstFailure}
 			switch m.Attempt {
 			case 1:
@@ -98,7 +109,8 @@ func TestLostConsumerStateKeepsAttempts(t *testing.T) {
 				return retry.After(time.Hour, errors.New("second"))
 			}
 			return nil
-		}, nil)
+		}
+		r := run(t, cfg, handler, nil)
 		nc := connect(t, url)
 		publish(t, nc, cfg, "lost-state-1")
 		next := func() handled {
@@ -122,8 +134,16 @@ func TestLostConsumerStateKeepsAttempts(t *testing.T) {
 		eventually(t, 10*time.Second, "the message waiting for its redelivery", func() bool {
 			return queueState(t, nc, cfg) == state{work: 1, ackPending: 1}
 		})
+		if restart {
+			if err := r.stop(); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if err := j.DeleteConsumer(ctx, c.Stream, c.Consumer); err != nil {
 			t.Fatal(err)
+		}
+		if restart {
+			r = run(t, cfg, handler, nil)
 		}
 		third := next()
 		if third.count != 1 {

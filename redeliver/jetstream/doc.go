@@ -70,11 +70,14 @@
 // dead-lettering deletes it; a record whose deletion was lost expires after
 // FailureTTL. The Consumer takes Message.Attempt as FailedAttempts + 1 (or the count
 // header + 1 the producer set, if larger), so a handler reads Attempt and FirstFailure
-// as on RabbitMQ. A first delivery costs no lookup, except when it is not new — its
-// stream sequence is at or below one the Source received as a first delivery before,
-// the sign that the server lost the consumer's state, logged as a WARN — and then it
-// reads the bucket. A Source started after such a loss cannot see it, and those
-// messages then start again from attempt 1.
+// as on RabbitMQ. A first delivery costs no lookup, except when it is not new: its
+// stream sequence is at or below one the Source received as a first delivery before —
+// the sign that the server lost the consumer's state, logged as a WARN — or the bucket
+// held a record for it when the Source started (NewSource lists the bucket's keys, a
+// record per message between a failed attempt and its settlement, so that a process
+// restarted after such a loss sees it too; past 100,000 records, or when the list
+// cannot be read, every first delivery of a message stored before the start reads the
+// bucket).
 //
 // An attempt that died with its process records no failure, as on RabbitMQ: a message
 // that crashes the process every time is stopped by its deliveries instead, at

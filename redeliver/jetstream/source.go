@@ -46,6 +46,9 @@ type Source struct {
 	// Both are touched only by Receive, which runs once at a time.
 	lastFirst atomic.Uint64
 	recheck   atomic.Uint64
+	// recorded holds the stream sequences the failure bucket had a record for when the
+	// Source started (see loadRecorded); set before NewSource returns, read-only after.
+	recorded map[uint64]struct{}
 }
 
 var (
@@ -89,6 +92,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		orphanC: make(chan orphan, 256),
 		closing: make(chan struct{}),
 	}
+	s.loadRecorded(ctx)
 	// The server announces each message that reached MaxDeliver.
 	subj := "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + c.Stream + "." + c.Consumer
 	s.advSub, err = nc.Subscribe(subj, s.onAdvisory)
@@ -417,7 +421,10 @@ func (s *Source) newDelivery(ctx context.Context, msg js.Msg) *delivery {
 		d.seq = md.Sequence.Stream
 		m.DeliveryCount = int(min(md.NumDelivered, 1<<30))
 		m.Published = md.Timestamp
-		lookup = md.NumDelivered > 1 || s.regressed(md.Sequence.Stream)
+		if lookup = md.NumDelivered > 1; !lookup {
+			_, known := s.recorded[md.Sequence.Stream]
+			lookup = s.regressed(md.Sequence.Stream) || known
+		}
 	} else {
 		s.log.Warn("jetstream: message without metadata", slog.Any("error", err))
 	}
@@ -444,6 +451,55 @@ func (s *Source) newDelivery(ctx context.Context, msg js.Msg) *delivery {
 	return d
 }
 
+// maxRecorded bounds the failure records a starting Source keeps the sequences of.
+const maxRecorded = 100_000
+
+// loadRecorded reads which messages the failure bucket holds a record for, so that a
+// first delivery of one of them reads its record: a server that lost the consumer's
+// state before this Source started (a crash of a one-replica stream's server while the
+// consumer's process restarted too) delivers such a message as new, with nothing else
+// to tell. The bucket holds a record only for a message between a failed attempt and
+// its settlement, so the list is short. When it cannot be read, or holds more than
+// maxRecorded, every first delivery of a message stored before the start reads the
+// bucket instead (logged).
+func (s *Source) loadRecorded(ctx context.Context) {
+	fallback := func(why string, err error) {
+		s.recorded = nil
+		ictx, cancel := withTimeout(ctx)
+		defer cancel()
+		if si, ierr := s.stream.Info(ictx); ierr == nil {
+			s.recheck.Store(si.State.LastSeq)
+		}
+		s.log.Warn("jetstream: "+why+"; the first delivery of each message stored before the start reads the failure bucket",
+			slog.Any("error", err))
+	}
+	lctx, cancel := withTimeout(ctx)
+	defer cancel()
+	lister, err := s.bucket().ListKeys(lctx)
+	if err != nil {
+		fallback("listing the failure records failed", err)
+		return
+	}
+	recorded := map[uint64]struct{}{}
+	for k := range lister.Keys() {
+		if seq, err := strconv.ParseUint(k, 10, 64); err == nil {
+			recorded[seq] = struct{}{}
+		}
+		if len(recorded) > maxRecorded {
+			cancel() // ends the lister's goroutine, which the drain lets reach its end
+			for range lister.Keys() {
+			}
+			fallback("more than "+strconv.Itoa(maxRecorded)+" failure records", nil)
+			return
+		}
+	}
+	if err := lctx.Err(); err != nil {
+		fallback("listing the failure records did not finish", err)
+		return
+	}
+	s.recorded = recorded
+}
+
 // regressed reports whether a first delivery (NumDelivered 1) of the message at stream
 // sequence seq must have its failure record read all the same. The consumer delivers
 // new messages in stream order, so each first delivery a Source receives has a higher
@@ -452,7 +508,7 @@ func (s *Source) newDelivery(ctx context.Context, msg js.Msg) *delivery {
 // state (a crash of a one-replica stream's server; the consumer deleted and declared
 // again), and with it the delivery counts. Every first delivery up to the highest
 // sequence received before may then be a message that failed. A Source started after
-// the loss cannot see it.
+// the loss finds those messages in the failure bucket instead (loadRecorded).
 func (s *Source) regressed(seq uint64) bool {
 	last := s.lastFirst.Load()
 	if seq > last {
