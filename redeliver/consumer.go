@@ -106,7 +106,8 @@ type Consumer struct {
 	// keeper: the Source records failed attempts itself (AttemptKeeper).
 	keeper bool
 	// failed remembers the failed attempts whose Retry or DeadLetter did not reach
-	// the broker, by queue and message id, so that the redelivery still counts them.
+	// the broker, and for a while those whose Retry did (its ack may not have), by
+	// queue and message id, so that the redelivery still counts them.
 	failedMu sync.Mutex
 	failed   map[failedKey]failedAttempt
 	seq      uint64
@@ -256,8 +257,17 @@ type failedKey struct{ queue, id string }
 type failedAttempt struct {
 	attempt int
 	first   time.Time
-	seq     uint64 // order of remembering, to forget the oldest first
+	seq     uint64    // order of remembering, to forget the oldest first
+	until   time.Time // when set, forgotten after it
 }
+
+// retriedGrace is how long after its retry's delay a Consumer keeps counting an
+// attempt whose Retry succeeded: a successful Retry means the copy is stored, not that
+// the broker got the original's ack (an ack has no answer: RabbitMQ redelivers the
+// original, header unchanged, when its node stopped before reading the ack). The copy
+// coming back ends it sooner; the bound keeps a much later delivery of the same id (a
+// replay from the dead-letter queue) from counting it.
+const retriedGrace = 5 * time.Minute
 
 // remember records that attempt of m failed, first failing at first, and that the
 // broker did not learn it (its Retry or DeadLetter failed).
@@ -297,7 +307,25 @@ func (c *Consumer) recall(m *Message) (failedAttempt, bool) {
 	k := failedKey{m.Queue, m.ID}
 	f, ok := c.failed[k]
 	delete(c.failed, k)
+	if ok && !f.until.IsZero() && c.cfg.Clock().After(f.until) {
+		return failedAttempt{}, false
+	}
 	return f, ok
+}
+
+// retried marks the remembered attempt of m as settled by a Retry: kept until the
+// message comes back, or until the retry's delay and retriedGrace have passed.
+func (c *Consumer) retried(m *Message, delay time.Duration) {
+	if m.ID == "" {
+		return
+	}
+	c.failedMu.Lock()
+	defer c.failedMu.Unlock()
+	k := failedKey{m.Queue, m.ID}
+	if f, ok := c.failed[k]; ok {
+		f.until = c.cfg.Clock().Add(delay + retriedGrace)
+		c.failed[k] = f
+	}
 }
 
 // handle runs the handler on one delivery and returns its settlement, which the caller
@@ -427,10 +455,10 @@ func (c *Consumer) handle(work context.Context, d Delivery) (settle func()) {
 	}
 	c.logMsg(slog.LevelInfo, "redeliver: retrying message", m, slog.Duration("delay", delay),
 		slog.String("error_class", string(class)), slog.Any("error", err))
-	c.remember(m, m.Attempt, first) // forgotten once the Retry is acknowledged, as above
+	c.remember(m, m.Attempt, first) // kept after the Retry, in case its ack is lost (retriedGrace)
 	return func() {
 		if c.settle(work, "retry", m, func(ctx context.Context) error { return d.Retry(ctx, r) }) {
-			c.recall(m)
+			c.retried(m, delay)
 			c.m.retried(q, class)
 		}
 	}

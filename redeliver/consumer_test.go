@@ -735,6 +735,43 @@ func TestHeaderCounted(t *testing.T) {
 	}
 }
 
+// TestRetriedAttemptKept: a Retry that succeeded (copy stored, original acked) may still
+// see the original come back, header unchanged, when the broker never got the ack (its
+// node stopped first). That delivery is still the attempt after the failed one.
+func TestRetriedAttemptKept(t *testing.T) {
+	t.Parallel()
+	src := headerSource{newFakeSource(2)}
+	runs := make(chan *redeliver.Message, 3)
+	var n atomic.Int32
+	run(t, redeliver.Config{Source: src, Policy: redeliver.Policy{MaxAttempts: 3, Backoff: testBackoff},
+		Handler: func(ctx context.Context, m *redeliver.Message) error {
+			runs <- m
+			if n.Add(1) == 1 {
+				return errors.New("fails once")
+			}
+			return nil
+		}})
+	d := src.push(&redeliver.Message{ID: "m", Queue: "q", DeliveryCount: 1})
+	if op := d.wait(t); op != "retry" {
+		t.Fatalf("first delivery settled by %s, want retry", op)
+	}
+	<-runs
+	again := src.push(&redeliver.Message{ID: "m", Queue: "q", DeliveryCount: 2}) // the original, its ack lost
+	if op := again.wait(t); op != "ack" {
+		t.Fatalf("redelivery settled by %s, want ack", op)
+	}
+	if m := <-runs; m.Attempt != 2 || m.FirstFailure.IsZero() {
+		t.Errorf("the original redelivered after a successful retry: attempt %d, first failure %v; want 2 and the first run's failure", m.Attempt, m.FirstFailure)
+	}
+	other := src.push(&redeliver.Message{ID: "other", Queue: "q", DeliveryCount: 1})
+	if op := other.wait(t); op != "ack" {
+		t.Fatalf("other message settled by %s", op)
+	}
+	if m := <-runs; m.Attempt != 1 {
+		t.Errorf("another message: attempt %d, want 1", m.Attempt)
+	}
+}
+
 // TestFailedRetryRemembered: an attempt whose Retry failed (the broker went away) still
 // counts when the broker redelivers the message, header unchanged, to the same
 // Consumer, and its failure time is the first failure.
