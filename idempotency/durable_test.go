@@ -256,6 +256,9 @@ func TestNotDurableFailsFastAndReleases(t *testing.T) {
 		}
 		t.Cleanup(func() { shutdown(t, mw) })
 		h := mw.Handler(replicatedHandler(&runs, nil))
+		// The durability probe's first ping runs now, while the standby is up: the first
+		// request below is then the one to meet the lost standby, with a claim.
+		synctest.Wait()
 		st.setStandbyDown(true)
 		wantProblem(t, post(h, "k", "{}"), http.StatusServiceUnavailable, idempotency.ProblemStoreNotDurable)
 		if rec, err := st.Get(context.Background(), "", "k"); err != nil || rec.State != idempotency.StateInProgress {
