@@ -609,11 +609,22 @@ func runKillScenario(t *testing.T, c *natscluster.Cluster, fx *killEffects, s ki
 	}
 	leftover, _ := tryQueueState(nt, cfg)
 
-	dl := deadLetters(t, cfg)
-	dead, err := dl.List(ctx, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The DLQ is read once the cluster answers for it: a request made while the
+	// restarted node rejoins can time out.
+	var dead []redeliver.DeadLetter
+	eventually(t, time.Minute, "the DLQ to be listed", func() bool {
+		dl, err := NewDeadLetters(ctx, cfg)
+		if err != nil {
+			t.Logf("opening the DLQ: %v", err)
+			return false
+		}
+		defer func() { _ = dl.Close() }()
+		if dead, err = dl.List(ctx, 0); err != nil {
+			t.Logf("listing the DLQ: %v", err)
+			return false
+		}
+		return true
+	})
 	applied, err := fx.applied(ctx, cfg.Queue)
 	if err != nil {
 		t.Fatal(err)
