@@ -217,26 +217,9 @@ func (g *Gateway) routeError(ps []policy, i int, err error) error {
 func (g *Gateway) newRoute(p policy) (*route, error) {
 	rt := &route{policy: p, label: p.pattern, keyHeader: p.mw.KeyHeader, scopeSource: scopeSource(p), httpRoute: patternPath(p.pattern)}
 	if !p.off {
-		mcfg := p.mw
+		var mcfg idempotency.Config
+		mcfg, rt.protected = p.middleware()
 		mcfg.Store = g.store
-		// The records are filed under the route's pattern, the label of its metrics, so
-		// that an operator finds a route's keys by the name its charts show.
-		mcfg.Route = rt.label
-		// The headers the key and the scope come from, and the fingerprinted content type.
-		rt.protected = []string{http.CanonicalHeaderKey(mcfg.KeyHeader), "Content-Type"}
-		switch {
-		case p.scopeHeader != "":
-			mcfg.Scope = idempotency.HeaderScope(p.scopeHeader)
-			rt.protected = append(rt.protected, http.CanonicalHeaderKey(p.scopeHeader))
-		case p.scopeCookie != "":
-			mcfg.Scope = idempotency.CookieScope(p.scopeCookie)
-			rt.protected = append(rt.protected, "Cookie")
-		case p.scopeNone:
-			mcfg.Scope = idempotency.NoScope
-		case !p.ownScope: // the default, the Authorization header's hash
-			mcfg.Scope = idempotency.AuthorizationScope
-			rt.protected = append(rt.protected, "Authorization")
-		}
 		mcfg.OnStoreCall = g.observeStore(p.mw.OnStoreCall)
 		mw, err := g.root.With(mcfg)
 		if err != nil {
