@@ -100,24 +100,37 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// caddyProc is a Caddy process a test started.
+type caddyProc struct {
+	base   string // the site's base URL
+	config func(site string) string
+	path   string // the Caddyfile
+	admin  string // the admin endpoint's address
+	log    *syncWriter
+}
+
 // startCaddy runs Caddy with the site block site (%s in it is the site's address), under
 // global options that give it an admin endpoint on a free port and put idempotency
-// before reverse_proxy, and returns the site's base URL once it answers.
-func startCaddy(t *testing.T, site string) string {
+// before reverse_proxy, and returns it once the site answers.
+func startCaddy(t *testing.T, site string) *caddyProc {
 	t.Helper()
 	dir := t.TempDir()
 	port, admin := freePort(t), freePort(t)
-	cf := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tauto_https off\n\torder idempotency before reverse_proxy\n}\n", admin) +
-		fmt.Sprintf(site, fmt.Sprintf("http://127.0.0.1:%d", port))
-	path := filepath.Join(dir, "Caddyfile")
+	p := &caddyProc{base: fmt.Sprintf("http://127.0.0.1:%d", port), admin: fmt.Sprintf("127.0.0.1:%d", admin),
+		path: filepath.Join(dir, "Caddyfile"), log: &syncWriter{w: &bytes.Buffer{}}}
+	p.config = func(site string) string {
+		return fmt.Sprintf("{\n\tadmin %s\n\tauto_https off\n\torder idempotency before reverse_proxy\n}\n", p.admin) +
+			fmt.Sprintf(site, p.base)
+	}
+	cf := p.config(site)
+	path := p.path
 	if err := os.WriteFile(path, []byte(cf), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(caddyBin, "run", "--config", path, "--adapter", "caddyfile")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &syncWriter{w: &log}, &syncWriter{w: &log}
+	cmd.Stdout, cmd.Stderr = p.log, p.log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -132,14 +145,13 @@ func startCaddy(t *testing.T, site string) string {
 			<-exited
 		}
 		if t.Failed() {
-			t.Logf("Caddyfile:\n%s\nCaddy's log:\n%s", cf, log.String())
+			t.Logf("Caddyfile:\n%s\nCaddy's log:\n%s", cf, p.log)
 		}
 	})
-	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	testenv.Eventually(t, 60*time.Second, func() bool {
 		select {
 		case <-exited:
-			t.Fatalf("Caddy exited:\n%s", log.String())
+			t.Fatalf("Caddy exited:\n%s", p.log)
 		default:
 		}
 		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
@@ -149,7 +161,7 @@ func startCaddy(t *testing.T, site string) string {
 		_ = c.Close()
 		return true
 	}, "Caddy to listen on %d", port)
-	return base
+	return p
 }
 
 type syncWriter struct {
@@ -161,6 +173,12 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.(*bytes.Buffer).String()
 }
 
 type answer struct {
@@ -209,7 +227,7 @@ const minimal = `%%s {
 func TestMinimal(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
-	base := startCaddy(t, fmt.Sprintf(minimal, filepath.Join(t.TempDir(), "keys.db"), up.URL))
+	base := startCaddy(t, fmt.Sprintf(minimal, filepath.Join(t.TempDir(), "keys.db"), up.URL)).base
 
 	first := send(t, "POST", base+"/payments", "k-1", `{"amount":10}`)
 	again := send(t, "POST", base+"/payments", "k-1", `{"amount":10}`)
@@ -247,7 +265,7 @@ func TestMinimal(t *testing.T) {
 func TestWithoutDirective(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
-	base := startCaddy(t, fmt.Sprintf("%%s {\n\treverse_proxy %s\n}\n", up.URL))
+	base := startCaddy(t, fmt.Sprintf("%%s {\n\treverse_proxy %s\n}\n", up.URL)).base
 	send(t, "POST", base+"/payments", "k-1", `{"amount":10}`)
 	send(t, "POST", base+"/payments", "k-1", `{"amount":10}`)
 	if n := up.count("/payments"); n != 2 {
@@ -273,7 +291,7 @@ func TestMatcher(t *testing.T) {
 	}
 }
 `, filepath.Join(t.TempDir(), "keys.db"), up.URL, up.URL)
-	base := startCaddy(t, site)
+	base := startCaddy(t, site).base
 	for range 2 {
 		if a := send(t, "POST", base+"/payments", "k-2", `{}`); a.status != 200 {
 			t.Errorf("POST /payments: %d %q", a.status, a.body)
@@ -322,7 +340,7 @@ func TestProxyRetries(t *testing.T) {
 	}
 }
 `, filepath.Join(t.TempDir(), "keys.db"), up.URL, tc.lb)
-			base := startCaddy(t, site)
+			base := startCaddy(t, site).base
 			// A GET first, so that the POST goes on a reused connection to the upstream.
 			if a := send(t, "GET", base+"/warm", "", ""); a.status != 200 {
 				t.Fatalf("GET: %d %q", a.status, a.body)

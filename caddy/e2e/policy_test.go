@@ -1,0 +1,160 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/retrysafe/retrysafe/harness/testenv"
+)
+
+// TestPolicy: the subdirectives are the gateway's policy keys: a key read from the body
+// (key pointer), one scope for all, the keyed methods, and a member left out of the
+// fingerprint.
+func TestPolicy(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	site := fmt.Sprintf(`%%s {
+	idempotency {
+		store sqlite:%s
+		key pointer /id
+		scope none
+		methods POST PUT
+		fingerprint ignore /sent_at
+	}
+	reverse_proxy %s
+}
+`, filepath.Join(t.TempDir(), "keys.db"), up.URL)
+	base := startCaddy(t, site).base
+	a := send(t, "PUT", base+"/events", "", `{"id":"evt_1","sent_at":1}`)
+	b := send(t, "PUT", base+"/events", "", `{"id":"evt_1","sent_at":2}`)
+	if a.status != 200 || b.status != 200 || b.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("one event id twice, another sent_at: %d %q, then %d %q %v; want the second replayed", a.status, a.body, b.status, b.body, b.header)
+	}
+	if n := up.count("/events"); n != 1 {
+		t.Errorf("the event was executed %d times, want 1", n)
+	}
+	if r := send(t, "POST", base+"/events", "", `{"no_id":true}`); r.status != http.StatusBadRequest {
+		t.Errorf("a POST whose body has no /id: %d %q, want 400", r.status, r.body)
+	}
+	for range 2 {
+		if r := send(t, "PATCH", base+"/other", "", `{"id":"evt_1"}`); r.status != 200 {
+			t.Errorf("PATCH: %d %q", r.status, r.body)
+		}
+	}
+	if n := up.count("/other"); n != 2 {
+		t.Errorf("PATCH, not keyed here, executed %d times, want 2", n)
+	}
+}
+
+// TestInvalid: caddy validate refuses what the gateway's configuration file refuses,
+// with the file's key names, and the gateway's keys that have no meaning in Caddy.
+func TestInvalid(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ sub, want string }{
+		{"ttl 10s", "ttl"},
+		{"mode sometimes", "mode"},
+		{"conflict later", "conflict"},
+		{"upstream http://127.0.0.1:1", "upstream is not a setting"},
+		{"key header Idempotency-Key\n\t\tkey header Other", "set twice"},
+		{"store mysql://db/app", "unknown store"},
+		{"methods GET", "safe method"},
+	} {
+		t.Run(tc.sub, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			cf := fmt.Sprintf("{\n\tadmin off\n\torder idempotency before reverse_proxy\n}\n:0 {\n\tidempotency {\n\t\tstore sqlite:%s\n\t\t%s\n\t}\n\treverse_proxy 127.0.0.1:1\n}\n",
+				filepath.Join(dir, "keys.db"), tc.sub)
+			path := filepath.Join(dir, "Caddyfile")
+			if err := os.WriteFile(path, []byte(cf), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(caddyBin, "validate", "--config", path, "--adapter", "caddyfile")
+			cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+			out, err := cmd.CombinedOutput()
+			if err == nil || !strings.Contains(string(out), tc.want) {
+				t.Errorf("caddy validate of %q: %v, want an error naming %q:\n%s", tc.sub, err, tc.want, out)
+			}
+		})
+	}
+}
+
+// TestStores: the minimal form on PostgreSQL and Redis, the production stores.
+func TestStores(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []string{"postgres", "redis"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			var dsn string
+			switch kind {
+			case "postgres":
+				u, err := url.Parse(testenv.PostgresURL(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				q := u.Query()
+				q.Set("schema", testenv.Schema(t, "caddy"))
+				u.RawQuery = q.Encode()
+				dsn = u.String()
+			case "redis":
+				u, err := url.Parse(testenv.RedisURL(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				q := u.Query()
+				q.Set("prefix", testenv.Name("caddy")+":")
+				u.RawQuery = q.Encode()
+				dsn = u.String()
+			}
+			up := newUpstream(t)
+			site := fmt.Sprintf("%%s {\n\tidempotency {\n\t\tstore %s\n\t}\n\treverse_proxy %s\n}\n", strings.ReplaceAll(dsn, "%", "%%"), up.URL)
+			base := startCaddy(t, site).base
+			first := send(t, "POST", base+"/payments", "k-s", `{"amount":1}`)
+			again := send(t, "POST", base+"/payments", "k-s", `{"amount":1}`)
+			if first.status != 200 || again.body != first.body || again.header.Get("Idempotent-Replayed") != "true" {
+				t.Errorf("a retry: %d %q, then %d %q", first.status, first.body, again.status, again.body)
+			}
+			if n := up.count("/payments"); n != 1 {
+				t.Errorf("the keyed POST was executed %d times, want 1", n)
+			}
+		})
+	}
+}
+
+// TestReload: a configuration reloaded through the admin API keeps the store (it is
+// opened once) and its records: a retry after the reload is replayed.
+func TestReload(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	db := filepath.Join(t.TempDir(), "keys.db")
+	site := func(conflict string) string {
+		return fmt.Sprintf("%%s {\n\tidempotency {\n\t\tstore sqlite:%s\n\t\tconflict %s\n\t}\n\treverse_proxy %s\n}\n", db, conflict, up.URL)
+	}
+	p := startCaddy(t, site("wait"))
+	first := send(t, "POST", p.base+"/payments", "k-r", `{"amount":1}`)
+	if err := os.WriteFile(p.path, []byte(p.config(site("reject"))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(caddyBin, "reload", "--config", p.path, "--adapter", "caddyfile", "--address", p.admin)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("caddy reload: %v\n%s", err, out)
+	}
+	again := send(t, "POST", p.base+"/payments", "k-r", `{"amount":1}`)
+	if again.body != first.body || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("a retry after the reload: %d %q, want the first answer replayed (%q)", again.status, again.body, first.body)
+	}
+	if n := up.count("/payments"); n != 1 {
+		t.Errorf("the keyed POST was executed %d times, want 1", n)
+	}
+	if n := strings.Count(p.log.String(), "idempotency: store opened"); n != 1 {
+		t.Errorf("the store was opened %d times, want once (shared across the reload)", n)
+	}
+	if n := strings.Count(p.log.String(), "idempotency: store closed"); n != 0 {
+		t.Errorf("the store was closed %d times by the reload, want 0", n)
+	}
+}
