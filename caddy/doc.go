@@ -43,8 +43,10 @@
 //
 // The next handler receives a keyed request whose Idempotency-Key headers are hidden
 // from net/http's transport (retry.HideIdempotencyKeys: they are still sent, under
-// lower-case names) and whose body has no GetBody and cannot be read again once closed,
-// so that neither Go's transport nor reverse_proxy's retries resend it. An error of the
+// lower-case names), whose body has no GetBody and cannot be read again once closed, and
+// whose context carries a client trace that stops any attempt to take a connection for
+// it once its headers were written, so that neither Go's transport nor reverse_proxy's
+// retries (lb_retry_match, request_buffers) resend it. An error of the
 // next handler is answered here, as the gateway answers an upstream error: a dial error
 // (the upstream never saw the request) releases the key, any other leaves it in progress
 // until its lease ends, since the upstream may have acted; either is a 502

@@ -9,9 +9,11 @@ import (
 	"maps"
 	"math"
 	"net/http"
+	"net/http/httptrace"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -142,7 +144,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			nextErr = next.ServeHTTP(w, r)
 			return
 		}
-		if err := next.ServeHTTP(w, sendOnce(r)); err != nil {
+		out, stop := sendOnce(r)
+		defer stop()
+		defer func() {
+			if v := recover(); v != nil {
+				if v != errResend {
+					panic(v)
+				}
+				h.upstreamError(w, r, claim, errResend)
+			}
+		}()
+		if err := next.ServeHTTP(w, out); err != nil {
 			h.upstreamError(w, r, claim, err)
 		}
 	})
@@ -155,19 +167,37 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // sendOnce returns r for the next handler, with nothing that lets the request be sent
 // again: its Idempotency-Key headers hidden from net/http's transport, which would
-// resend a request bearing one on a reused connection that broke, no GetBody, and a body
+// resend a request bearing one on a reused connection that broke, no GetBody, a body
 // that cannot be read again once closed (reverse_proxy closes a body it read before it
-// retries).
-func sendOnce(r *http.Request) *http.Request {
-	out := r.WithContext(r.Context())
+// retries), and a client trace that stops any attempt to take a connection for it once
+// its headers were written: reverse_proxy with request_buffers replays a body of its
+// own, and its lb_retry_match may match the request's method. The attempt is stopped
+// by a panic with errResend in the trace's GetConn hook, which runs in the goroutine
+// that called the transport, before any connection is taken; ServeHTTP recovers it.
+// stop ends the context the request was given.
+func sendOnce(r *http.Request) (*http.Request, context.CancelFunc) {
+	var wrote atomic.Bool
+	trace := &httptrace.ClientTrace{
+		WroteHeaders: func() { wrote.Store(true) },
+		GetConn: func(string) {
+			if wrote.Load() {
+				panic(errResend)
+			}
+		},
+	}
+	ctx, cancel := context.WithCancel(httptrace.WithClientTrace(r.Context(), trace))
+	out := r.WithContext(ctx)
 	out.Header = r.Header.Clone()
 	retry.HideIdempotencyKeys(out)
 	out.GetBody = nil
 	if r.Body != nil && r.Body != http.NoBody {
 		out.Body = &onceBody{rc: r.Body}
 	}
-	return out
+	return out, cancel
 }
+
+// errResend stops a second attempt to send a keyed request (sendOnce).
+var errResend = errors.New("idempotency: the keyed request was sent once and is not sent again")
 
 // errSentOnce is what a second read of a keyed request's body returns.
 var errSentOnce = errors.New("idempotency: the keyed request's body was sent once and is not sent again")

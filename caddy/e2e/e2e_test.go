@@ -314,7 +314,8 @@ func TestMatcher(t *testing.T) {
 // TestProxyRetries: reverse_proxy configured to retry, in front of an upstream that
 // executes a keyed POST and hangs up on its reused connection without an answer, the
 // case where net/http's transport resends a request bearing an Idempotency-Key and
-// reverse_proxy's retries send it again: the upstream executes it once, the client is
+// reverse_proxy's retries send it again (with lb_retry_match, and request_buffers,
+// which lets it replay the body): the upstream executes it once, the client is
 // answered 502 upstream-failed, and a retry with the key is not forwarded while its
 // lease runs.
 func TestProxyRetries(t *testing.T) {
@@ -323,6 +324,7 @@ func TestProxyRetries(t *testing.T) {
 		{"lb_retries", "lb_retries 3\n\t\tlb_try_interval 10ms"},
 		{"lb_try_duration", "lb_try_duration 2s\n\t\tlb_try_interval 10ms"},
 		{"lb_retry_match POST", "lb_retries 3\n\t\tlb_try_interval 10ms\n\t\tlb_retry_match {\n\t\t\tmethod POST\n\t\t}"},
+		{"request_buffers", "request_buffers 1MB\n\t\tlb_retries 3\n\t\tlb_try_interval 10ms\n\t\tlb_retry_match {\n\t\t\tmethod POST\n\t\t}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
