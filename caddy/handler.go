@@ -48,6 +48,7 @@ type Handler struct {
 	Policy map[string]string `json:"policy,omitempty"`
 
 	mw     *idempotency.Middleware // nil: mode off
+	policy gateway.Policy
 	lease  time.Duration
 	dsn    string // the key of the store in the pool; "" when none was taken
 	logger *slog.Logger
@@ -97,13 +98,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	cfg := f.Gateway
 	cfg.Logger = h.logger
-	mcfg, off, err := cfg.CatchAllPolicy()
+	policy, err := cfg.CatchAllPolicy()
 	if err != nil {
 		return fmt.Errorf("idempotency: %w", err)
 	}
-	if off {
+	if policy.Off {
 		return nil
 	}
+	h.policy = policy
 	dsn := f.Store
 	if dsn == "" {
 		dsn = storedsn.Default
@@ -114,7 +116,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.dsn = dsn
 	s := v.(*sharedStore)
-	if h.mw, err = s.root.With(mcfg); err != nil {
+	if h.mw, err = s.root.With(policy.Middleware); err != nil {
 		return fmt.Errorf("idempotency: %w", err)
 	}
 	h.lease = h.mw.Config().Lease
@@ -136,6 +138,9 @@ func (h *Handler) Cleanup() error {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if h.mw == nil {
 		return next.ServeHTTP(w, r)
+	}
+	if h.policy.RefuseHopByHop(w, r) {
+		return nil
 	}
 	var nextErr error // of a request the middleware did not claim: Caddy's to answer
 	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -291,18 +291,26 @@ const (
 	outcomeNoRoute         = "no-route"         // 404: no route matched
 )
 
-// hopByHop returns the first header protected by rt that r's Connection header lists,
-// or "".
-func (rt *route) hopByHop(r *http.Request) string {
+// hopByHop returns the first of the protected headers that r's Connection header
+// lists, or "".
+func hopByHop(r *http.Request, protected []string) string {
 	for _, v := range r.Header.Values("Connection") {
 		for name := range strings.SplitSeq(v, ",") {
 			name = http.CanonicalHeaderKey(strings.TrimSpace(name))
-			if slices.Contains(rt.protected, name) {
+			if slices.Contains(protected, name) {
 				return name
 			}
 		}
 	}
 	return ""
+}
+
+// writeHopByHop answers a request whose Connection header lists the protected header
+// name.
+func writeHopByHop(w http.ResponseWriter, name string) {
+	idempotency.WriteProblem(w, idempotency.Problem{Type: ProblemHopByHop, Title: "Header listed as hop-by-hop",
+		Status: http.StatusBadRequest,
+		Detail: "The Connection header lists " + name + ", which the upstream must receive (it is the key, the scope or fingerprinted): the request was not forwarded."}, 0)
 }
 
 // exchange is the gateway's state of one request, made by ServeHTTP and read by finish,
@@ -388,11 +396,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			Status: http.StatusNotFound, Detail: "No route of the gateway matches " + r.Method + " " + r.URL.Path + ": the request was not forwarded."}, 0)
 		return
 	}
-	if name := rt.hopByHop(r); name != "" {
+	if name := hopByHop(r, rt.protected); name != "" {
 		ex.setOutcome(outcomeHopByHop)
-		idempotency.WriteProblem(&ex.client, idempotency.Problem{Type: ProblemHopByHop, Title: "Header listed as hop-by-hop",
-			Status: http.StatusBadRequest,
-			Detail: "The Connection header lists " + name + ", which the upstream must receive (it is the key, the scope or fingerprinted): the request was not forwarded."}, 0)
+		writeHopByHop(&ex.client, name)
 		return
 	}
 	rt.handler.ServeHTTP(&ex.client, r)

@@ -33,26 +33,51 @@ func (p *policy) middleware() (idempotency.Config, []string) {
 	return mcfg, protected
 }
 
-// CatchAllPolicy returns the idempotency middleware configuration the gateway would run
-// the requests no route matches with (cfg's own fields), resolved as New resolves it:
-// the scope chosen by ScopeHeader, ScopeCookie or ScopeNone, the defaults applied, the
-// gateway's rules checked. Off reports that those requests are forwarded untouched
-// (cfg has a route "/" with Off set). The Store is cfg.Idempotency.Store (which may be
-// nil) and Route is "/". It is for a server that runs the middleware in front of a
-// handler of its own (a proxy's handler module), so that its policy is the gateway's,
-// read by the same code: Upstream is required here as by New, but nothing is sent to it.
-func (cfg Config) CatchAllPolicy() (mw idempotency.Config, off bool, err error) {
+// Policy is a route's policy, resolved as New resolves it.
+type Policy struct {
+	// Middleware is the route's idempotency middleware configuration, the defaults
+	// applied and the scope chosen by ScopeHeader, ScopeCookie or ScopeNone; Route is
+	// the route's pattern, Store Config.Idempotency.Store (which may be nil).
+	Middleware idempotency.Config
+	// Off: the route's requests are forwarded untouched.
+	Off bool
+	// Protected are the request headers the upstream must receive as the gateway saw
+	// them: the key's, the scope's source and the content type.
+	Protected []string
+}
+
+// RefuseHopByHop answers r 400 ProblemHopByHop, as the gateway does, and returns true
+// when r's Connection header lists one of p.Protected, which a proxy would drop as
+// hop-by-hop before the upstream sees it.
+func (p Policy) RefuseHopByHop(w http.ResponseWriter, r *http.Request) bool {
+	if p.Off {
+		return false
+	}
+	name := hopByHop(r, p.Protected)
+	if name == "" {
+		return false
+	}
+	writeHopByHop(w, name)
+	return true
+}
+
+// CatchAllPolicy returns the policy the gateway would give the requests no route
+// matches (cfg's own fields, or a route "/"), checked and resolved as New resolves it.
+// It is for a server that runs the middleware in front of a handler of its own (a
+// proxy's handler module), so that its policy is the gateway's, read by the same code:
+// Upstream is required here as by New, but nothing is sent to it.
+func (cfg Config) CatchAllPolicy() (Policy, error) {
 	store := cfg.Idempotency.Store
 	cfg, ps, err := cfg.resolve()
 	if err != nil {
-		return idempotency.Config{}, false, err
+		return Policy{}, err
 	}
 	for i := range ps {
 		if ps[i].pattern == catchAll {
-			mw, _ = ps[i].middleware()
+			mw, protected := ps[i].middleware()
 			mw.Store = store
-			return mw, ps[i].off, nil
+			return Policy{Middleware: mw, Off: ps[i].off, Protected: protected}, nil
 		}
 	}
-	return idempotency.Config{}, false, errors.New("gateway: CatchAllPolicy: the configuration has no catch-all route (Config.Upstream is nil)")
+	return Policy{}, errors.New("gateway: CatchAllPolicy: the configuration has no catch-all route (Config.Upstream is nil)")
 }

@@ -221,7 +221,8 @@ const minimal = `%%s {
 
 // TestMinimal: the minimal Caddyfile protects POST: a retry of a key is answered from
 // the store without reaching the upstream, the key reused with another body is 422, a
-// POST without a key is 400, and a GET passes through. Without the directive the same
+// POST without a key is 400, one whose Connection header lists its key is 400, and a GET
+// passes through. Without the directive the same
 // Caddyfile runs the retry again, which is what the checks would see if the handler
 // did nothing.
 func TestMinimal(t *testing.T) {
@@ -242,6 +243,20 @@ func TestMinimal(t *testing.T) {
 	}
 	if a := send(t, "POST", base+"/payments", "k-1", `{"amount":99}`); a.status != http.StatusUnprocessableEntity {
 		t.Errorf("the key reused with another body: %d %q, want 422", a.status, a.body)
+	}
+	req, err := http.NewRequest("POST", base+"/payments", strings.NewReader(`{"amount":10}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Idempotency-Key", "k-hop")
+	req.Header.Set("Connection", "Idempotency-Key")
+	if res, err := http.DefaultClient.Do(req); err != nil {
+		t.Error(err)
+	} else {
+		_ = res.Body.Close()
+		if res.StatusCode != http.StatusBadRequest {
+			t.Errorf("Connection: Idempotency-Key: %d, want 400 (the key would not reach the upstream)", res.StatusCode)
+		}
 	}
 	if a := send(t, "POST", base+"/payments", "", `{"amount":10}`); a.status != http.StatusBadRequest {
 		t.Errorf("a POST without a key: %d %q, want 400", a.status, a.body)
