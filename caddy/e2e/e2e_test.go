@@ -107,6 +107,7 @@ type caddyProc struct {
 	path   string // the Caddyfile
 	admin  string // the admin endpoint's address
 	log    *syncWriter
+	stop   func() // stops Caddy (SIGINT) and waits for it to exit; again does nothing
 }
 
 // startCaddy runs Caddy with the site block site (%s in it is the site's address), under
@@ -136,14 +137,20 @@ func startCaddy(t *testing.T, site string) *caddyProc {
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
+	var once sync.Once
+	p.stop = func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(os.Interrupt)
+			select {
+			case <-exited:
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				<-exited
+			}
+		})
+	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
+		p.stop()
 		if t.Failed() {
 			t.Logf("Caddyfile:\n%s\nCaddy's log:\n%s", cf, p.log)
 		}

@@ -158,3 +158,23 @@ func TestReload(t *testing.T) {
 		t.Errorf("the store was closed %d times by the reload, want 0", n)
 	}
 }
+
+// TestUnreachable: a keyed request whose upstream cannot be reached is answered 502
+// upstream-unreachable and its key released, so that its retry is forwarded once the
+// upstream is back; Caddy's shutdown closes the store.
+func TestUnreachable(t *testing.T) {
+	t.Parallel()
+	dead := testenv.DeadAddr(t)
+	site := fmt.Sprintf("%%s {\n\tidempotency {\n\t\tstore sqlite:%s\n\t}\n\treverse_proxy %s\n}\n", filepath.Join(t.TempDir(), "keys.db"), dead)
+	p := startCaddy(t, site)
+	for i := range 2 {
+		a := send(t, "POST", p.base+"/payments", "k-u", `{"amount":1}`)
+		if a.status != http.StatusBadGateway || !strings.Contains(a.body, "upstream-unreachable") {
+			t.Errorf("attempt %d to an upstream that is down: %d %q, want 502 upstream-unreachable (the key released, not 409)", i+1, a.status, a.body)
+		}
+	}
+	p.stop()
+	if !strings.Contains(p.log.String(), "idempotency: store closed") {
+		t.Errorf("Caddy stopped without closing the store:\n%s", p.log)
+	}
+}
