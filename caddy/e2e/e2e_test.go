@@ -283,7 +283,7 @@ func TestMinimal(t *testing.T) {
 
 // TestWithoutDirective is the control of TestMinimal: the same requests through Caddy
 // without the directive reach the upstream twice, so the count TestMinimal checks is the
-// handler's doing.
+// handler's doing; and the endpoint battery TestStores passes fails.
 func TestWithoutDirective(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
@@ -293,6 +293,7 @@ func TestWithoutDirective(t *testing.T) {
 	if n := up.count("/payments"); n != 2 {
 		t.Fatalf("without the directive the upstream executed the POST %d times; the test upstream must execute every request (2)", n)
 	}
+	battery(t, base+"/charges", true)
 }
 
 // TestMatcher: a handle block with a path matcher protects POST /payments and leaves

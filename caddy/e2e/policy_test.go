@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -9,8 +10,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/retrysafe/retrysafe/harness/testenv"
+	"github.com/retrysafe/retrysafe/idempotency/endpointcheck"
 )
 
 // TestPolicy: the subdirectives are the gateway's policy keys: a key read from the body
@@ -84,14 +87,18 @@ func TestInvalid(t *testing.T) {
 	}
 }
 
-// TestStores: the minimal form on PostgreSQL and Redis, the production stores.
+// TestStores: the minimal form on SQLite, PostgreSQL and Redis: a retry is replayed,
+// and the endpoint battery (endpointcheck, what retrysafe check runs) passes every
+// required case.
 func TestStores(t *testing.T) {
 	t.Parallel()
-	for _, kind := range []string{"postgres", "redis"} {
+	for _, kind := range []string{"sqlite", "postgres", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
 			var dsn string
 			switch kind {
+			case "sqlite":
+				dsn = "sqlite:" + filepath.Join(t.TempDir(), "keys.db")
 			case "postgres":
 				u, err := url.Parse(testenv.PostgresURL(t))
 				if err != nil {
@@ -122,7 +129,41 @@ func TestStores(t *testing.T) {
 			if n := up.count("/payments"); n != 1 {
 				t.Errorf("the keyed POST was executed %d times, want 1", n)
 			}
+			battery(t, base+"/charges", false)
 		})
+	}
+}
+
+// battery runs the endpoint battery against url and checks that every required case
+// passes, or, with fails, that one fails at least.
+func battery(t *testing.T, url string, fails bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := endpointcheck.Check(ctx, endpointcheck.Config{URL: url, Body: []byte(`{"amount":100}`),
+		Auth: []string{"Bearer alice", "Bearer bob"}})
+	if err != nil {
+		t.Fatalf("endpointcheck: %v", err)
+	}
+	passed, required := 0, 0
+	for _, r := range rep.Results {
+		if r.Level == endpointcheck.Required {
+			required++
+			if r.Verdict == endpointcheck.Pass {
+				passed++
+			} else {
+				t.Logf("endpoint battery: required case %s: %s (%s)", r.ID, r.Verdict, r.Observed)
+			}
+		}
+	}
+	t.Logf("endpoint battery: %d requests, %d of %d required cases passed", rep.Requests, passed, required)
+	if required == 0 {
+		t.Errorf("the endpoint battery ran no required case")
+	}
+	if rep.Failed() != fails {
+		var b strings.Builder
+		_ = rep.WriteText(&b)
+		t.Errorf("endpoint battery: failed %v, want %v:\n%s", rep.Failed(), fails, b.String())
 	}
 }
 
