@@ -110,7 +110,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if dsn == "" {
 		dsn = storedsn.Default
 	}
-	v, _, err := stores.LoadOrNew(dsn, func() (caddy.Destructor, error) { return openStore(dsn, h.logger) })
+	v, _, err := stores.LoadOrNew(dsn, func() (caddy.Destructor, error) { return openStore(dsn, policy.Middleware) })
 	if err != nil {
 		return fmt.Errorf("idempotency: %w", err)
 	}
@@ -274,7 +274,12 @@ const (
 	shutdownTimeout = 10 * time.Second
 )
 
-func openStore(dsn string, logger *slog.Logger) (*sharedStore, error) {
+// openStore opens the store of dsn, and makes the root middleware with the policy of the
+// first handler that uses it (mcfg, resolved): the root serves no request, but its lease
+// is one of the group's, and the group holds takeovers back for its longest lease, so a
+// root with a default lease of its own would slow the takeovers of shorter leases.
+func openStore(dsn string, mcfg idempotency.Config) (*sharedStore, error) {
+	logger := mcfg.Logger
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
 	o, err := storedsn.OpenWith(ctx, dsn, storedsn.Options{Logger: logger})
@@ -285,7 +290,8 @@ func openStore(dsn string, logger *slog.Logger) (*sharedStore, error) {
 		_ = o.Close()
 		return nil, fmt.Errorf("applying the schema of %s: %w", o.Name, err)
 	}
-	root, err := idempotency.New(idempotency.Config{Store: o.Store, Logger: logger})
+	mcfg.Store, mcfg.OnOutcome = o.Store, nil
+	root, err := idempotency.New(mcfg)
 	if err != nil {
 		_ = o.Close()
 		return nil, err

@@ -56,6 +56,8 @@ type upstream struct {
 	// drop, when set, is called for each execution; true hangs up without an answer,
 	// after the request was executed.
 	drop func(r *http.Request) bool
+	// hold, when set, is called for each execution before it is answered.
+	hold func(r *http.Request)
 }
 
 func newUpstream(t *testing.T) *upstream {
@@ -69,6 +71,9 @@ func newUpstream(t *testing.T) *upstream {
 		u.execs[r.URL.Path]++
 		n := u.execs[r.URL.Path]
 		u.mu.Unlock()
+		if u.hold != nil {
+			u.hold(r)
+		}
 		if u.drop != nil && u.drop(r) {
 			conn, _, err := http.NewResponseController(w).Hijack()
 			if err == nil {
@@ -108,6 +113,7 @@ type caddyProc struct {
 	admin  string // the admin endpoint's address
 	log    *syncWriter
 	stop   func() // stops Caddy (SIGINT) and waits for it to exit; again does nothing
+	kill   func() // kills Caddy (SIGKILL) and waits for it to exit
 }
 
 // startCaddy runs Caddy with the site block site (%s in it is the site's address), under
@@ -148,6 +154,10 @@ func startCaddy(t *testing.T, site string) *caddyProc {
 				<-exited
 			}
 		})
+	}
+	p.kill = func() {
+		_ = cmd.Process.Kill()
+		<-exited
 	}
 	t.Cleanup(func() {
 		p.stop()
