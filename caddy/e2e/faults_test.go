@@ -93,7 +93,8 @@ func TestLostAnswers(t *testing.T) {
 // TestKill: Caddy killed (SIGKILL) while the upstream executes a keyed request leaves
 // the key in progress: a Caddy started again on the same store answers its retry 409
 // until the lease has run out, then forwards it again (the documented window: the first
-// execution's outcome was never stored), and replays that answer afterwards.
+// execution's outcome was never stored), and replays that answer afterwards. conflict
+// reject makes the refusal immediate (wait would hold the retry until the takeover).
 func TestKill(t *testing.T) {
 	t.Parallel()
 	const lease = 10 * time.Second
@@ -110,7 +111,7 @@ func TestKill(t *testing.T) {
 	}
 	t.Cleanup(func() { close(release) })
 	db := filepath.Join(t.TempDir(), "keys.db")
-	site := fmt.Sprintf("%%s {\n\tidempotency {\n\t\tstore sqlite:%s\n\t\tlease %s\n\t\tttl 1h\n\t}\n\treverse_proxy %s\n}\n", db, lease, up.URL)
+	site := fmt.Sprintf("%%s {\n\tidempotency {\n\t\tstore sqlite:%s\n\t\tlease %s\n\t\tttl 1h\n\t\tconflict reject\n\t}\n\treverse_proxy %s\n}\n", db, lease, up.URL)
 	p := startCaddy(t, site)
 	go func() {
 		req, _ := http.NewRequest("POST", p.base+"/payments", strings.NewReader(`{"amount":1}`))
