@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -217,5 +218,88 @@ func TestUnreachable(t *testing.T) {
 	p.stop()
 	if !strings.Contains(p.log.String(), "idempotency: store closed") {
 		t.Errorf("Caddy stopped without closing the store:\n%s", p.log)
+	}
+}
+
+// TestReloadUnderLoad: configurations reloaded through the admin API while keyed
+// requests run lose no answer and no record: every request answered is answered 200 and
+// replayed when retried afterwards, and no key runs twice. A request may meet a
+// keep-alive connection that the reload closes (the client sees a reset or EOF, Caddy
+// never read it); its retry with the key runs it, once.
+func TestReloadUnderLoad(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	db := filepath.Join(t.TempDir(), "keys.db")
+	site := func(ttl string) string {
+		return fmt.Sprintf("%%s {\n\tidempotency {\n\t\tstore sqlite:%s\n\t\tttl %s\n\t}\n\treverse_proxy %s\n}\n", db, ttl, up.URL)
+	}
+	p := startCaddy(t, site("24h"))
+	const workers, perWorker = 4, 25
+	done := make(chan struct{})
+	errs := make(chan error, workers*perWorker)
+	var lostMu sync.Mutex
+	lost := map[string]bool{} // requests whose connection failed: no answer
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range perWorker {
+				path := fmt.Sprintf("/payments/%d-%d", w, i)
+				req, _ := http.NewRequest("POST", p.base+path, strings.NewReader(`{"amount":1}`))
+				req.Header.Set("Idempotency-Key", path)
+				req.Header.Set("Content-Type", "application/json")
+				res, err := http.DefaultClient.Do(req)
+				if err != nil {
+					lostMu.Lock()
+					lost[path] = true
+					lostMu.Unlock()
+					continue
+				}
+				_ = res.Body.Close()
+				if res.StatusCode != 200 {
+					errs <- fmt.Errorf("%s: %d", path, res.StatusCode)
+				}
+			}
+		})
+	}
+	go func() { wg.Wait(); close(done) }()
+	reloads := 0
+	for ttl := 0; ; ttl++ {
+		select {
+		case <-done:
+		default:
+			if err := os.WriteFile(p.path, []byte(p.config(site(fmt.Sprintf("%dh", 24+ttl%2)))), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(caddyBin, "reload", "--config", p.path, "--adapter", "caddyfile", "--address", p.admin, "--force")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("caddy reload: %v\n%s", err, out)
+			}
+			reloads++
+			continue
+		}
+		break
+	}
+	close(errs)
+	for err := range errs {
+		t.Errorf("a request during the reloads: %v", err)
+	}
+	for w := range workers {
+		for i := range perWorker {
+			path := fmt.Sprintf("/payments/%d-%d", w, i)
+			a := send(t, "POST", p.base+path, path, `{"amount":1}`)
+			if a.status != 200 || !lost[path] && a.header.Get("Idempotent-Replayed") != "true" {
+				t.Errorf("%s retried after the reloads: %d %q, want it replayed", path, a.status, a.body)
+			}
+			if n := up.count(path); n != 1 {
+				t.Errorf("%s executed %d times, want 1", path, n)
+			}
+		}
+	}
+	t.Logf("%d keyed requests during %d reloads, %d met a connection the reload closed", workers*perWorker, reloads, len(lost))
+	if reloads == 0 {
+		t.Error("no reload happened while the requests ran")
+	}
+	if n := strings.Count(p.log.String(), "idempotency: store opened"); n != 1 {
+		t.Errorf("the store was opened %d times, want once", n)
 	}
 }
