@@ -217,26 +217,9 @@ func (g *Gateway) routeError(ps []policy, i int, err error) error {
 func (g *Gateway) newRoute(p policy) (*route, error) {
 	rt := &route{policy: p, label: p.pattern, keyHeader: p.mw.KeyHeader, scopeSource: scopeSource(p), httpRoute: patternPath(p.pattern)}
 	if !p.off {
-		mcfg := p.mw
+		var mcfg idempotency.Config
+		mcfg, rt.protected = p.middleware()
 		mcfg.Store = g.store
-		// The records are filed under the route's pattern, the label of its metrics, so
-		// that an operator finds a route's keys by the name its charts show.
-		mcfg.Route = rt.label
-		// The headers the key and the scope come from, and the fingerprinted content type.
-		rt.protected = []string{http.CanonicalHeaderKey(mcfg.KeyHeader), "Content-Type"}
-		switch {
-		case p.scopeHeader != "":
-			mcfg.Scope = idempotency.HeaderScope(p.scopeHeader)
-			rt.protected = append(rt.protected, http.CanonicalHeaderKey(p.scopeHeader))
-		case p.scopeCookie != "":
-			mcfg.Scope = idempotency.CookieScope(p.scopeCookie)
-			rt.protected = append(rt.protected, "Cookie")
-		case p.scopeNone:
-			mcfg.Scope = idempotency.NoScope
-		case !p.ownScope: // the default, the Authorization header's hash
-			mcfg.Scope = idempotency.AuthorizationScope
-			rt.protected = append(rt.protected, "Authorization")
-		}
 		mcfg.OnStoreCall = g.observeStore(p.mw.OnStoreCall)
 		mw, err := g.root.With(mcfg)
 		if err != nil {
@@ -308,18 +291,26 @@ const (
 	outcomeNoRoute         = "no-route"         // 404: no route matched
 )
 
-// hopByHop returns the first header protected by rt that r's Connection header lists,
-// or "".
-func (rt *route) hopByHop(r *http.Request) string {
+// hopByHop returns the first of the protected headers that r's Connection header
+// lists, or "".
+func hopByHop(r *http.Request, protected []string) string {
 	for _, v := range r.Header.Values("Connection") {
 		for name := range strings.SplitSeq(v, ",") {
 			name = http.CanonicalHeaderKey(strings.TrimSpace(name))
-			if slices.Contains(rt.protected, name) {
+			if slices.Contains(protected, name) {
 				return name
 			}
 		}
 	}
 	return ""
+}
+
+// writeHopByHop answers a request whose Connection header lists the protected header
+// name.
+func writeHopByHop(w http.ResponseWriter, name string) {
+	idempotency.WriteProblem(w, idempotency.Problem{Type: ProblemHopByHop, Title: "Header listed as hop-by-hop",
+		Status: http.StatusBadRequest,
+		Detail: "The Connection header lists " + name + ", which the upstream must receive (it is the key, the scope or fingerprinted): the request was not forwarded."}, 0)
 }
 
 // exchange is the gateway's state of one request, made by ServeHTTP and read by finish,
@@ -405,11 +396,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			Status: http.StatusNotFound, Detail: "No route of the gateway matches " + r.Method + " " + r.URL.Path + ": the request was not forwarded."}, 0)
 		return
 	}
-	if name := rt.hopByHop(r); name != "" {
+	if name := hopByHop(r, rt.protected); name != "" {
 		ex.setOutcome(outcomeHopByHop)
-		idempotency.WriteProblem(&ex.client, idempotency.Problem{Type: ProblemHopByHop, Title: "Header listed as hop-by-hop",
-			Status: http.StatusBadRequest,
-			Detail: "The Connection header lists " + name + ", which the upstream must receive (it is the key, the scope or fingerprinted): the request was not forwarded."}, 0)
+		writeHopByHop(&ex.client, name)
 		return
 	}
 	rt.handler.ServeHTTP(&ex.client, r)

@@ -13,11 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
 	"github.com/retrysafe/retrysafe/gateway"
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/bytesize"
+	"github.com/retrysafe/retrysafe/storedsn"
 )
 
 // echoUpstream answers every request with its own body, and /big with 3 MiB sent in two

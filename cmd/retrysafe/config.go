@@ -7,8 +7,8 @@ import (
 	"io"
 	"strings"
 
-	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
 	"github.com/retrysafe/retrysafe/gateway/configfile"
+	"github.com/retrysafe/retrysafe/storedsn"
 )
 
 const configHelp = `usage: retrysafe config check FILE

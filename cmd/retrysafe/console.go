@@ -12,13 +12,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
 	"github.com/retrysafe/retrysafe/console"
 	"github.com/retrysafe/retrysafe/console/history"
 	"github.com/retrysafe/retrysafe/gateway"
 	"github.com/retrysafe/retrysafe/gateway/configfile"
 	"github.com/retrysafe/retrysafe/idempotency/redisstore"
 	"github.com/retrysafe/retrysafe/redeliver"
+	"github.com/retrysafe/retrysafe/storedsn"
 )
 
 // The values of retrysafe gateway --console.

@@ -12,7 +12,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/memstore"
 	"github.com/retrysafe/retrysafe/idempotency/pgstore"
@@ -20,6 +19,7 @@ import (
 	"github.com/retrysafe/retrysafe/idempotency/sqlitestore"
 	"github.com/retrysafe/retrysafe/redeliver/jetstream"
 	"github.com/retrysafe/retrysafe/redeliver/rabbitmq"
+	"github.com/retrysafe/retrysafe/storedsn"
 )
 
 const doctorIntro = `usage: retrysafe doctor [--store DSN] [--allow-store-risk CHECK,…]

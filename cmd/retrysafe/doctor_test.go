@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/memstore"
+	"github.com/retrysafe/retrysafe/storedsn"
 )
 
 // inspecting is a store whose Inspect returns findings, or err.

@@ -19,13 +19,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
 	"github.com/retrysafe/retrysafe/gateway"
 	"github.com/retrysafe/retrysafe/gateway/configfile"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/redisstore"
 	"github.com/retrysafe/retrysafe/internal/bytesize"
 	"github.com/retrysafe/retrysafe/internal/durfmt"
+	"github.com/retrysafe/retrysafe/storedsn"
 )
 
 const gatewayIntro = `usage: retrysafe gateway --upstream URL [flags]

@@ -13,9 +13,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/redisstore"
+	"github.com/retrysafe/retrysafe/storedsn"
 )
 
 const migrateHelp = `usage: retrysafe migrate --store DSN

@@ -2,7 +2,7 @@
 // proxy that gives any HTTP API Idempotency-Key semantics; see `retrysafe help`.
 //
 // This file and its siblings only parse flags and wire the packages together: the
-// behaviour is in package gateway, the stores and internal/storedsn.
+// behaviour is in package gateway, the stores and package storedsn.
 package main
 
 import (

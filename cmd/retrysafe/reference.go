@@ -6,8 +6,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
 	"github.com/retrysafe/retrysafe/gateway/configfile"
+	"github.com/retrysafe/retrysafe/storedsn"
 )
 
 // referenceTopic is the hidden help topic that prints the configuration reference,

@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
 	"github.com/retrysafe/retrysafe/harness/redisha"
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/redisstore"
+	"github.com/retrysafe/retrysafe/storedsn"
 )
 
 // roundTrip claims, completes and reads back one key.

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/retrysafe/retrysafe/cmd/retrysafe/internal/storedsn"
+	"github.com/retrysafe/retrysafe/storedsn"
 )
 
 // Open a store from the string an operator passes to --store.

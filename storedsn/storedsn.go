@@ -1,5 +1,6 @@
-// Package storedsn opens an idempotency store from one string, the --store flag of the
-// retrysafe command:
+// Package storedsn opens an idempotency store from one string: the --store flag of the
+// retrysafe command, the store key of its configuration file, and the store of the Caddy
+// module (github.com/retrysafe/retrysafe/caddy):
 //
 //	sqlite:PATH                 SQLite file at PATH (created when missing; its directory must
 //	                            exist). "sqlite:" alone, and the empty string, mean
