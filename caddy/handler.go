@@ -48,6 +48,7 @@ type Handler struct {
 	Policy map[string]string `json:"policy,omitempty"`
 
 	mw     *idempotency.Middleware // nil: mode off
+	in     *gateway.Instruments    // the metrics, in the configuration's registry
 	policy gateway.Policy
 	lease  time.Duration
 	dsn    string // the key of the store in the pool; "" when none was taken
@@ -116,7 +117,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.dsn = dsn
 	s := v.(*sharedStore)
-	if h.mw, err = s.root.With(policy.Middleware); err != nil {
+	// Each configuration has a registry of its own, which Caddy serves on /metrics: the
+	// collectors are registered in it (the other handlers of the configuration adopt
+	// them), and the store's own calls (the probe's pings) count in the newest.
+	if h.in, err = gateway.NewInstruments(ctx.GetMetricsRegistry(), s.root); err != nil {
+		return fmt.Errorf("idempotency: %w", err)
+	}
+	s.metrics.Store(h.in)
+	mcfg := policy.Middleware
+	mcfg.OnStoreCall = h.in.ObserveStore
+	if h.mw, err = s.root.With(mcfg); err != nil {
 		return fmt.Errorf("idempotency: %w", err)
 	}
 	h.lease = h.mw.Config().Lease
@@ -134,12 +144,23 @@ func (h *Handler) Cleanup() error {
 	return err
 }
 
-// ServeHTTP runs the request through the middleware, with next as its upstream.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+// ServeHTTP runs the request through the middleware, with next as its upstream, and
+// counts it (and, under Caddy's tracing, traces it) as the gateway does.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) (err error) {
+	outcome := idempotency.Outcome("error") // the gateway's, for a request that panicked
 	if h.mw == nil {
 		return next.ServeHTTP(w, r)
 	}
+	r, q := h.in.Route(serverName(r)).Start(r)
+	if q.Traced() {
+		sw := &statusWriter{ResponseWriter: w}
+		w = sw
+		defer func() { q.End(outcome, sw.status) }()
+	} else {
+		defer func() { q.End(outcome, 0) }()
+	}
 	if h.policy.RefuseHopByHop(w, r) {
+		outcome = "hop-by-hop" // the gateway's
 		return nil
 	}
 	var nextErr error // of a request the middleware did not claim: Caddy's to answer
@@ -149,6 +170,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			nextErr = next.ServeHTTP(w, r)
 			return
 		}
+		defer q.Forwarding()()
 		out, stop := sendOnce(r)
 		defer stop()
 		defer func() {
@@ -163,12 +185,44 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			h.upstreamError(w, r, claim, err)
 		}
 	})
-	_, err := h.mw.Serve(w, r, upstream)
+	outcome, err = h.mw.Serve(w, r, upstream)
 	if errors.Is(err, idempotency.ErrAborted) {
 		panic(http.ErrAbortHandler)
 	}
 	return nextErr
 }
+
+// serverName is the route label of r's metrics: the name of the Caddy server that serves
+// it (srv0, or its name in the JSON configuration), as Caddy's own metrics label theirs.
+func serverName(r *http.Request) string {
+	if srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && srv != nil {
+		return srv.Name()
+	}
+	return ""
+}
+
+// statusWriter remembers the status written, for the spans of a traced request.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach Caddy's writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // sendOnce returns r for the next handler, with nothing that lets the request be sent
 // again: its Idempotency-Key headers hidden from net/http's transport, which would
@@ -260,6 +314,9 @@ var stores = caddy.NewUsagePool()
 // sharedStore is an open store, its janitor, and the root middleware whose state every
 // handler over the store shares (idempotency.Middleware.With).
 type sharedStore struct {
+	// metrics are the Instruments of the newest configuration that uses the store: the
+	// root's store calls (the probe's pings, the held answers stored) count there.
+	metrics     atomic.Pointer[gateway.Instruments]
 	opened      *storedsn.Opened
 	root        *idempotency.Middleware
 	logger      *slog.Logger
@@ -290,13 +347,21 @@ func openStore(dsn string, mcfg idempotency.Config) (*sharedStore, error) {
 		_ = o.Close()
 		return nil, fmt.Errorf("applying the schema of %s: %w", o.Name, err)
 	}
-	mcfg.Store, mcfg.OnOutcome = o.Store, nil
+	s := &sharedStore{opened: o, logger: logger, janitorDone: make(chan struct{})}
+	// The store is traced under the span of the request each call is made for, with that
+	// span's TracerProvider (Caddy's tracing directive): no span, no tracing.
+	mcfg.Store, mcfg.OnOutcome = gateway.WrapStore(o.Store), nil
+	mcfg.OnStoreCall = func(op idempotency.StoreOp, took time.Duration, err error) {
+		if in := s.metrics.Load(); in != nil {
+			in.ObserveStore(op, took, err)
+		}
+	}
 	root, err := idempotency.New(mcfg)
 	if err != nil {
 		_ = o.Close()
 		return nil, err
 	}
-	s := &sharedStore{opened: o, root: root, logger: logger, janitorDone: make(chan struct{})}
+	s.root = root
 	jctx, stop := context.WithCancel(context.Background())
 	s.stopJanitor = stop
 	if o.Janitor != nil {

@@ -108,7 +108,7 @@ func New(cfg Config) (*Gateway, error) {
 		}
 		return 0
 	}
-	if g.metrics, err = newMetrics(reg, waiting, notDurable, bodyMemory); err != nil {
+	if g.metrics, err = newMetrics(reg, false, waiting, notDurable, bodyMemory); err != nil {
 		return nil, err
 	}
 	// The root holds what every route shares of the store: what it knows of the

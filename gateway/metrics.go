@@ -79,8 +79,9 @@ const namespace, subsystem = "retrysafe", "gateway"
 // newMetrics makes and registers the gateway's collectors; waiting reports the requests
 // waiting for keys in progress (the wait conflict policy), notDurable whether the
 // store said it cannot make writes durable, and bodyMemory the body bytes held in memory
-// (idempotency.Middleware.BodyMemory).
-func newMetrics(reg prometheus.Registerer, waiting func() int, notDurable func() bool, bodyMemory func() int64) (*metrics, error) {
+// (idempotency.Middleware.BodyMemory). With shared, collectors another instance
+// registered with reg are adopted (promreg.Register).
+func newMetrics(reg prometheus.Registerer, shared bool, waiting func() int, notDurable func() bool, bodyMemory func() int64) (*metrics, error) {
 	latency := prometheus.ExponentialBuckets(0.001, 2, 16) // 1ms … 33s
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -127,7 +128,7 @@ func newMetrics(reg prometheus.Registerer, waiting func() int, notDurable func()
 			Help: "Body bytes of keyed requests held in memory, both ways (requests, answers kept to be stored and sent, replays), against the ceiling Idempotency.MaxBodyMemory.",
 		}, func() float64 { return float64(bodyMemory()) }),
 	}
-	if err := promreg.Register(reg, "gateway", false, m.slots()...); err != nil {
+	if err := promreg.Register(reg, "gateway", shared, m.slots()...); err != nil {
 		return nil, err
 	}
 	m.storeOps.make = func(op string) storeSeries {

@@ -73,7 +73,7 @@ func KeyHash(scope, key string) string {
 // tracing is the gateway's instrumentation, made by New when Config.TracerProvider is
 // set; nil otherwise.
 type tracing struct {
-	tracer trace.Tracer
+	tracer trace.Tracer // nil: that of the span of each request (WrapStore)
 	prop   propagation.TraceContext
 	store  attribute.KeyValue
 }
@@ -237,17 +237,7 @@ func answerSpan(outcome string) string {
 func (t *tracing) end(ex *exchange, outcome string, status int) {
 	tr := ex.tr
 	now := time.Now()
-	tr.mu.Lock()
-	hash, from := tr.keyHash, tr.answerFrom
-	tr.mu.Unlock()
-	if name := answerSpan(outcome); name != "" {
-		if from.IsZero() {
-			from = ex.start
-		}
-		_, span := t.tracer.Start(tr.ctx, name, trace.WithTimestamp(from),
-			trace.WithAttributes(attribute.Int("http.response.status_code", status), AttrKeyHash.String(hash)))
-		span.End(trace.WithTimestamp(now))
-	}
+	hash := tr.answer(t.tracer, ex.start, outcome, status, now)
 	span := tr.span
 	attrs := make([]attribute.KeyValue, 0, 4)
 	attrs = append(attrs, AttrOutcome.String(outcome), attribute.Int("http.response.status_code", status))
@@ -260,6 +250,24 @@ func (t *tracing) end(ex *exchange, outcome string, status int) {
 	}
 	span.SetAttributes(attrs...)
 	span.End(trace.WithTimestamp(now))
+}
+
+// answer makes the span of a request answered from the store with outcome (replay,
+// conflict, mismatch), from the end of its claim (or start) to now, and returns the
+// request's key hash ("" when it had no claim).
+func (tr *reqTrace) answer(tracer trace.Tracer, start time.Time, outcome string, status int, now time.Time) string {
+	tr.mu.Lock()
+	hash, from := tr.keyHash, tr.answerFrom
+	tr.mu.Unlock()
+	if name := answerSpan(outcome); name != "" {
+		if from.IsZero() {
+			from = start
+		}
+		_, span := tracer.Start(tr.ctx, name, trace.WithTimestamp(from),
+			trace.WithAttributes(attribute.Int("http.response.status_code", status), AttrKeyHash.String(hash)))
+		span.End(trace.WithTimestamp(now))
+	}
+	return hash
 }
 
 // patternPath is the path of a ServeMux pattern, "[METHOD ][HOST]/[PATH]": its

@@ -62,8 +62,13 @@ func (*tracedImmediatePinger) Immediate()                       {}
 // begin starts the span of store operation op on the key of scope and key, when ctx is
 // a traced request's; nil otherwise.
 func (s *tracedStore) begin(ctx context.Context, op idempotency.StoreOp, scope, key string, more ...attribute.KeyValue) (trace.Span, *reqTrace) {
-	if !trace.SpanFromContext(ctx).IsRecording() {
+	parent := trace.SpanFromContext(ctx)
+	if !parent.IsRecording() {
 		return nil, nil
+	}
+	tracer := s.t.tracer
+	if tracer == nil { // WrapStore's: the request's server's own
+		tracer = parent.TracerProvider().Tracer(TracerName)
 	}
 	tr := reqTraceFrom(ctx)
 	var hash string
@@ -79,7 +84,7 @@ func (s *tracedStore) begin(ctx context.Context, op idempotency.StoreOp, scope, 
 		}
 	}
 	attrs := append(make([]attribute.KeyValue, 0, 3+len(more)), s.t.store, AttrStoreOp.String(string(op)), AttrKeyHash.String(hash))
-	_, span := s.t.tracer.Start(ctx, "store."+string(op), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(append(attrs, more...)...))
+	_, span := tracer.Start(ctx, "store."+string(op), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(append(attrs, more...)...))
 	return span, tr
 }
 

@@ -121,6 +121,12 @@ type caddyProc struct {
 // before reverse_proxy, and returns it once the site answers.
 func startCaddy(t *testing.T, site string) *caddyProc {
 	t.Helper()
+	return startCaddyEnv(t, site, nil)
+}
+
+// startCaddyEnv is startCaddy, with env added to Caddy's environment.
+func startCaddyEnv(t *testing.T, site string, env []string) *caddyProc {
+	t.Helper()
 	dir := t.TempDir()
 	port, admin := freePort(t), freePort(t)
 	p := &caddyProc{base: fmt.Sprintf("http://127.0.0.1:%d", port), admin: fmt.Sprintf("127.0.0.1:%d", admin),
@@ -136,7 +142,7 @@ func startCaddy(t *testing.T, site string) *caddyProc {
 	}
 	cmd := exec.Command(caddyBin, "run", "--config", path, "--adapter", "caddyfile")
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	cmd.Env = append(append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir), env...)
 	cmd.Stdout, cmd.Stderr = p.log, p.log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
