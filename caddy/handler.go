@@ -21,6 +21,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
 
 	"github.com/retrysafe/retrysafe/gateway"
 	"github.com/retrysafe/retrysafe/gateway/configfile"
@@ -152,13 +153,23 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 	r, q := h.in.Route(serverName(r)).Start(r)
+	var sw *statusWriter // for the spans' status
 	if q.Traced() {
-		sw := &statusWriter{ResponseWriter: w}
+		sw = &statusWriter{ResponseWriter: w}
 		w = sw
-		defer func() { q.End(outcome, sw.status) }()
-	} else {
-		defer func() { q.End(outcome, 0) }()
 	}
+	defer func() {
+		status := 0
+		if sw != nil {
+			status = sw.status
+		}
+		q.End(outcome, status)
+		// The gateway's line for each request names its outcome; Caddy's is its access
+		// log, which gets the outcome as a field.
+		if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
+			extra.Set(zap.String("idempotency_outcome", string(outcome)))
+		}
+	}()
 	if h.policy.RefuseHopByHop(w, r) {
 		outcome = "hop-by-hop" // the gateway's
 		return nil

@@ -62,7 +62,8 @@ func scrape(t *testing.T, p *caddyProc, name string, labels ...string) float64 {
 // gateway names them (retrysafe_gateway_*, route the Caddy server's name), and the
 // executions it counts are the upstream's; after a reload through the admin API (which
 // must succeed: the collectors go into the new configuration's registry) the new
-// configuration's requests are counted, from zero.
+// configuration's requests are counted, from zero. Caddy's access log names each
+// request's outcome.
 func TestMetrics(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
@@ -75,7 +76,7 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	db := filepath.Join(t.TempDir(), "keys.db")
-	site := fmt.Sprintf("%%s {\n\tidempotency {\n\t\tstore sqlite:%s\n\t\tconflict reject\n\t}\n\treverse_proxy %s\n}\n", db, up.URL)
+	site := fmt.Sprintf("%%s {\n\tlog\n\tidempotency {\n\t\tstore sqlite:%s\n\t\tconflict reject\n\t}\n\treverse_proxy %s\n}\n", db, up.URL)
 	p := startCaddy(t, site)
 
 	send(t, "POST", p.base+"/m", "k-1", `{"a":1}`)
@@ -100,6 +101,13 @@ func TestMetrics(t *testing.T) {
 	for outcome, n := range want {
 		if got := scrape(t, p, "retrysafe_gateway_requests_total", `outcome="`+outcome+`"`, `route="srv0"`); got != n {
 			t.Errorf("requests_total{outcome=%q} = %v, want %v", outcome, got, n)
+		}
+	}
+	// Caddy's access log (the log directive) names each request's outcome, as the
+	// gateway's request lines do.
+	for outcome := range want {
+		if !strings.Contains(p.log.String(), `"idempotency_outcome":"`+outcome+`"`) {
+			t.Errorf("no access log line has idempotency_outcome %q", outcome)
 		}
 	}
 	if execs != 3 {
