@@ -51,4 +51,14 @@
 // (the upstream never saw the request) releases the key, any other leaves it in progress
 // until its lease ends, since the upstream may have acted; either is a 502
 // problem+json, and Caddy's handle_errors routes do not see it.
+//
+// # Metrics, spans and logs
+//
+// The handler counts its requests with the gateway's collectors (gateway.Instruments:
+// retrysafe_gateway_*, the route label being the Caddy server's name) in the registry
+// Caddy gives each configuration and serves on its admin endpoint's /metrics. Under
+// Caddy's tracing directive, its store calls and answers from the store are the
+// gateway's spans (gateway.WrapStore), under Caddy's server span and with its
+// TracerProvider; without it nothing is traced. Caddy's access log gets each request's
+// outcome, as idempotency_outcome.
 package retrysafecaddy
