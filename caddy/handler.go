@@ -21,6 +21,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/retrysafe/retrysafe/gateway"
@@ -50,6 +51,8 @@ type Handler struct {
 
 	mw     *idempotency.Middleware // nil: mode off
 	in     *gateway.Instruments    // the metrics, in the configuration's registry
+	reg    *prometheus.Registry    // the configuration's registry
+	store  *sharedStore
 	policy gateway.Policy
 	lease  time.Duration
 	dsn    string // the key of the store in the pool; "" when none was taken
@@ -118,13 +121,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.dsn = dsn
 	s := v.(*sharedStore)
+	h.store = s
 	// Each configuration has a registry of its own, which Caddy serves on /metrics: the
 	// collectors are registered in it (the other handlers of the configuration adopt
-	// them), and the store's own calls (the probe's pings) count in the newest.
-	if h.in, err = gateway.NewInstruments(ctx.GetMetricsRegistry(), s.root); err != nil {
+	// them), and the store's own calls (the probe's pings) count in every registry of a
+	// configuration that uses the store.
+	h.reg = ctx.GetMetricsRegistry()
+	if h.in, err = gateway.NewInstruments(h.reg, s.root); err != nil {
 		return fmt.Errorf("idempotency: %w", err)
 	}
-	s.metrics.Store(h.in)
+	s.observe(h.reg, h.in)
 	mcfg := policy.Middleware
 	mcfg.OnStoreCall = h.in.ObserveStore
 	if h.mw, err = s.root.With(mcfg); err != nil {
@@ -139,6 +145,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 func (h *Handler) Cleanup() error {
 	if h.dsn == "" {
 		return nil
+	}
+	if h.in != nil {
+		h.store.unobserve(h.reg)
 	}
 	_, err := stores.Delete(h.dsn)
 	h.dsn = ""
@@ -325,9 +334,11 @@ var stores = caddy.NewUsagePool()
 // sharedStore is an open store, its janitor, and the root middleware whose state every
 // handler over the store shares (idempotency.Middleware.With).
 type sharedStore struct {
-	// metrics are the Instruments of the newest configuration that uses the store: the
-	// root's store calls (the probe's pings, the held answers stored) count there.
-	metrics     atomic.Pointer[gateway.Instruments]
+	// observers are the metrics of the configurations that use the store, by their
+	// registry: the root's store calls (the probe's pings, the held answers stored) count
+	// in each.
+	mu          sync.Mutex
+	observers   map[*prometheus.Registry]*observer
 	opened      *storedsn.Opened
 	root        *idempotency.Middleware
 	logger      *slog.Logger
@@ -358,15 +369,11 @@ func openStore(dsn string, mcfg idempotency.Config) (*sharedStore, error) {
 		_ = o.Close()
 		return nil, fmt.Errorf("applying the schema of %s: %w", o.Name, err)
 	}
-	s := &sharedStore{opened: o, logger: logger, janitorDone: make(chan struct{})}
+	s := &sharedStore{opened: o, logger: logger, janitorDone: make(chan struct{}), observers: map[*prometheus.Registry]*observer{}}
 	// The store is traced under the span of the request each call is made for, with that
 	// span's TracerProvider (Caddy's tracing directive): no span, no tracing.
 	mcfg.Store, mcfg.OnOutcome = gateway.WrapStore(o.Store), nil
-	mcfg.OnStoreCall = func(op idempotency.StoreOp, took time.Duration, err error) {
-		if in := s.metrics.Load(); in != nil {
-			in.ObserveStore(op, took, err)
-		}
-	}
+	mcfg.OnStoreCall = s.observeStore
 	root, err := idempotency.New(mcfg)
 	if err != nil {
 		_ = o.Close()
@@ -385,6 +392,45 @@ func openStore(dsn string, mcfg idempotency.Config) (*sharedStore, error) {
 	}
 	logger.Info("idempotency: store opened", "store", o.Name)
 	return s, nil
+}
+
+// observer is the metrics of one configuration's registry, and how many of its handlers
+// use the store.
+type observer struct {
+	in       *gateway.Instruments
+	handlers int
+}
+
+// observe counts the root's store calls in reg, with in (a handler's Instruments there),
+// until each handler that called it calls unobserve.
+func (s *sharedStore) observe(reg *prometheus.Registry, in *gateway.Instruments) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o := s.observers[reg]
+	if o == nil {
+		o = &observer{in: in}
+		s.observers[reg] = o
+	}
+	o.handlers++
+}
+
+func (s *sharedStore) unobserve(reg *prometheus.Registry) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if o := s.observers[reg]; o != nil {
+		if o.handlers--; o.handlers == 0 {
+			delete(s.observers, reg)
+		}
+	}
+}
+
+// observeStore is the root's OnStoreCall.
+func (s *sharedStore) observeStore(op idempotency.StoreOp, took time.Duration, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, o := range s.observers {
+		o.in.ObserveStore(op, took, err)
+	}
 }
 
 // Destruct stores the held answers (for up to shutdownTimeout), stops the janitor and
