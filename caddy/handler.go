@@ -127,7 +127,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	// them), and the store's own calls (the probe's pings) count in every registry of a
 	// configuration that uses the store.
 	h.reg = ctx.GetMetricsRegistry()
-	if h.in, err = gateway.NewInstruments(h.reg, s.root); err != nil {
+	if h.in, err = gateway.NewInstruments(h.reg, configState{h.reg}); err != nil {
 		return fmt.Errorf("idempotency: %w", err)
 	}
 	s.observe(h.reg, h.in)
@@ -422,6 +422,43 @@ func (s *sharedStore) unobserve(reg *prometheus.Registry) {
 			delete(s.observers, reg)
 		}
 	}
+}
+
+// configState is the state the gauges of a configuration's registry report: that of the
+// stores its handlers use, summed (the waiters, the body memory), or whether any of them
+// cannot make writes durable.
+type configState struct{ reg *prometheus.Registry }
+
+// each calls f with the root of each store the configuration uses.
+func (c configState) each(f func(*idempotency.Middleware)) {
+	stores.Range(func(_, v any) bool {
+		s, ok := v.(*sharedStore)
+		if !ok {
+			return true
+		}
+		s.mu.Lock()
+		_, uses := s.observers[c.reg]
+		s.mu.Unlock()
+		if uses {
+			f(s.root)
+		}
+		return true
+	})
+}
+
+func (c configState) Waiting() (n int) {
+	c.each(func(m *idempotency.Middleware) { n += m.Waiting() })
+	return n
+}
+
+func (c configState) StoreNotDurable() (not bool) {
+	c.each(func(m *idempotency.Middleware) { not = not || m.StoreNotDurable() })
+	return not
+}
+
+func (c configState) BodyMemory() (n int64) {
+	c.each(func(m *idempotency.Middleware) { n += m.BodyMemory() })
+	return n
 }
 
 // observeStore is the root's OnStoreCall.

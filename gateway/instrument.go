@@ -24,13 +24,21 @@ type Instruments struct {
 	routes series[*RouteInstruments]
 }
 
+// State is the shared state of the middlewares the gauges report (requests_waiting,
+// store_not_durable, body_memory_bytes): an idempotency.Middleware's, the root of the
+// others, or the sum of several roots'.
+type State interface {
+	Waiting() int
+	StoreNotDurable() bool
+	BodyMemory() int64
+}
+
 // NewInstruments registers the gateway's collectors with reg. Collectors that another
 // Instruments registered with reg already are adopted, so that the handlers of one
-// configuration count into the same series. root is the middleware whose shared state
-// the gauges report (requests_waiting, store_not_durable, body_memory_bytes); adopted
-// gauges report the root of the Instruments that registered them.
-func NewInstruments(reg prometheus.Registerer, root *idempotency.Middleware) (*Instruments, error) {
-	m, err := newMetrics(reg, true, root.Waiting, root.StoreNotDurable, root.BodyMemory)
+// configuration count into the same series; the adopted gauges report the state of the
+// Instruments that registered them.
+func NewInstruments(reg prometheus.Registerer, state State) (*Instruments, error) {
+	m, err := newMetrics(reg, true, state.Waiting, state.StoreNotDurable, state.BodyMemory)
 	if err != nil {
 		return nil, err
 	}

@@ -212,9 +212,31 @@ type answer struct {
 
 func send(t *testing.T, method, url, key, body string) answer {
 	t.Helper()
-	req, err := http.NewRequestWithContext(context.Background(), method, url, strings.NewReader(body))
+	a, err := do(method, url, key, body)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return a
+}
+
+// sendAsync sends the request in a goroutine of its own; the channel has its answer,
+// or one with status 0 and the error as body.
+func sendAsync(method, url, key, body string) <-chan answer {
+	ch := make(chan answer, 1)
+	go func() {
+		a, err := do(method, url, key, body)
+		if err != nil {
+			a.body = err.Error()
+		}
+		ch <- a
+	}()
+	return ch
+}
+
+func do(method, url, key, body string) (answer, error) {
+	req, err := http.NewRequestWithContext(context.Background(), method, url, strings.NewReader(body))
+	if err != nil {
+		return answer{}, err
 	}
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
@@ -223,14 +245,14 @@ func send(t *testing.T, method, url, key, body string) answer {
 	c := &http.Client{Timeout: 30 * time.Second}
 	res, err := c.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
+		return answer{}, fmt.Errorf("%s %s: %w", method, url, err)
 	}
 	defer res.Body.Close()
 	b, err := io.ReadAll(res.Body)
 	if err != nil {
-		t.Fatal(err)
+		return answer{}, err
 	}
-	return answer{res.StatusCode, res.Header, string(b)}
+	return answer{res.StatusCode, res.Header, string(b)}, nil
 }
 
 // minimal is the Caddyfile of the package doc, with the test's store and upstream.

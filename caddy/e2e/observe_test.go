@@ -75,6 +75,9 @@ func TestMetrics(t *testing.T) {
 			<-release
 		}
 	}
+	var released sync.Once
+	unhold := func() { released.Do(func() { close(release) }) }
+	t.Cleanup(unhold) // before the upstream closes, which waits for its requests
 	db := filepath.Join(t.TempDir(), "keys.db")
 	site := fmt.Sprintf("%%s {\n\tlog\n\tidempotency {\n\t\tstore sqlite:%s\n\t\tconflict reject\n\t}\n\treverse_proxy %s\n}\n", db, up.URL)
 	p := startCaddy(t, site)
@@ -84,16 +87,19 @@ func TestMetrics(t *testing.T) {
 	send(t, "POST", p.base+"/m", "k-1", `{"a":1}`) // replayed
 	send(t, "POST", p.base+"/m", "k-1", `{"a":9}`) // mismatch
 	send(t, "POST", p.base+"/m", "", `{"a":1}`)    // missing-key
-	done := make(chan answer, 1)
-	go func() { done <- send(t, "POST", p.base+"/held", "k-h", `{}`) }()
-	<-held
+	done := sendAsync("POST", p.base+"/held", "k-h", `{}`)
+	select {
+	case <-held:
+	case a := <-done:
+		t.Fatalf("the held request was answered before it reached the upstream: %d %q", a.status, a.body)
+	}
 	if a := send(t, "POST", p.base+"/held", "k-h", `{}`); a.status != http.StatusConflict {
 		t.Errorf("a duplicate of a key in flight: %d, want 409", a.status)
 	}
 	if g := scrape(t, p, "retrysafe_gateway_keys_in_flight"); g != 1 {
 		t.Errorf("keys_in_flight while one is forwarded = %v, want 1", g)
 	}
-	close(release)
+	unhold()
 	<-done
 
 	execs := up.count("/m") + up.count("/held")
@@ -261,5 +267,49 @@ func TestTracing(t *testing.T) {
 	col.mu.Unlock()
 	if leaked {
 		t.Error("the key appears in the exported spans")
+	}
+}
+
+// TestMetricsTwoStores: the gauges of a configuration whose handlers use two stores
+// cover both: a duplicate waiting on a key of the second store's handler is counted in
+// requests_waiting.
+func TestMetricsTwoStores(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	up.hold = func(r *http.Request) {
+		if r.URL.Path == "/b" {
+			once.Do(func() { close(held) })
+			<-release
+		}
+	}
+	var released sync.Once
+	unhold := func() { released.Do(func() { close(release) }) }
+	t.Cleanup(unhold) // before the upstream closes, which waits for its requests
+	dir := t.TempDir()
+	site := fmt.Sprintf("%%s {\n\thandle /a {\n\t\tidempotency {\n\t\t\tstore sqlite:%s\n\t\t}\n\t\treverse_proxy %s\n\t}\n"+
+		"\thandle /b {\n\t\tidempotency {\n\t\t\tstore sqlite:%s\n\t\t\tconflict wait\n\t\t}\n\t\treverse_proxy %s\n\t}\n}\n",
+		filepath.Join(dir, "a.db"), up.URL, filepath.Join(dir, "b.db"), up.URL)
+	p := startCaddy(t, site)
+	send(t, "POST", p.base+"/a", "k-a", `{}`)
+	first := sendAsync("POST", p.base+"/b", "k-b", `{}`)
+	select {
+	case <-held:
+	case a := <-first:
+		t.Fatalf("the held request was answered before it reached the upstream: %d %q", a.status, a.body)
+	}
+	second := sendAsync("POST", p.base+"/b", "k-b", `{}`)
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return scrape(t, p, "retrysafe_gateway_requests_waiting") == 1
+	}, "requests_waiting to count the duplicate waiting on the second store's key")
+	unhold()
+	for _, ch := range []<-chan answer{first, second} {
+		if a := <-ch; a.status != http.StatusOK {
+			t.Errorf("a /b request: %d %q, want 200", a.status, a.body)
+		}
+	}
+	if n := up.count("/b"); n != 1 {
+		t.Errorf("the upstream executed /b %d times, want 1", n)
 	}
 }
