@@ -42,9 +42,10 @@ type Handler struct {
 
 	// Policy holds the policy keys of retrysafe gateway's configuration file (those of
 	// its defaults: section), each by its dotted name (ttl, conflict, key.pointer,
-	// scope, scope.header, fingerprint.ignore) with its value as the file writes it;
-	// the values of methods and fingerprint.ignore are comma-separated. A key left out
-	// has the file's default.
+	// scope, scope.header, fingerprint.ignore) with its value as the file writes it,
+	// and its top-level max_body_memory and max_waiters, which bound every handler over
+	// the store; the values of methods and fingerprint.ignore are comma-separated. A
+	// key left out has the file's default.
 	Policy map[string]string `json:"policy,omitempty"`
 
 	mw     *idempotency.Middleware // nil: mode off
