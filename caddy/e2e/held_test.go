@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -36,13 +35,7 @@ func heldSite(dsn, ttl string, up *upstream) string {
 // take: the upstream executes it, and the store link is cut before it answers.
 func startHeld(t *testing.T) *heldRun {
 	t.Helper()
-	u, err := url.Parse(testenv.PostgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("schema", testenv.Schema(t, "caddyheld"))
-	u.RawQuery = q.Encode()
+	u := postgresDSN(t, "caddyheld")
 	link, err := tcpproxy.New(u.Host)
 	if err != nil {
 		t.Fatal(err)
@@ -124,9 +117,9 @@ func TestHeldAcrossReload(t *testing.T) {
 
 // TestHeldHandlerDropped: a reload to a configuration without the handler closes the
 // store, and the close stores the held answers for up to its shutdown timeout: a link
-// back within it stores the held answer; a link still cut when it ends loses it, and
-// says so in the log (the key stays in progress until its lease ends, then a retry runs
-// the request again).
+// back while the old configuration is stopped (before or during the close) has the held
+// answer stored; a link still cut when the timeout ends loses it, and says so in the log
+// (the key stays in progress until its lease ends, then a retry runs the request again).
 func TestHeldHandlerDropped(t *testing.T) {
 	t.Parallel()
 	bare := func(up *upstream) string { return fmt.Sprintf("%%s {\n\treverse_proxy %s\n}\n", up.URL) }

@@ -117,14 +117,7 @@ func TestStores(t *testing.T) {
 			case "sqlite":
 				dsn = "sqlite:" + filepath.Join(t.TempDir(), "keys.db")
 			case "postgres":
-				u, err := url.Parse(testenv.PostgresURL(t))
-				if err != nil {
-					t.Fatal(err)
-				}
-				q := u.Query()
-				q.Set("schema", testenv.Schema(t, "caddy"))
-				u.RawQuery = q.Encode()
-				dsn = u.String()
+				dsn = postgresDSN(t, "caddy").String()
 			case "redis":
 				u, err := url.Parse(testenv.RedisURL(t))
 				if err != nil {
@@ -149,6 +142,20 @@ func TestStores(t *testing.T) {
 			battery(t, base+"/charges", false)
 		})
 	}
+}
+
+// postgresDSN returns the DSN of a fresh schema of the test PostgreSQL, dropped when t
+// ends.
+func postgresDSN(t *testing.T, prefix string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("schema", testenv.Schema(t, prefix))
+	u.RawQuery = q.Encode()
+	return u
 }
 
 // battery runs the endpoint battery against url and checks that every required case
