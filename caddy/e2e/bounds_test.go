@@ -35,8 +35,7 @@ func holdFirst(t *testing.T, up *upstream, path string) (executing <-chan struct
 // TestMaxBodyMemory: max_body_memory bounds the keyed bodies held in memory: with a
 // 1 MiB ceiling, a keyed request with a 600 KiB body in progress leaves no room for
 // another, which is answered 503 with Retry-After; without the setting (256 MiB) it is
-// served. (A ceiling below the default max_body, 1 MiB, is refused by the configuration
-// file's checks even with a smaller max_body.)
+// served.
 func TestMaxBodyMemory(t *testing.T) {
 	t.Parallel()
 	for _, set := range []bool{true, false} {
