@@ -27,8 +27,14 @@
 // policy, and runs the middleware gateway.Config.CatchAllPolicy resolves from it. A key
 // whose value is a mapping in the file takes its member's name first (key pointer /id,
 // scope header X-User, fingerprint ignore /ts /nonce). Caddy's matchers, route and handle
-// blocks choose the requests; the gateway's match, upstream and upstream_timeout have no
-// meaning here and are refused.
+// blocks choose the requests; the gateway's keys that Caddy's configuration replaces
+// (match, routes, upstream, upstreams, upstream_timeout, shutdown_timeout, listen, tls,
+// admin, log, otel, …) are refused, each with what applies instead.
+//
+// The file's top-level max_body_memory and max_waiters, which bound the whole gateway,
+// bound here every handler over one store in the process, since they share its state:
+// the handler that opens the store sets them (or their defaults), a handler that leaves
+// them out takes the store's, and one that sets another value is refused.
 //
 // # The store
 //

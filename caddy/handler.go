@@ -44,9 +44,10 @@ type Handler struct {
 
 	// Policy holds the policy keys of retrysafe gateway's configuration file (those of
 	// its defaults: section), each by its dotted name (ttl, conflict, key.pointer,
-	// scope, scope.header, fingerprint.ignore) with its value as the file writes it;
-	// the values of methods and fingerprint.ignore are comma-separated. A key left out
-	// has the file's default.
+	// scope, scope.header, fingerprint.ignore) with its value as the file writes it,
+	// and its top-level max_body_memory and max_waiters, which bound every handler over
+	// the store; the values of methods and fingerprint.ignore are comma-separated. A
+	// key left out has the file's default.
 	Policy map[string]string `json:"policy,omitempty"`
 
 	mw     *idempotency.Middleware // nil: mode off
@@ -64,18 +65,19 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: "http.handlers.idempotency", New: func() caddy.Module { return new(Handler) }}
 }
 
-// notPolicy are the keys of a file's policy that Caddy's configuration takes the place
-// of: its matchers choose the requests, and its next handler is the upstream.
-var notPolicy = []string{"match", "upstream", "upstream_timeout"}
-
-// overrides returns the store and the policy as configfile overrides of the defaults.
+// overrides returns the store and the policy as configfile overrides of the defaults,
+// and the store-wide bounds as overrides of the file's top-level keys.
 func (h *Handler) overrides() ([]configfile.Override, error) {
 	out := []configfile.Override{{Key: "store", Value: h.Store, Source: "idempotency store"}}
 	for _, k := range slices.Sorted(maps.Keys(h.Policy)) {
-		if slices.Contains(notPolicy, strings.Split(k, ".")[0]) {
-			return nil, fmt.Errorf("idempotency: %s is not a setting of the handler: Caddy's matchers choose its requests, and the next handler is the upstream", k)
+		if err := notInCaddyErr(k); err != nil {
+			return nil, err
 		}
-		out = append(out, configfile.Override{Key: "defaults." + k, Value: h.Policy[k], Source: "idempotency " + strings.ReplaceAll(k, ".", " ")})
+		key := "defaults." + k
+		if slices.Contains(storeWide, k) {
+			key = k
+		}
+		out = append(out, configfile.Override{Key: key, Value: h.Policy[k], Source: "idempotency " + strings.ReplaceAll(k, ".", " ")})
 	}
 	return out, nil
 }
@@ -122,6 +124,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.dsn = dsn
 	s := v.(*sharedStore)
 	h.store = s
+	mcfg, err := storeBounds(h.Policy, policy.Middleware, s.root.Config(), s.opened.Name)
+	if err != nil {
+		return err
+	}
 	// Each configuration has a registry of its own, which Caddy serves on /metrics: the
 	// collectors are registered in it (the other handlers of the configuration adopt
 	// them), and the store's own calls (the probe's pings) count in every registry of a
@@ -131,7 +137,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("idempotency: %w", err)
 	}
 	s.observe(h.reg, h.in)
-	mcfg := policy.Middleware
 	mcfg.OnStoreCall = h.in.ObserveStore
 	if h.mw, err = s.root.With(mcfg); err != nil {
 		return fmt.Errorf("idempotency: %w", err)

@@ -136,7 +136,13 @@ func (cfg Config) resolve() (Config, []policy, error) {
 	if err != nil {
 		return cfg, nil, err
 	}
-	// The gateway-wide fields: the bounds of Idempotency, which every route shares.
+	// The gateway-wide fields: the bounds of Idempotency, which every route shares, each
+	// route's MaxBody checked against them with its policy. Without Upstream the
+	// Config's own policy serves no request, so a default MaxBody of its own is not held
+	// against a smaller MaxBodyMemory.
+	if cfg.Upstream == nil && cfg.Idempotency.MaxBody == 0 {
+		cfg.Idempotency.MaxBody = min(idempotency.DefaultMaxBody, cmp.Or(cfg.Idempotency.MaxBodyMemory, idempotency.DefaultMaxBodyMemory))
+	}
 	if cfg.Idempotency, err = cfg.Idempotency.Resolve(); err != nil {
 		return cfg, nil, fmt.Errorf("gateway: %w", err)
 	}

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -99,17 +98,7 @@ func TestKill(t *testing.T) {
 	t.Parallel()
 	const lease = 10 * time.Second
 	up := newUpstream(t)
-	executing, release := make(chan struct{}, 1), make(chan struct{})
-	var first sync.Once
-	up.hold = func(*http.Request) {
-		held := false
-		first.Do(func() { held = true })
-		if held {
-			executing <- struct{}{}
-			<-release
-		}
-	}
-	t.Cleanup(func() { close(release) })
+	executing, _ := holdFirst(t, up, "/payments")
 	db := filepath.Join(t.TempDir(), "keys.db")
 	site := fmt.Sprintf("%%s {\n\tidempotency {\n\t\tstore sqlite:%s\n\t\tlease %s\n\t\tttl 1h\n\t\tconflict reject\n\t}\n\treverse_proxy %s\n}\n", db, lease, up.URL)
 	p := startCaddy(t, site)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -57,23 +58,38 @@ func TestPolicy(t *testing.T) {
 }
 
 // TestInvalid: caddy validate refuses what the gateway's configuration file refuses,
-// with the file's key names, and the gateway's keys that have no meaning in Caddy.
+// with the file's key names, the gateway's keys that have no meaning in Caddy, saying
+// what takes their place, and handlers over one store whose store-wide bounds differ.
 func TestInvalid(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct{ sub, want string }{
-		{"ttl 10s", "ttl"},
-		{"mode sometimes", "mode"},
-		{"conflict later", "conflict"},
-		{"upstream http://127.0.0.1:1", "upstream is not a setting"},
-		{"key header Idempotency-Key\n\t\tkey header Other", "set twice"},
-		{"store mysql://db/app", "unknown store"},
-		{"methods GET", "safe method"},
+	for _, tc := range []struct{ sub, second, want string }{
+		{sub: "ttl 10s", want: "ttl"},
+		{sub: "mode sometimes", want: "mode"},
+		{sub: "conflict later", want: "conflict"},
+		{sub: "upstream http://127.0.0.1:1", want: "upstream is not a setting"},
+		{sub: "upstream_timeout 5s", want: "reverse_proxy's transport http"},
+		{sub: "shutdown_timeout 5s", want: "grace_period"},
+		{sub: "listen :8080", want: "site's address"},
+		{sub: "key header Idempotency-Key\n\t\tkey header Other", want: "set twice"},
+		{sub: "store mysql://db/app", want: "unknown store"},
+		{sub: "methods GET", want: "safe method"},
+		{sub: "max_body_memory lots", want: "max_body_memory"},
+		{sub: "max_waiters -1", want: "max_waiters"},
+		{sub: "max_body_memory 1MiB\n\t\tmax_body 2MiB", want: "max_body"},
+		// Two handlers over one store with different store-wide bounds.
+		{sub: "max_body_memory 64MiB", second: "max_body_memory 32MiB", want: "set it alike on all of them"},
+		{sub: "max_waiters 10", second: "max_waiters 20", want: "set it alike on all of them"},
 	} {
 		t.Run(tc.sub, func(t *testing.T) {
 			t.Parallel()
 			dir := t.TempDir()
-			cf := fmt.Sprintf("{\n\tadmin off\n\torder idempotency before reverse_proxy\n}\n:0 {\n\tidempotency {\n\t\tstore sqlite:%s\n\t\t%s\n\t}\n\treverse_proxy 127.0.0.1:1\n}\n",
-				filepath.Join(dir, "keys.db"), tc.sub)
+			db := filepath.Join(dir, "keys.db")
+			second := ""
+			if tc.second != "" {
+				second = fmt.Sprintf("\thandle /b* {\n\t\tidempotency {\n\t\t\tstore sqlite:%s\n\t\t\t%s\n\t\t}\n\t\treverse_proxy 127.0.0.1:1\n\t}\n", db, tc.second)
+			}
+			cf := fmt.Sprintf("{\n\tadmin off\n\torder idempotency before reverse_proxy\n}\n:0 {\n%s\tidempotency {\n\t\tstore sqlite:%s\n\t\t%s\n\t}\n\treverse_proxy 127.0.0.1:1\n}\n",
+				second, db, tc.sub)
 			path := filepath.Join(dir, "Caddyfile")
 			if err := os.WriteFile(path, []byte(cf), 0o600); err != nil {
 				t.Fatal(err)
@@ -101,14 +117,7 @@ func TestStores(t *testing.T) {
 			case "sqlite":
 				dsn = "sqlite:" + filepath.Join(t.TempDir(), "keys.db")
 			case "postgres":
-				u, err := url.Parse(testenv.PostgresURL(t))
-				if err != nil {
-					t.Fatal(err)
-				}
-				q := u.Query()
-				q.Set("schema", testenv.Schema(t, "caddy"))
-				u.RawQuery = q.Encode()
-				dsn = u.String()
+				dsn = postgresDSN(t, "caddy").String()
 			case "redis":
 				u, err := url.Parse(testenv.RedisURL(t))
 				if err != nil {
@@ -135,9 +144,23 @@ func TestStores(t *testing.T) {
 	}
 }
 
+// postgresDSN returns the DSN of a fresh schema of the test PostgreSQL, dropped when t
+// ends.
+func postgresDSN(t *testing.T, prefix string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("schema", testenv.Schema(t, prefix))
+	u.RawQuery = q.Encode()
+	return u
+}
+
 // battery runs the endpoint battery against url and checks that every required case
-// passes, or, with fails, that one fails at least.
-func battery(t *testing.T, url string, fails bool) {
+// passes, or, with fails, that one fails at least; it returns the report.
+func battery(t *testing.T, url string, fails bool) *endpointcheck.Report {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -166,6 +189,25 @@ func battery(t *testing.T, url string, fails bool) {
 		_ = rep.WriteText(&b)
 		t.Errorf("endpoint battery: failed %v, want %v:\n%s", rep.Failed(), fails, b.String())
 	}
+	return rep
+}
+
+// TestBatteryConflictReject: under conflict reject the battery's concurrent duplicates
+// are answered 409, so its Retry-After case, which has no 409 to look at under wait,
+// runs, and passes with every other required case.
+func TestBatteryConflictReject(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	site := fmt.Sprintf("%%s {\n\tidempotency {\n\t\tstore sqlite:%s\n\t\tconflict reject\n\t}\n\treverse_proxy %s\n}\n",
+		filepath.Join(t.TempDir(), "keys.db"), up.URL)
+	rep := battery(t, startCaddy(t, site).base+"/charges", false)
+	i := slices.IndexFunc(rep.Results, func(r endpointcheck.Result) bool { return r.ID == endpointcheck.CaseRetryAfter })
+	if i < 0 {
+		t.Fatal("the battery has no Retry-After case")
+	}
+	if r := rep.Results[i]; r.Verdict != endpointcheck.Pass {
+		t.Errorf("the Retry-After case under conflict reject: %s (%s), want pass", r.Verdict, r.Observed)
+	}
 }
 
 // TestReload: a configuration reloaded through the admin API keeps the store (it is
@@ -179,13 +221,7 @@ func TestReload(t *testing.T) {
 	}
 	p := startCaddy(t, site("wait"))
 	first := send(t, "POST", p.base+"/payments", "k-r", `{"amount":1}`)
-	if err := os.WriteFile(p.path, []byte(p.config(site("reject"))), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(caddyBin, "reload", "--config", p.path, "--adapter", "caddyfile", "--address", p.admin)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("caddy reload: %v\n%s", err, out)
-	}
+	p.reload(t, site("reject"))
 	again := send(t, "POST", p.base+"/payments", "k-r", `{"amount":1}`)
 	if again.body != first.body || again.header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("a retry after the reload: %d %q, want the first answer replayed (%q)", again.status, again.body, first.body)

@@ -691,3 +691,24 @@ func TestConfigConflictDefault(t *testing.T) {
 		t.Errorf("the catch-all under defaults.conflict reject: %q", got)
 	}
 }
+
+// TestConfigSmallBodyMemory: a max_body_memory below the default max_body is taken when
+// every policy's max_body is within it, with a catch-all and with routes only; the
+// gateway's own middleware configuration is resolved with it.
+func TestConfigSmallBodyMemory(t *testing.T) {
+	for name, src := range map[string]string{
+		"catch-all":   "max_body_memory: 64KiB\ndefaults:\n  upstream: http://a\n  max_body: 16KiB\n",
+		"routes only": "max_body_memory: 64KiB\nupstreams: {a: 'http://a'}\ndefaults:\n  max_body: 16KiB\nroutes:\n  - match: POST /a\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := mustParse(t, src, configfile.Options{})
+			cfg, err := f.Gateway.Resolve()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cfg.Idempotency.MaxBodyMemory; got != 64<<10 {
+				t.Errorf("MaxBodyMemory %d, want %d", got, 64<<10)
+			}
+		})
+	}
+}

@@ -261,7 +261,7 @@ func (c *Cluster) startFirst(ctx context.Context, n *Node) {
 	t.Helper()
 	var err error
 	for range 4 {
-		n.port = freePort(t)
+		n.port = testenv.FreePort(t)
 		if err = n.Start(ctx); err == nil {
 			break
 		}
@@ -498,17 +498,6 @@ func findBin() (string, error) {
 		return filepath.Dir(p), nil
 	}
 	return "", errors.New("initdb, pg_ctl and pg_basebackup not found (looked in /usr/lib/postgresql/*/bin and $PATH): install the PostgreSQL server binaries, or set RETRYSAFE_PG_BIN to their directory")
-}
-
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func portOf(addr string) string {

@@ -33,7 +33,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -189,7 +188,7 @@ func prepare(t testing.TB, cookie []byte, o Options) *Node {
 	if err := os.WriteFile(filepath.Join(home, ".erlang.cookie"), cookie, 0o400); err != nil {
 		t.Fatal(err)
 	}
-	port, dist := freePort(t), freePort(t)
+	port, dist := testenv.FreePort(t), testenv.FreePort(t)
 	conf := fmt.Sprintf("listeners.tcp.default = 127.0.0.1:%d\nloopback_users = none\n", port)
 	files := map[string]string{
 		"rabbitmq.conf":     conf,
@@ -452,20 +451,6 @@ func (n *Node) Log() string {
 func (n *Node) tail(lines int) string {
 	l := strings.Split(strings.TrimRight(n.Log(), "\n"), "\n")
 	return strings.Join(l[max(0, len(l)-lines):], "\n")
-}
-
-// freePort returns a loopback port on which nothing listened a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	_, p, err := net.SplitHostPort(testenv.DeadAddr(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	port, err := strconv.Atoi(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return port
 }
 
 func random() string {

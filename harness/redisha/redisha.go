@@ -340,7 +340,7 @@ func (g *Group) AddReplica() *Server {
 // on a free port, and waits until it accepts connections.
 func (g *Group) start(bin, name string, extra []string) *Server {
 	g.t.Helper()
-	port := freePort(g.t)
+	port := strconv.Itoa(testenv.FreePort(g.t))
 	args := append([]string{"--bind", "127.0.0.1", "--port", port, "--dir", g.t.TempDir(),
 		"--save", "", "--appendonly", "no", "--protected-mode", "no", "--repl-diskless-sync-delay", "0"}, g.args...)
 	args = append(args, extra...)
@@ -391,7 +391,7 @@ func (g *Group) startReplica(bin, name string, master *Server) *Server {
 func (g *Group) startSentinel(bin string) {
 	g.t.Helper()
 	dir := g.t.TempDir()
-	port := freePort(g.t)
+	port := strconv.Itoa(testenv.FreePort(g.t))
 	host, mport, _ := net.SplitHostPort(g.master.Addr)
 	conf := strings.Join([]string{
 		"bind 127.0.0.1",
@@ -515,14 +515,4 @@ func (s *Server) awaitLog(what string, d time.Duration, match func(string) bool)
 func (s *Server) AwaitLog(substr string, d time.Duration) {
 	s.t.Helper()
 	s.awaitLog(fmt.Sprintf("%q", substr), d, func(l string) bool { return strings.Contains(l, substr) })
-}
-
-// freePort returns a loopback port on which nothing listens a moment ago.
-func freePort(t testing.TB) string {
-	t.Helper()
-	_, port, err := net.SplitHostPort(testenv.DeadAddr(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return port
 }

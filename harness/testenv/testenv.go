@@ -11,9 +11,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -91,16 +93,57 @@ func Name(prefix string) string {
 }
 
 // DeadAddr returns a loopback address on which nothing listens (a port that was free a
-// moment ago), for tests of an unreachable backend.
+// moment ago, as FreePort chooses it), for tests of an unreachable backend.
 func DeadAddr(t testing.TB) string {
 	t.Helper()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t)))
+}
+
+// FreePort returns a loopback TCP port on which nothing listens, for a server a test
+// starts and may restart on the same port. It is chosen below the kernel's ephemeral
+// range (net.ipv4.ip_local_port_range), from which every outgoing connection takes its
+// local port: a port of that range, free when checked, can be taken by a connection
+// before the server binds it or while the server is down for a restart, which a busy
+// machine does often.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	low := ephemeralLow()
+	const span = 12000
+	if low > span+1024 {
+		for range 200 {
+			port := low - 1 - mrand.IntN(span)
+			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+			if err != nil {
+				continue
+			}
+			_ = l.Close()
+			return port
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	return addr
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// ephemeralLow returns the first port of the kernel's ephemeral range (Linux's
+// default, 32768, where it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	low, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return low
 }
 
 // PostgresPool returns a connection pool on the test database, of at most maxConns

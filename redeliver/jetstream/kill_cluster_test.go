@@ -442,7 +442,9 @@ func TestClusterKill(t *testing.T) {
 
 func runKillScenario(t *testing.T, c *natscluster.Cluster, fx *killEffects, s killScenario) {
 	began := time.Now()
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	// A bound on the scenario's store and broker calls, not on its duration: on a busy
+	// machine a scenario has taken three minutes.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
 	cfg := clusterConfig(c)
 	cfg.Policy = redeliver.Policy{MaxAttempts: 5}
@@ -613,6 +615,8 @@ func runKillScenario(t *testing.T, c *natscluster.Cluster, fx *killEffects, s ki
 	// restarted node rejoins can time out.
 	var dead []redeliver.DeadLetter
 	eventually(t, time.Minute, "the DLQ to be listed", func() bool {
+		ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
 		dl, err := NewDeadLetters(ctx, cfg)
 		if err != nil {
 			t.Logf("opening the DLQ: %v", err)

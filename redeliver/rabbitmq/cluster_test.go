@@ -445,6 +445,19 @@ func testClusterFaults(t *testing.T, c *rabbitnode.Cluster) {
 		for i := range ph.messages {
 			ids = append(ids, ph.name+"-"+strconv.Itoa(i))
 		}
+		// A fault's node is chosen before the handlers run towards it: rabbitmqctl takes a
+		// second or two, and several on a busy machine, in which a phase of short
+		// handlers could end. The first fault's node is chosen before the phase's
+		// messages are published, a later one's after the fault before it.
+		type target struct{ node, before, leader int }
+		choose := func(f fault) target {
+			i := f.node()
+			if i < 0 {
+				t.Fatalf("phase %s: no leader of %s", ph.name, consumers[0].queue)
+			}
+			return target{i, consumerNode(), cl.leader(consumers[0].queue)}
+		}
+		first := choose(ph.faults[0])
 		for _, cc := range consumers {
 			cc.setWork(ph.work)
 			cl.publish(cc.queue, ids)
@@ -452,14 +465,12 @@ func testClusterFaults(t *testing.T, c *rabbitnode.Cluster) {
 		var lastFault time.Time
 		for k, f := range ph.faults {
 			// Fault while handlers run: after a share of the phase's messages.
-			// The node is chosen first: rabbitmqctl takes a second or two.
-			i := f.node()
-			if i < 0 {
-				t.Fatalf("phase %s: no leader of %s", ph.name, consumers[0].queue)
+			tg := first
+			if k > 0 {
+				tg = choose(f)
 			}
+			i, before, leader := tg.node, tg.before, tg.leader
 			n := c.Nodes[i]
-			before := consumerNode()
-			leader := cl.leader(consumers[0].queue)
 			want := (k + 1) * ph.messages / (len(ph.faults) + 3)
 			eventually(t, resumeBound, fmt.Sprintf("phase %s: %d messages done", ph.name, want), func() bool {
 				return consumers[0].log.completedOf(ph.name+"-") >= want && consumers[1].log.completedOf(ph.name+"-") >= want
