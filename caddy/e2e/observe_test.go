@@ -58,22 +58,6 @@ func scrape(t *testing.T, p *caddyProc, name string, labels ...string) float64 {
 	return sum
 }
 
-// holdPath holds the upstream's executions of path until unhold is called (at the end
-// of the test at the latest); held is closed when the first one arrives.
-func holdPath(t *testing.T, up *upstream, path string) (held <-chan struct{}, unhold func()) {
-	arrived, release := make(chan struct{}), make(chan struct{})
-	var first, released sync.Once
-	up.hold = func(r *http.Request) {
-		if r.URL.Path == path {
-			first.Do(func() { close(arrived) })
-			<-release
-		}
-	}
-	unhold = func() { released.Do(func() { close(release) }) }
-	t.Cleanup(unhold) // before the upstream closes, which waits for its requests
-	return arrived, unhold
-}
-
 // TestMetrics: Caddy's admin /metrics counts the handler's requests by outcome, as the
 // gateway names them (retrysafe_gateway_*, route the Caddy server's name), and the
 // executions it counts are the upstream's; after a reload through the admin API (which
@@ -83,7 +67,7 @@ func holdPath(t *testing.T, up *upstream, path string) (held <-chan struct{}, un
 func TestMetrics(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
-	held, unhold := holdPath(t, up, "/held")
+	held, unhold := holdFirst(t, up, "/held")
 	db := filepath.Join(t.TempDir(), "keys.db")
 	site := fmt.Sprintf("%%s {\n\tlog\n\tidempotency {\n\t\tstore sqlite:%s\n\t\tconflict reject\n\t}\n\treverse_proxy %s\n}\n", db, up.URL)
 	p := startCaddy(t, site)
@@ -282,7 +266,7 @@ func TestTracing(t *testing.T) {
 func TestMetricsTwoStores(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
-	held, unhold := holdPath(t, up, "/b")
+	held, unhold := holdFirst(t, up, "/b")
 	dir := t.TempDir()
 	site := fmt.Sprintf("%%s {\n\thandle /a {\n\t\tidempotency {\n\t\t\tstore sqlite:%s\n\t\t}\n\t\treverse_proxy %s\n\t}\n"+
 		"\thandle /b {\n\t\tidempotency {\n\t\t\tstore sqlite:%s\n\t\t\tconflict wait\n\t\t}\n\t\treverse_proxy %s\n\t}\n}\n",
