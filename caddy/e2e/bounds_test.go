@@ -51,8 +51,7 @@ func TestMaxBodyMemory(t *testing.T) {
 				filepath.Join(t.TempDir(), "keys.db"), bound, up.URL)
 			base := startCaddy(t, site).base
 			body := `{"pad":"` + strings.Repeat("x", 600<<10) + `"}`
-			first := make(chan answer, 1)
-			go func() { first <- send(t, "POST", base+"/a", "k-a", body) }()
+			first := sendAsync("POST", base+"/a", "k-a", body)
 			<-executing
 			b := send(t, "POST", base+"/b", "k-b", body)
 			release()
@@ -80,12 +79,11 @@ func TestMaxWaiters(t *testing.T) {
 	site := fmt.Sprintf("%%s {\n\tidempotency {\n\t\tstore sqlite:%s\n\t\tconflict wait\n\t\tmax_waiters 1\n\t}\n\treverse_proxy %s\n}\n",
 		filepath.Join(t.TempDir(), "keys.db"), up.URL)
 	base := startCaddy(t, site).base
-	first := make(chan answer, 1)
-	go func() { first <- send(t, "POST", base+"/payments", "k-w", `{"amount":1}`) }()
+	first := sendAsync("POST", base+"/payments", "k-w", `{"amount":1}`)
 	<-executing
 	dups := make(chan answer, 2)
 	for range 2 {
-		go func() { dups <- send(t, "POST", base+"/payments", "k-w", `{"amount":1}`) }()
+		go func() { dups <- <-sendAsync("POST", base+"/payments", "k-w", `{"amount":1}`) }()
 	}
 	var refused answer
 	select {
