@@ -24,6 +24,10 @@
 #   payments-mw       examples/payments --tx=false (middleware mode)
 #   gw-<store>        retrysafe gateway (memory, sqlite, postgres, redis store) in front
 #                     of direct
+#   caddy             Caddy (caddy/cmd/caddy, the Caddy module's build) as a bare
+#                     reverse_proxy in front of direct, no access log, admin off
+#   caddy-<store>     the same Caddy with the idempotency directive (sqlite, postgres
+#                     store) before reverse_proxy: the Caddy module's cost
 #   *-nobatch         payments-tx, gw-sqlite and gw-postgres with the stores' batching
 #                     (group commit) off: what it gains (matrix, 8 clients and more)
 #   express           bench/baselines/express: the common hand-written Express +
@@ -98,7 +102,7 @@ die() { log "run.sh: $*"; exit 1; }
 
 # ---- what to run -------------------------------------------------------------------
 ALL_SUBJECTS=(direct nginx bareproxy payments-tx payments-mw payments-tx-nobatch gw-memory gw-sqlite gw-postgres gw-redis
-	gw-sqlite-nobatch gw-postgres-nobatch express express-cluster2 express-autocommit)
+	gw-sqlite-nobatch gw-postgres-nobatch caddy caddy-sqlite caddy-postgres express express-cluster2 express-autocommit)
 if [ -n "${SUBJECTS:-}" ]; then
 	SEL=(direct)
 	for s in $SUBJECTS; do
@@ -121,6 +125,7 @@ in_sel() {
 	return 0
 }
 any_express() { want express || want express-cluster2 || want express-autocommit; }
+any_caddy() { want caddy || want caddy-sqlite || want caddy-postgres; }
 
 # Body sizes: the pads the upstream is started with. 0 is the default answer (~120
 # bytes); the others only for the body phase's subjects.
@@ -281,6 +286,12 @@ fi
 # are built from inside it; the subjects belong to the root module.
 (cd bench && go build -o "$BIN/loadgen" ./cmd/loadgen && go build -o "$BIN/benchreport" ./cmd/benchreport &&
 	go build -o "$BIN/bareproxy" ./cmd/bareproxy)
+# Caddy with the idempotency module: the caddy module (caddy/go.mod) of the subjects'
+# source, taking its root module from the same tree (its replace directive).
+if any_caddy; then
+	log "building Caddy with the idempotency module"
+	(cd "$SRC/caddy" && go build -o "$BIN/caddy" ./cmd/caddy)
+fi
 if any_express; then
 	log "installing the Express baseline (npm)"
 	bash bench/baselines/express/setup.sh >"$LOGS/npm.log" 2>&1 || { cat "$LOGS/npm.log" >&2; die "npm install failed"; }
@@ -405,6 +416,43 @@ for gw in gw-memory gw-sqlite gw-postgres gw-redis gw-sqlite-nobatch gw-postgres
 		start "$i" "$BIN/retrysafe" gateway --upstream "http://127.0.0.1:${PORT[$(inst direct "$pad")]}" \
 			--listen "127.0.0.1:${PORT[$i]}" --admin off --store "$(gwstore $gw "$pad")" --log-level warn
 		proxied $gw "$pad" "$LASTPID"
+	done
+done
+
+# Caddy: one process per subject, its Caddyfile in the work directory (and $OUT).
+# Admin endpoint and automatic HTTPS off, no access log (Caddy logs none unless asked),
+# reverse_proxy with its defaults (keep-alive to the upstream).
+caddystore() { # SUBJECT PAD: the idempotency store of that Caddy
+	local l
+	l=$(padlabel "$2")
+	case $1 in
+	caddy-sqlite) printf 'sqlite:%s' "$WORK/caddy-$l.db" ;;
+	caddy-postgres) url_with "$PG_POOLED" "schema=${RUN}_cd$l" ;;
+	esac
+}
+for cs in caddy caddy-sqlite caddy-postgres; do
+	want $cs || continue
+	for pad in $(subject_pads $cs); do
+		i=$(inst $cs "$pad")
+		assign_port "$i"
+		{
+			echo "{"
+			echo "	admin off"
+			echo "	auto_https off"
+			echo "	order idempotency before reverse_proxy"
+			echo "}"
+			echo "http://127.0.0.1:${PORT[$i]} {"
+			if [ "$cs" != caddy ]; then
+				echo "	idempotency {"
+				echo "		store $(caddystore $cs "$pad")"
+				echo "	}"
+			fi
+			echo "	reverse_proxy 127.0.0.1:${PORT[$(inst direct "$pad")]}"
+			echo "}"
+		} >"$WORK/$i.Caddyfile"
+		cp "$WORK/$i.Caddyfile" "$OUT/$i.Caddyfile"
+		start "$i" "$BIN/caddy" run --config "$WORK/$i.Caddyfile" --adapter caddyfile
+		proxied $cs "$pad" "$LASTPID"
 	done
 done
 
@@ -608,7 +656,7 @@ rotate() {
 # ---- 1. matrix ---------------------------------------------------------------------
 if phase matrix; then
 	MATRIX=$(in_sel direct nginx bareproxy payments-tx payments-mw payments-tx-nobatch gw-memory gw-sqlite gw-postgres gw-redis \
-		gw-sqlite-nobatch gw-postgres-nobatch express express-cluster2)
+		gw-sqlite-nobatch gw-postgres-nobatch caddy caddy-sqlite caddy-postgres express express-cluster2)
 	log "phase matrix: $CONCURRENCY clients, $ROUNDS rounds, $DURATION after $WARMUP warm-up$(phase pgbench && echo "; pgbench ${PGBENCH_DURATION}s")"
 	ci=0
 	for c in $CONCURRENCY; do
@@ -653,7 +701,7 @@ if phase replay; then
 	idx=0
 	for c in 1 32; do
 		idle "replay c=$c"
-		for s in $(in_sel payments-tx payments-mw gw-memory gw-sqlite gw-postgres gw-redis express express-cluster2); do
+		for s in $(in_sel payments-tx payments-mw gw-memory gw-sqlite gw-postgres gw-redis caddy-sqlite caddy-postgres express express-cluster2); do
 			idx=$((idx + 1))
 			lg "$s" first "$c" 1 -d 2s --warmup 500ms --users 1 --auth-format "Bearer 8${idx}%d"
 			lg "$s" replay "$c" 1 -d 2s --warmup 500ms --keys shared --key "replay-$RUN-$s-$c" --users 1 --auth-format "Bearer 8${idx}%d"
