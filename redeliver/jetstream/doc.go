@@ -77,7 +77,10 @@
 // record per message between a failed attempt and its settlement, so that a process
 // restarted after such a loss sees it too; past 100,000 records, or when the list
 // cannot be read, every first delivery of a message stored before the start reads the
-// bucket).
+// bucket). A message delivered again after it completed — its acknowledgement lost with a
+// one-replica stream's server — is a duplicate whose record went with that
+// acknowledgement: it runs as attempt 1 (the inbox, redeliver.Config.Inbox, acknowledges
+// it without running it).
 //
 // An attempt that died with its process records no failure, as on RabbitMQ: a message
 // that crashes the process every time is stopped by its deliveries instead, at
