@@ -3,3 +3,16 @@ module github.com/retrysafe/retrysafe/grpc
 go 1.26.8
 
 replace github.com/retrysafe/retrysafe => ../
+
+require (
+	github.com/retrysafe/retrysafe v0.0.0-00010101000000-000000000000
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261123191846-1e707ab9fbc2
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
+)
+
+require (
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+)
