@@ -421,8 +421,9 @@ func TestCallerDeadlineNotRetried(t *testing.T) {
 	if status.Code(err) != codes.DeadlineExceeded || grpcretry.StopReason(err) != nil {
 		t.Fatalf("call: %v, want DEADLINE_EXCEEDED as it is", err)
 	}
-	if n := len(s.executions()); n != 1 {
-		t.Fatalf("executions = %d, want 1", n)
+	// At most one: on a busy machine the deadline may end before the server runs it.
+	if n := len(s.executions()); n > 1 {
+		t.Fatalf("executions = %d, want at most 1", n)
 	}
 }
 
