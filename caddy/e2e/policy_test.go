@@ -160,12 +160,15 @@ func postgresDSN(t *testing.T, prefix string) *url.URL {
 
 // battery runs the endpoint battery against url and checks that every required case
 // passes, or, with fails, that one fails at least; it returns the report.
-func battery(t *testing.T, url string, fails bool) *endpointcheck.Report {
+func battery(t *testing.T, url string, fails bool, transport ...http.RoundTripper) *endpointcheck.Report {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	rep, err := endpointcheck.Check(ctx, endpointcheck.Config{URL: url, Body: []byte(`{"amount":100}`),
-		Auth: []string{"Bearer alice", "Bearer bob"}})
+	cfg := endpointcheck.Config{URL: url, Body: []byte(`{"amount":100}`), Auth: []string{"Bearer alice", "Bearer bob"}}
+	if len(transport) > 0 {
+		cfg.Transport = transport[0]
+	}
+	rep, err := endpointcheck.Check(ctx, cfg)
 	if err != nil {
 		t.Fatalf("endpointcheck: %v", err)
 	}
@@ -194,13 +197,46 @@ func battery(t *testing.T, url string, fails bool) *endpointcheck.Report {
 
 // TestBatteryConflictReject: under conflict reject the battery's concurrent duplicates
 // are answered 409, so its Retry-After case, which has no 409 to look at under wait,
-// runs, and passes with every other required case.
+// runs, and passes with every other required case. The burst's execution is held at
+// the upstream until the battery has seen a 409, so that its duplicates find the key in
+// flight however fast the upstream would have answered.
 func TestBatteryConflictReject(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
+	conflict := make(chan struct{})
+	var sawConflict sync.Once
+	base := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(base.CloseIdleConnections)
+	observe := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		res, err := base.RoundTrip(r)
+		if err == nil && res.StatusCode == http.StatusConflict {
+			sawConflict.Do(func() { close(conflict) })
+		}
+		return res, err
+	})
+	// The burst's key is the second the upstream executes (the first is the
+	// sequential replay case's).
+	var (
+		mu   sync.Mutex
+		keys = map[string]bool{}
+	)
+	up.hold = func(r *http.Request) {
+		mu.Lock()
+		k := r.Header.Get("Idempotency-Key")
+		first := k != "" && !keys[k]
+		keys[k] = true
+		burst := first && len(keys) == 2
+		mu.Unlock()
+		if burst {
+			select {
+			case <-conflict:
+			case <-r.Context().Done():
+			}
+		}
+	}
 	site := fmt.Sprintf("%%s {\n\tidempotency {\n\t\tstore sqlite:%s\n\t\tconflict reject\n\t}\n\treverse_proxy %s\n}\n",
 		filepath.Join(t.TempDir(), "keys.db"), up.URL)
-	rep := battery(t, startCaddy(t, site).base+"/charges", false)
+	rep := battery(t, startCaddy(t, site).base+"/charges", false, observe)
 	i := slices.IndexFunc(rep.Results, func(r endpointcheck.Result) bool { return r.ID == endpointcheck.CaseRetryAfter })
 	if i < 0 {
 		t.Fatal("the battery has no Retry-After case")
@@ -339,3 +375,7 @@ func TestReloadUnderLoad(t *testing.T) {
 		t.Errorf("the store was opened %d times, want once", n)
 	}
 }
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
