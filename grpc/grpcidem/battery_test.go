@@ -153,6 +153,21 @@ func TestBattery(t *testing.T) {
 				}
 			})
 
+			t.Run("a method that gives up with its caller releases the key", func(t *testing.T) {
+				cctx, cancel := context.WithCancel(ctx)
+				first := make(chan result, 1)
+				go func() { first <- invoke(cctx, c, "k-gives-up", "gives-up", "") }()
+				<-s.started
+				cancel()
+				if r := <-first; status.Code(r.err) != codes.Canceled {
+					t.Fatalf("the cancelled call: %v", r.err)
+				}
+				r := invoke(ctx, c, "k-gives-up", "gives-up", "")
+				if r.err != nil || r.replayed() || s.count("gives-up") != 2 {
+					t.Errorf("retry: %v (replayed %v), executions %d; want a second execution", r, r.replayed(), s.count("gives-up"))
+				}
+			})
+
 			t.Run("a panic releases the key", func(t *testing.T) {
 				r1 := invoke(ctx, c, "k-panic", "panic", "")
 				r2 := invoke(ctx, c, "k-panic", "panic", "")

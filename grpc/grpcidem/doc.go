@@ -50,8 +50,11 @@
 //	                                                                dependency down), and clients retry it
 //	RESOURCE_EXHAUSTED                      released: a retry runs  the method refused the work (quota, rate limit)
 //	a panic                                 released, panic goes on the method did not finish; nothing was answered
-//	any other status, DEADLINE_EXCEEDED,    stored, replayed        the method began and decided: its failure may follow
-//	  CANCELED and INTERNAL included                                work done (a charge made, then a failed write), and
+//	CANCELED or DEADLINE_EXCEEDED after     released: a retry runs  the method gave up with its caller, who is gone: as the
+//	  the caller left (its context done)                            HTTP middleware releases a request whose client left
+//	                                                                before any answer
+//	any other status, INTERNAL and UNKNOWN  stored, replayed        the method began and decided: its failure may follow
+//	  included                                                      work done (a charge made, then a failed write), and
 //	                                                                only a new key may run it again
 //
 // A method that failed before any work with another code, and wants the key released,

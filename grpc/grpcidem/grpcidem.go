@@ -452,6 +452,14 @@ func execute(w http.ResponseWriter, r *http.Request) {
 	}
 	c.resp, c.err = c.handler(ctx, c.req)
 	c.executed = true
+	if c.err != nil && r.Context().Err() != nil {
+		if code := errStatus(c.err).Code(); code == codes.Canceled || code == codes.DeadlineExceeded {
+			// The method gave up with its caller, who is gone: nothing is written, so the
+			// engine releases the key, as it does for a request whose client left before
+			// any answer.
+			return
+		}
+	}
 	e := envelope{header: c.ts.header, trailer: c.ts.trailer}
 	if c.err != nil {
 		s := errStatus(c.err)
@@ -491,7 +499,7 @@ func (i *Interceptor) answer(ctx context.Context, c *call, w *collector, outcome
 		return nil, withInfo(codes.FailedPrecondition, ReasonBodyOmitted,
 			"grpcidem: this call was executed, but its answer was larger than the stored-answer limit (MaxResponse) and cannot be replayed")
 	}
-	if c.executed && !replayed {
+	if c.executed && !replayed && w.status != 0 {
 		if err := setMetadata(ctx, c.ts.header, c.ts.trailer, false); err != nil {
 			return nil, err
 		}

@@ -91,6 +91,11 @@ func (s *svc) UnaryCall(ctx context.Context, in *testgrpc.SimpleRequest) (*testg
 		s.started <- body
 		<-hold
 	}
+	if strings.HasPrefix(body, "gives-up") && n == 1 { // gives up when its caller leaves
+		s.started <- body
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	switch {
 	case strings.HasPrefix(body, "unavailable-once") && n == 1:
 		return nil, status.Error(codes.Unavailable, "not now: nothing was done")
