@@ -299,3 +299,37 @@ func TestConfigRefusesHTTPSettings(t *testing.T) {
 		}
 	}
 }
+
+// TestShared: an interceptor made from a process's HTTP middleware shares its store
+// state: a call waiting on a key in flight counts among the middleware's waiters, and
+// one Shutdown (the middleware's) serves both. Another store is refused.
+func TestShared(t *testing.T) {
+	t.Parallel()
+	store := openStore(t, "memory")
+	m, err := idempotency.New(idempotency.Config{Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Shutdown(context.Background()) })
+	if _, err := grpcidem.New(grpcidem.Config{Shared: m, Idempotency: idempotency.Config{Store: openStore(t, "memory")}}); err == nil {
+		t.Error("New with Shared over another store: no error")
+	}
+	s := newSvc()
+	addr, _ := serve(t, s, grpcidem.Config{Shared: m, Idempotency: idempotency.Config{Conflict: idempotency.ConflictWait}})
+	c := dial(t, addr)
+	release := s.hold(t, "shared")
+	done := make(chan result, 2)
+	go func() { done <- invoke(t.Context(), c, "k-shared", "shared", "") }()
+	<-s.started
+	go func() { done <- invoke(t.Context(), c, "k-shared", "shared", "") }()
+	testenv.Eventually(t, time.Minute, func() bool { return m.Waiting() == 1 }, "the duplicate waiting, as the HTTP middleware counts it")
+	release()
+	for range 2 {
+		if r := <-done; r.err != nil {
+			t.Fatal(r.err)
+		}
+	}
+	if n := s.count("shared"); n != 1 {
+		t.Errorf("executions = %d, want 1", n)
+	}
+}

@@ -216,6 +216,10 @@ func dial(t *testing.T, addr string, opts ...grpc.DialOption) testgrpc.TestServi
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
+	return testgrpcClient(conn)
+}
+
+func testgrpcClient(conn *grpc.ClientConn) testgrpc.TestServiceClient {
 	return testgrpc.NewTestServiceClient(conn)
 }
 
