@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"testing"
 	"time"
@@ -56,14 +57,17 @@ func (ca *CA) Pool() *x509.CertPool {
 	return p
 }
 
-// Leaf is what a server certificate says beside its key.
+// Leaf is what a certificate says beside its key.
 type Leaf struct {
 	Serial              int64
 	NotBefore, NotAfter time.Time // zero: from an hour ago for a day
+	// ClientURIs, when set, make the leaf a client certificate (for mutual TLS) whose
+	// URI names are these (SPIFFE IDs, say), instead of a server certificate.
+	ClientURIs []*url.URL
 }
 
-// Issue signs a server certificate for 127.0.0.1, ::1 and localhost with a new key,
-// and returns both PEM-encoded.
+// Issue signs a server certificate for 127.0.0.1, ::1 and localhost with a new key (a
+// client certificate, with Leaf.ClientURIs), and returns both PEM-encoded.
 func (ca *CA) Issue(t testing.TB, l Leaf) (certPEM, keyPEM []byte) {
 	t.Helper()
 	if l.NotBefore.IsZero() {
@@ -82,6 +86,11 @@ func (ca *CA) Issue(t testing.TB, l Leaf) (certPEM, keyPEM []byte) {
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 		DNSNames:     []string{"localhost"},
+	}
+	if l.ClientURIs != nil {
+		tmpl.Subject.CommonName = "retrysafe test client"
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+		tmpl.IPAddresses, tmpl.DNSNames, tmpl.URIs = nil, nil, l.ClientURIs
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.key)
 	if err != nil {
