@@ -5,6 +5,7 @@ go 1.26.8
 replace github.com/retrysafe/retrysafe => ../
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/prometheus/client_golang v1.25.0
 	github.com/retrysafe/retrysafe v0.0.0-00010101000000-000000000000
 	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.72.0

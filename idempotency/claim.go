@@ -296,11 +296,13 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, rb *reqBody
 		m.abandon(r, c)
 		rec.send()
 		return OutcomeAbandoned, nil
-	case st.release, rec.wrote() && m.cfg.Release(rec.status):
+	case st.release, rec.wrote() && m.cfg.Release(rec.answerStatus()):
 		m.release(r, c, "work not done")
 		rec.send()
 		return OutcomeReleased, nil
-	case !rec.wrote() && r.Context().Err() != nil: // client gone and the handler gave up
+	case (!rec.wrote() || rec.answerStatus() == statusClientClosed) && r.Context().Err() != nil:
+		// The client is gone and the handler gave up: it wrote nothing, or 499, with
+		// which RPC frameworks (Connect, grpc-gateway) answer a call its client cancelled.
 		m.release(r, c, "client gone")
 		rec.send()
 		return OutcomeClientGone, nil
@@ -309,6 +311,10 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, rb *reqBody
 	rec.send()
 	return o, nil
 }
+
+// statusClientClosed is 499 Client Closed Request, a status of no standard but common
+// use: what a server answers a request whose client went away.
+const statusClientClosed = 499
 
 // overflowed completes the record without its body, when the handler's answer passes
 // the stored-response limit: the work is done, and its status and headers are final.

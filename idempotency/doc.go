@@ -63,6 +63,18 @@
 // the stored body's, and the hop-by-hop headers, those the answer's Connection header
 // names and Authorization are never stored. Response.Header gives the whole rule.
 //
+// Connect, gRPC and gRPC-Web unary calls are HTTP POSTs, and the middleware protects
+// them as they are (connect-go's handlers, grpc-gateway): their answer, trailers
+// included, is stored and replayed byte for byte. Two things follow their protocols:
+// the middleware's own answers to such a keyed request are that protocol's errors
+// (Connect's JSON error, or a trailers-only grpc-status), with the code that says the
+// same as the problem would — aborted with a google.rpc.RetryInfo for a key in flight,
+// failed_precondition for a reused key, invalid_argument, unavailable, deadline_exceeded
+// — so that their clients read it; and a gRPC answer, always HTTP 200, releases the key
+// by its grpc-status (UNAVAILABLE as 503, RESOURCE_EXHAUSTED as 429, CANCELLED as 499).
+// A handler that answers 499 (Client Closed Request, the RPC frameworks' answer to a
+// cancelled call) to a client that is gone releases the key, as one that wrote nothing.
+//
 // Stores: memstore (in process), sqlitestore (embedded, the default of the gateway),
 // pgstore (PostgreSQL, with a transaction mode that commits the handler's business write
 // and the stored response together) and redisstore. Every store passes the same

@@ -603,6 +603,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return OutcomePassThrough, nil
 	}
+	if p := rpcProtocolOf(r); p != rpcNone {
+		w = &rpcWriter{ResponseWriter: w, proto: p, contentType: r.Header.Get("Content-Type")}
+	}
 	var key string
 	if m.keyPointer == nil {
 		values := r.Header.Values(m.cfg.KeyHeader)

@@ -32,7 +32,13 @@ const (
 )
 
 // WriteProblem writes p as application/problem+json, with Cache-Control: no-store and
-// its Content-Length. retryAfter > 0 adds a Retry-After header in seconds.
+// its Content-Length. retryAfter > 0 adds a Retry-After header in seconds. Written by
+// the middleware for a keyed Connect, gRPC or gRPC-Web request, it is that protocol's
+// error instead, with the code that says the same (see the package documentation).
 func WriteProblem(w http.ResponseWriter, p Problem, retryAfter int) {
+	if rw, ok := w.(*rpcWriter); ok {
+		rw.writeProblem(p, retryAfter)
+		return
+	}
 	problem.Write(w, problem.Details(p), retryAfter)
 }

@@ -39,6 +39,8 @@ const (
 
 	// DefaultMaxBufferedBody is Transport.MaxBufferedBody's default: 1 MiB.
 	DefaultMaxBufferedBody = 1 << 20
+	// DefaultMaxBufferedResponse is Transport.MaxBufferedResponse's default: 1 MiB.
+	DefaultMaxBufferedResponse = 1 << 20
 	// budgetSweep is the number of hosts a Transport keeps budgets for before it drops
 	// those that are full (they hold nothing a new budget would not).
 	budgetSweep = 64
@@ -57,6 +59,12 @@ const (
 //     Idempotency-Key header (set a fresh one per call with AutoKey), the same key on
 //     every attempt. Header names are case-insensitive: a map entry of any case
 //     (req.Header["idempotency-key"]) is the key, and is sent as one header.
+//   - A keyed request's answer is read whole before RoundTrip returns it (up to
+//     MaxBufferedResponse; streams such as text/event-stream are not read ahead): an
+//     answer whose body breaks off on its way (a connection reset mid-body) is an answer
+//     lost, which the key makes safe to ask for again, so it is retried like a failure
+//     before the headers, and the caller never reads a truncated body. On HTTP/2, where
+//     one cut connection ends every stream on it, this is most answers in flight.
 //   - Such a request without a key is resent only when it provably never left the client:
 //     no connection was ever obtained for it (a refused or failed dial, observed with
 //     net/http/httptrace). Once it may have been written, a failure is an unknown outcome:
@@ -145,6 +153,12 @@ type Transport struct {
 	// buffer. Requests made with http.NewRequest from a bytes.Buffer, bytes.Reader or
 	// strings.Reader have GetBody and need no buffer.
 	MaxBufferedBody int64
+
+	// MaxBufferedResponse is how much of a keyed request's answer is read before
+	// RoundTrip returns it, so that a body that breaks off is retried. A longer body is
+	// returned with the rest still streaming, and a failure in that rest is the caller's.
+	// Default DefaultMaxBufferedResponse (1 MiB); negative means never read ahead.
+	MaxBufferedResponse int64
 
 	// AttemptTimeout bounds each attempt until its response headers arrive (and the
 	// draining of a response that is discarded). It uses the real clock. The body of the
@@ -265,6 +279,7 @@ type call struct {
 	getBody    func() (io.ReadCloser, error) // rewinds the body; nil when there is none
 	rewindable bool                          // the body can be sent again
 	safe       bool                          // idempotent method, or an Idempotency-Key
+	keyed      bool                          // an Idempotency-Key: the answer is read ahead
 
 	// The last response, kept until a retry discards it or it is returned, and the
 	// cancellation of its attempt's context (nil without AttemptTimeout).
@@ -286,7 +301,8 @@ func idempotentMethod(m string) bool {
 func (c *call) prepare() error {
 	req := c.orig
 	keys, odd := keyValues(req.Header)
-	c.safe = idempotentMethod(req.Method) || (len(keys) > 0 && keys[0] != "")
+	c.keyed = len(keys) > 0 && keys[0] != ""
+	c.safe = idempotentMethod(req.Method) || c.keyed
 	if odd { // one canonical entry, so one header on the wire
 		c.clone()
 		setKey(c.base.Header, keys...)
@@ -298,7 +314,7 @@ func (c *call) prepare() error {
 		}
 		c.clone()
 		setKey(c.base.Header, key)
-		c.safe = true
+		c.safe, c.keyed = true, true
 	}
 	switch {
 	case req.Body == nil || req.Body == http.NoBody:
@@ -486,6 +502,22 @@ func (c *call) attempt(_ context.Context, n int) error {
 		return c.unknown(serr)
 	}
 	resp.Request = c.base // the keyed request, which a redirect to follow starts from
+	if c.keyed && readAhead(resp) {
+		if err := c.readAhead(resp); err != nil {
+			// The answer broke off: the server answered and the answer was lost, which the
+			// key makes safe to ask for again.
+			timedOut := cancel != nil && c.ctx.Err() == nil && errors.Is(context.Cause(actx), ErrAttemptTimeout)
+			stopAttempt(timer, cancel)
+			var serr error = &StatusError{Class: ErrPlatform, Err: err}
+			if !timedOut {
+				serr = classifyAt(c.ctx, nil, err, nil)
+			}
+			if !c.t.policy.Retryable(serr) || !c.rewindable {
+				return Permanent(serr)
+			}
+			return serr
+		}
+	}
 	c.resp, c.cancel, c.timer = resp, cancel, timer
 	serr := classifyAt(c.ctx, resp, nil, c.t.policy.Clock.Now)
 	switch {
@@ -503,6 +535,47 @@ func (c *call) attempt(_ context.Context, n int) error {
 		return serr
 	}
 	return c.unknown(serr)
+}
+
+// readAhead reports whether an answer is read whole before it is returned: not a
+// stream, whose end may be far off.
+func readAhead(resp *http.Response) bool {
+	if resp.Body == nil || resp.Body == http.NoBody {
+		return false
+	}
+	ct := resp.Header.Get("Content-Type")
+	for _, stream := range []string{"text/event-stream", "application/connect+", "application/grpc",
+		"application/x-ndjson", "application/jsonl", "multipart/"} {
+		if strings.HasPrefix(ct, stream) {
+			return false
+		}
+	}
+	return true
+}
+
+// readAhead reads resp's body, up to MaxBufferedResponse, and gives resp a body that
+// reads it from memory (and the rest, past the limit, from the connection). On error the
+// body is closed.
+func (c *call) readAhead(resp *http.Response) error {
+	limit := c.t.MaxBufferedResponse
+	if limit == 0 {
+		limit = DefaultMaxBufferedResponse
+	}
+	if limit < 0 {
+		return nil
+	}
+	buf, err := io.ReadAll(io.LimitReader(resp.Body, min(limit, math.MaxInt64-1)+1))
+	if err != nil {
+		resp.Body.Close()
+		return fmt.Errorf("retry: reading the answer: %w", err)
+	}
+	if int64(len(buf)) > limit {
+		resp.Body = readCloser{io.MultiReader(bytes.NewReader(buf), resp.Body), resp.Body}
+		return nil
+	}
+	resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(buf))
+	return nil
 }
 
 // unknown handles a retryable failure of a request that is not safe to resend and may
