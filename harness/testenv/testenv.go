@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -112,6 +113,9 @@ func FreePort(t testing.TB) int {
 	if low > span+1024 {
 		for range 200 {
 			port := low - 1 - mrand.IntN(span)
+			if !reservePort(port) {
+				continue
+			}
 			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 			if err != nil {
 				continue
@@ -126,6 +130,32 @@ func FreePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// portHold is how long a port FreePort returned stays reserved for its test.
+const portHold = 15 * time.Minute
+
+// reservePort reserves port across the test processes of the machine (go test runs
+// packages in parallel, each choosing ports at random from the same range): a file
+// named by the port in a shared directory, created exclusively. A reservation older
+// than portHold has lapsed and is taken over. Without the directory, nothing is
+// reserved and every port may be tried.
+func reservePort(port int) bool {
+	dir := filepath.Join(os.TempDir(), "retrysafe-test-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return true
+	}
+	name := filepath.Join(dir, strconv.Itoa(port))
+	f, err := os.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o666)
+	if err == nil {
+		_ = f.Close()
+		return true
+	}
+	if fi, serr := os.Stat(name); serr == nil && time.Since(fi.ModTime()) > portHold {
+		now := time.Now()
+		return os.Chtimes(name, now, now) == nil
+	}
+	return false
 }
 
 // ephemeralLow returns the first port of the kernel's ephemeral range (Linux's
