@@ -49,7 +49,8 @@ func TestBattery(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
 			s := newSvc()
-			addr, ic := serve(t, s, grpcidem.Config{Idempotency: idempotency.Config{Store: openStore(t, kind), Conflict: idempotency.ConflictWait}})
+			// The default conflict policy: a duplicate in flight waits.
+			addr, ic := serve(t, s, grpcidem.Config{Idempotency: idempotency.Config{Store: openStore(t, kind)}})
 			c := dial(t, addr)
 			ctx := t.Context()
 

@@ -6,8 +6,7 @@
 // the stored answer again.
 //
 //	ic, err := grpcidem.New(grpcidem.Config{Idempotency: idempotency.Config{
-//		Store:    store,                         // any idempotency.Store
-//		Conflict: idempotency.ConflictWait,      // a duplicate in flight waits for the answer
+//		Store: store, // any idempotency.Store
 //	}})
 //	srv := grpc.NewServer(ic.ServerOptions()...)
 //	…
@@ -61,6 +60,10 @@
 // calls Claim.Release (idempotency.ClaimFromContext) before returning. A method whose
 // work must outlive its caller (a client that gives up mid-call still wants the answer
 // on its retry) runs it on idempotency.Detach's context.
+//
+// A duplicate of a call in flight waits for its answer (ConflictWait, the default here),
+// up to Idempotency.WaitTimeout, and gets it replayed; with ConflictReject it is answered
+// at once, as below.
 //
 // The interceptor's own answers:
 //

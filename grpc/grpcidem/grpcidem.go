@@ -88,8 +88,9 @@ func (globalResolver) FindMessageByName(n protoreflect.FullName) (protoreflect.M
 // Idempotency.Store (or Shared) means the default documented on it.
 type Config struct {
 	// Idempotency is the engine's policy, with the meaning it has for the HTTP
-	// middleware: Store (required without Shared), Lease, TTL, Conflict (ConflictWait is
-	// advised: a duplicate then gets the answer), WaitTimeout, MaxWaiters,
+	// middleware: Store (required without Shared), Lease, TTL, Conflict (here the zero
+	// value means ConflictWait, as for retrysafe gateway: a duplicate of a call in flight
+	// waits for its answer; ConflictReject answers it ABORTED), WaitTimeout, MaxWaiters,
 	// MaxWaitersPerKey, MaxBodyMemory, MaxBody (default DefaultMaxBody here),
 	// MaxResponse, StoreTimeout, FailOpen, Logger, OnStoreCall and Route (default: each
 	// method's full name). The fields about HTTP requests — Methods, KeyHeader,
@@ -202,6 +203,9 @@ func New(cfg Config) (*Interceptor, error) {
 	i := &Interceptor{cfg: cfg}
 	if cfg.Protect == nil {
 		i.cfg.Protect = i.declaredUnsafe
+	}
+	if ic.Conflict == "" {
+		ic.Conflict = idempotency.ConflictWait
 	}
 	ic.Methods = []string{http.MethodPost}
 	ic.Scope = callScope
