@@ -12,22 +12,25 @@ import (
 
 // TestReadAheadBrokenAnswer: the first answer to a keyed POST breaks off mid-body (the
 // connection closes after half its Content-Length). The key makes asking again safe, so
-// Transport retries and the caller reads the second answer whole. A streamed answer
-// (text/event-stream) and an unkeyed request's answer are returned as they come, and the
-// break is the caller's to see.
+// Transport, told to read answers ahead, retries and the caller reads the second answer
+// whole. A streamed answer (text/event-stream), an unkeyed request's answer, and any
+// answer of a Transport not told to read ahead are returned as they come, and the break
+// is the caller's to see.
 func TestReadAheadBrokenAnswer(t *testing.T) {
 	t.Parallel()
 	const whole = "the whole answer, which the first attempt cuts off halfway"
 	for _, tc := range []struct {
 		name        string
 		key         bool
+		readAhead   int64 // MaxBufferedResponse
 		contentType string
 		wantBody    bool // the caller reads the whole answer
 		attempts    int64
 	}{
-		{"keyed", true, "application/json", true, 2},
-		{"keyed stream", true, "text/event-stream", false, 1},
-		{"unkeyed", false, "application/json", false, 1},
+		{"keyed", true, 1 << 20, "application/json", true, 2},
+		{"keyed stream", true, 1 << 20, "text/event-stream", false, 1},
+		{"unkeyed", false, 1 << 20, "application/json", false, 1},
+		{"keyed, not read ahead", true, 0, "application/json", false, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -48,7 +51,7 @@ func TestReadAheadBrokenAnswer(t *testing.T) {
 				}
 			}))
 			t.Cleanup(srv.Close)
-			tr := &Transport{NoBudget: true, Policy: Policy{MaxAttempts: 3, Clock: newFakeClock()}}
+			tr := &Transport{NoBudget: true, MaxBufferedResponse: tc.readAhead, Policy: Policy{MaxAttempts: 3, Clock: newFakeClock()}}
 			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, strings.NewReader("{}"))
 			if err != nil {
 				t.Fatal(err)

@@ -39,8 +39,6 @@ const (
 
 	// DefaultMaxBufferedBody is Transport.MaxBufferedBody's default: 1 MiB.
 	DefaultMaxBufferedBody = 1 << 20
-	// DefaultMaxBufferedResponse is Transport.MaxBufferedResponse's default: 1 MiB.
-	DefaultMaxBufferedResponse = 1 << 20
 	// budgetSweep is the number of hosts a Transport keeps budgets for before it drops
 	// those that are full (they hold nothing a new budget would not).
 	budgetSweep = 64
@@ -157,13 +155,17 @@ type Transport struct {
 	// MaxBufferedResponse is how much of a keyed request's answer is read before
 	// RoundTrip returns it, so that a body that breaks off is retried. A longer body is
 	// returned with the rest still streaming, and a failure in that rest is the caller's.
-	// Default DefaultMaxBufferedResponse (1 MiB); negative means never read ahead.
+	// The reading ahead is part of the attempt: AttemptTimeout bounds it, so allow for
+	// the largest answer at the slowest link the client expects. Default 0: the answer
+	// is returned as its headers arrive, and its body is the caller's to read (and a
+	// break in it the caller's to see), which suits large answers and slow links.
 	MaxBufferedResponse int64
 
 	// AttemptTimeout bounds each attempt until its response headers arrive (and the
-	// draining of a response that is discarded). It uses the real clock. The body of the
-	// returned response is bounded only by the request's context, which also bounds the
-	// whole call, waits included. Default 0: no per-attempt bound.
+	// reading ahead of MaxBufferedResponse, and the draining of a response that is
+	// discarded). It uses the real clock. The body of the returned response is bounded
+	// only by the request's context, which also bounds the whole call, waits included.
+	// Default 0: no per-attempt bound.
 	AttemptTimeout time.Duration
 
 	// OnRetry, when set, is called before each wait with the caller's request. Default nil.
@@ -502,7 +504,7 @@ func (c *call) attempt(_ context.Context, n int) error {
 		return c.unknown(serr)
 	}
 	resp.Request = c.base // the keyed request, which a redirect to follow starts from
-	if c.keyed && readAhead(resp) {
+	if c.keyed && c.t.MaxBufferedResponse > 0 && readAhead(resp) {
 		if err := c.readAhead(resp); err != nil {
 			// The answer broke off: the server answered and the answer was lost, which the
 			// key makes safe to ask for again.
@@ -558,10 +560,7 @@ func readAhead(resp *http.Response) bool {
 // body is closed.
 func (c *call) readAhead(resp *http.Response) error {
 	limit := c.t.MaxBufferedResponse
-	if limit == 0 {
-		limit = DefaultMaxBufferedResponse
-	}
-	if limit < 0 {
+	if limit <= 0 {
 		return nil
 	}
 	buf, err := io.ReadAll(io.LimitReader(resp.Body, min(limit, math.MaxInt64-1)+1))

@@ -349,10 +349,19 @@ func TestE2ESlowReader(t *testing.T) {
 }
 
 func slowReader(t *testing.T, dsn string) {
-	const size = 10 << 20
+	// The answer must come from the upstream well within the upstream timeout (6 MiB
+	// takes about a second through a gateway built with the race detector), and reach
+	// the client over a read that outlasts the timeout by seconds: far more than the
+	// kernel's socket buffers hold, so that the gateway is still writing it when the
+	// timeout would have fired.
+	const (
+		size            = 6 << 20
+		upstreamTimeout = 5 * time.Second
+		readFor         = upstreamTimeout + 3*time.Second
+	)
 	up := newUpstream(t)
-	gw := startGateway(t, nil, "--store", dsn, "--upstream", up.URL, "--upstream-timeout", "2s",
-		"--lease", "2s", "--max-response", "16MiB")
+	gw := startGateway(t, nil, "--store", dsn, "--upstream", up.URL, "--upstream-timeout", upstreamTimeout.String(),
+		"--lease", upstreamTimeout.String(), "--max-response", "16MiB")
 	k := testenv.Name("slow")
 	host := strings.TrimPrefix(gw.addr, "http://")
 	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
@@ -369,8 +378,7 @@ func slowReader(t *testing.T, dsn string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// About 2 MB/s: five seconds for the whole answer, more than twice the upstream timeout.
-	got, err := io.Copy(io.Discard, &pacedReader{r: res.Body, rate: 2 << 20})
+	got, err := io.Copy(io.Discard, &pacedReader{r: res.Body, rate: int(size / readFor.Seconds())})
 	res.Body.Close()
 	if err != nil || got != size || res.StatusCode != 201 {
 		t.Fatalf("slow read: status %d, %d of %d bytes in %s, err %v", res.StatusCode, got, size, time.Since(start), err)

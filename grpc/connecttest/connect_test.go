@@ -362,8 +362,8 @@ func TestGRPCRelease(t *testing.T) {
 }
 
 // TestLostAnswers: a TCP proxy cuts the connection after the service ran one call in
-// every 10, losing its answer (and every other on the link); retry.Transport retries
-// with the call's key. Every call runs once and gets its answer, over each protocol.
+// every 10, losing its answer (and every other on the link); retry.Transport, reading
+// answers ahead (MaxBufferedResponse), retries with the call's key. Every call runs once and gets its answer, over each protocol.
 func TestLostAnswers(t *testing.T) {
 	t.Parallel()
 	const calls, clients = 300, 4
@@ -384,7 +384,7 @@ func TestLostAnswers(t *testing.T) {
 					link.Restore()
 				}
 			}
-			tr := &retry.Transport{AutoKey: true, NoBudget: true, Policy: retry.Policy{MaxAttempts: 30, Base: time.Millisecond, Cap: 20 * time.Millisecond}}
+			tr := &retry.Transport{AutoKey: true, NoBudget: true, MaxBufferedResponse: 1 << 20, Policy: retry.Policy{MaxAttempts: 30, Base: time.Millisecond, Cap: 20 * time.Millisecond}}
 			c := client(t, srv, tr, link.Addr(), p.opts...)
 			work := make(chan int)
 			var wg sync.WaitGroup
