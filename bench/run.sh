@@ -59,8 +59,18 @@
 # Everything it starts is stopped on exit, and its schemas, Redis keys and files are
 # removed (the results in $OUT stay).
 #
+# OWN_PG=on or OWN_PG=off: the run starts a PostgreSQL cluster of its own (initdb in a
+# temporary directory, fsync and synchronous_commit on, autovacuum on or off as given,
+# shared_buffers 256MB, max_connections 200, the rest PostgreSQL's defaults) on a free
+# port, runs everything on it, and removes it at the end. Nothing else runs on that
+# cluster, so its whole CPU (the postmaster and every child: the backends, checkpointer,
+# WAL writer, background writer, autovacuum launcher and workers) is what the run costs
+# PostgreSQL: the `pg cluster` column needs no other work to be steady. PG_BIN names its
+# binaries (default the newest /usr/lib/postgresql/*/bin); as root they run as the
+# postgres user.
+#
 # Environment: RETRYSAFE_POSTGRES_URL, RETRYSAFE_REDIS_URL (the local defaults
-# otherwise), SUBJECTS, PHASES, DURATION (3s), WARMUP (1s), ROUNDS (3), CONCURRENCY
+# otherwise), OWN_PG, SUBJECTS, PHASES, DURATION (3s), WARMUP (1s), ROUNDS (3), CONCURRENCY
 # ("1 8 32 128"), BODIES ("1024 65536"), BODY_CLIENTS (32), POOL (16: connections per
 # pool, for every server alike), PGBENCH_DURATION (3), IDLE (1s), REV (build the
 # subjects from this commit, not the working tree), OUT (a new directory under /tmp),
@@ -89,6 +99,8 @@ BASE_PORT=${BASE_PORT:-18500}
 RUN=rsb$(date +%s)$$
 OUT=${OUT:-/tmp/retrysafe-bench-$(date -u +%Y%m%dT%H%M%SZ)}
 WORK= # made once cleanup can remove it
+OWN_PGDIR= # OWN_PG's cluster, made once cleanup can stop it
+case ${OWN_PG:-} in '' | on | off) ;; *) echo "OWN_PG=${OWN_PG}: want on or off" >&2; exit 2 ;; esac
 LOGS=$OUT/logs
 RESULTS=$OUT/results.jsonl
 BODY='{"amount":1250,"currency":"EUR"}'
@@ -178,6 +190,10 @@ cleanup() {
 	[ -n "$ROLE" ] && psql "$PG_URL" -X -q -c "DROP OWNED BY \"$ROLE\"" -c "DROP ROLE IF EXISTS \"$ROLE\"" >/dev/null 2>&1
 	redis-cli -u "$REDIS_URL" --scan --pattern "${REDIS_PREFIX}*" 2>/dev/null | xargs -r -n 500 redis-cli -u "$REDIS_URL" del >/dev/null 2>&1
 	[ -n "$WORK" ] && rm -rf "$WORK"
+	if [ -n "$OWN_PGDIR" ]; then
+		as_pg "$PG_BIN/pg_ctl" -D "$OWN_PGDIR/data" -m fast -w stop >/dev/null 2>&1
+		rm -rf "$OWN_PGDIR"
+	fi
 	log "cleaned up (processes, schemas ${RUN}_*, role ${ROLE:-(none)}, Redis keys ${REDIS_PREFIX}*); results in $OUT"
 	exit $rc
 }
@@ -186,6 +202,29 @@ trap 'exit 130' INT TERM HUP
 WORK=$(mktemp -d /tmp/retrysafe-bench-work.XXXXXX)
 BIN=$WORK/bin
 mkdir -p "$BIN"
+
+# as_pg CMD...: runs CMD as the postgres user when the run is root's (PostgreSQL
+# refuses to run as root), as is otherwise.
+as_pg() {
+	if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+if [ -n "${OWN_PG:-}" ]; then
+	PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}
+	[ -x "$PG_BIN/initdb" ] || die "OWN_PG: no initdb in PG_BIN=${PG_BIN:-(none found)}"
+	PGBENCH=$PG_BIN/pgbench
+	OWN_PGDIR=$(mktemp -d /tmp/retrysafe-bench-pg.XXXXXX)
+	[ "$(id -u)" = 0 ] && chown postgres: "$OWN_PGDIR"
+	as_pg "$PG_BIN/initdb" -D "$OWN_PGDIR/data" -U postgres --auth=trust -E UTF8 >"$LOGS/initdb.log" 2>&1 ||
+		{ tail -5 "$LOGS/initdb.log" >&2; die "OWN_PG: initdb failed"; }
+	own_port=$BASE_PORT
+	while ss -Htln "sport = :$own_port" | grep -q .; do own_port=$((own_port + 1)); done
+	BASE_PORT=$((own_port + 1))
+	as_pg "$PG_BIN/pg_ctl" -D "$OWN_PGDIR/data" -l "$OWN_PGDIR/postgres.log" -w -t 60 \
+		-o "-p $own_port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$OWN_PGDIR -c fsync=on -c synchronous_commit=on -c autovacuum=$OWN_PG -c shared_buffers=256MB -c max_connections=200" \
+		start >"$LOGS/pg_ctl.log" 2>&1 || { tail -20 "$OWN_PGDIR/postgres.log" >&2; die "OWN_PG: the cluster did not start"; }
+	PG_URL="postgres://postgres@127.0.0.1:$own_port/postgres?sslmode=disable"
+	log "OWN_PG: a cluster of the run's own on port $own_port (autovacuum $OWN_PG, $($PG_BIN/postgres --version))"
+fi
 
 # The run's own PostgreSQL role: everything of the run connects as it, so that its
 # backends (whose process title names the role) are told apart from other work on the
@@ -310,7 +349,7 @@ fi
 		echo "node: $(node --version); express: $(node -p 'require("./bench/baselines/express/node_modules/express/package.json").version'); pg: $(node -p 'require("./bench/baselines/express/node_modules/pg/package.json").version')"
 	fi
 	want nginx && echo "nginx: $(nginx -v 2>&1 | sed 's/.*: //'), worker_processes auto ($(nproc) workers)"
-	echo "postgres: $(psql "$PG_URL" -XAtc 'show server_version'), fsync $(psql "$PG_URL" -XAtc 'show fsync'), synchronous_commit $(psql "$PG_URL" -XAtc 'show synchronous_commit'), max_connections $(psql "$PG_URL" -XAtc 'show max_connections'), postmaster pid ${PG_PID:-not local}"
+	echo "postgres: $(psql "$PG_URL" -XAtc 'show server_version'), fsync $(psql "$PG_URL" -XAtc 'show fsync'), synchronous_commit $(psql "$PG_URL" -XAtc 'show synchronous_commit'), autovacuum $(psql "$PG_URL" -XAtc 'show autovacuum'), max_connections $(psql "$PG_URL" -XAtc 'show max_connections'), postmaster pid ${PG_PID:-not local}"
 	echo "redis: $(redis-cli -u "$REDIS_URL" info server | grep redis_version | tr -d '\r'), appendonly $(redis-cli -u "$REDIS_URL" config get appendonly | tail -1), pid ${REDIS_PID:-not local}"
 	echo "subjects: ${SEL[*]}"
 	echo "settings: PHASES='$PHASES' DURATION=$DURATION WARMUP=$WARMUP ROUNDS=$ROUNDS CONCURRENCY='$CONCURRENCY' BODIES='$BODIES' BODY_CLIENTS=$BODY_CLIENTS POOL=$POOL PGBENCH_DURATION=$PGBENCH_DURATION IDLE=$IDLE CLK_TCK=$CLK_TCK"
