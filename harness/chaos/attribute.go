@@ -463,18 +463,28 @@ func answerLostReason(prev Execution) string {
 }
 
 // candidates returns the processes of e's replica that can have forwarded e.
-func (ev Evidence) candidates(e Execution) []Process {
-	var out []Process
-	for _, p := range ev.Processes {
+func (ev Evidence) candidates(e Execution) (procs []Process, inTransit bool) {
+	var last *Process // the replica's process that ended last before e arrived
+	for i, p := range ev.Processes {
 		if p.Replica != e.Replica || p.Start.After(e.Arrived.Add(clockSlack)) {
 			continue
 		}
 		if !p.End.IsZero() && p.End.Before(e.Arrived.Add(-transitSlack)) {
+			if last == nil || p.End.After(last.End) {
+				last = &ev.Processes[i]
+			}
 			continue
 		}
-		out = append(out, p)
+		procs = append(procs, p)
 	}
-	return out
+	// No process of the replica was running when e arrived: the request was in transit
+	// longer than transitSlack (a starved proxy on a loaded machine), and its sender can
+	// only be the process that ended last before, since a process started after e
+	// arrived cannot have sent it.
+	if len(procs) == 0 && last != nil {
+		return []Process{*last}, true
+	}
+	return procs, false
 }
 
 // linesOf returns key's owner lines from process p logged in [from, to).
@@ -490,7 +500,7 @@ func (ev Evidence) linesOf(key string, p Process, from, to time.Time) []GatewayL
 
 func (ev Evidence) explain(prev, cur Execution) Extra {
 	x := Extra{Prev: prev, Cur: cur}
-	procs := ev.candidates(prev)
+	procs, inTransit := ev.candidates(prev)
 	far := cur.Arrived.Add(time.Hour) // "until the end"
 
 	// One gateway process forwarded both with no request of the key ending in between.
@@ -523,13 +533,18 @@ func (ev Evidence) explain(prev, cur Execution) Extra {
 		return l.Latency <= 0 || !l.Time.Add(-l.Latency).After(prev.Arrived.Add(clockSlack))
 	}
 	for _, p := range procs {
-		if !p.Killed || p.End.Before(prev.Arrived.Add(-transitSlack)) || !p.End.Before(cur.Arrived) {
+		if !p.Killed || !inTransit && p.End.Before(prev.Arrived.Add(-transitSlack)) || !p.End.Before(cur.Arrived) {
 			continue
 		}
 		if !slices.ContainsFunc(ev.linesOf(cur.Key, p, prev.Arrived, far), began) {
 			x.Cause = CauseKilled
-			x.Detail = fmt.Sprintf("%s#%d was killed at %s, %s after the upstream got the request, before it logged it",
-				p.Replica, p.PID, p.End.Format(timeFormat), p.End.Sub(prev.Arrived).Round(time.Millisecond))
+			if inTransit {
+				x.Detail = fmt.Sprintf("%s#%d was killed at %s, %s before the upstream got the request it had sent, before it logged it",
+					p.Replica, p.PID, p.End.Format(timeFormat), prev.Arrived.Sub(p.End).Round(time.Millisecond))
+			} else {
+				x.Detail = fmt.Sprintf("%s#%d was killed at %s, %s after the upstream got the request, before it logged it",
+					p.Replica, p.PID, p.End.Format(timeFormat), p.End.Sub(prev.Arrived).Round(time.Millisecond))
+			}
 			return x
 		}
 	}
