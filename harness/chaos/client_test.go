@@ -104,7 +104,7 @@ type slowRead struct {
 // narrowDialer dials the way a client on a slow, narrow link connects: a small receive
 // buffer, and a small maximum segment size announced in its SYN. The peer's send buffer
 // grows with the segment size, so on loopback (64 KiB segments) a gateway could hand a
-// 3 MB answer to its kernel at once and never notice a slow reader; with 1 KiB segments
+// 1 MB answer to its kernel at once and never notice a slow reader; with 1 KiB segments
 // its write blocks as it would towards a slow client on a real network.
 func narrowDialer() *net.Dialer {
 	return &net.Dialer{Timeout: 2 * time.Second, Control: func(_, _ string, c syscall.RawConn) error {

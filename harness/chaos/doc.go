@@ -37,7 +37,7 @@
 // or loses it after the gateway answered. Three of the 32 clients are slow readers
 // instead: they connect to the replicas directly over narrow connections (16 KiB receive
 // buffer, 1 KiB segments, so that the kernel cannot buffer the answer for them), ask for
-// answers of 1–3 MB ("pad": N in the payment's body makes the upstream answer with N
+// answers of 0.3–1 MB ("pad": N in the payment's body makes the upstream answer with N
 // bytes of JSON padding, below the gateway's 4 MiB stored-response limit), and read the
 // first answer of each payment at 8 KiB/s for 5s, so that writing it to them outlasts
 // the gateway's upstream timeout; they read a payment's later answers at full speed, so

@@ -178,7 +178,7 @@ func (r Report) WriteTable(w io.Writer) {
 	row("HTTP attempts", r.Attempts, fmt.Sprintf("409s %d, 5xx %d, transport errors %d; payments re-sent by a client with the same key %d",
 		r.Conflicts, r.ServerErrors, r.TransportErrors, r.Resends))
 	row("replays", r.Replays, "answers with Idempotent-Replayed: true")
-	row("large answers", r.LargePayments, fmt.Sprintf("payments asking for 1–3 MB of padding; read slowly %d; answers broken off while read %d (of slow readers %d)",
+	row("large answers", r.LargePayments, fmt.Sprintf("payments asking for 0.3–1 MB of padding; read slowly %d; answers broken off while read %d (of slow readers %d)",
 		r.SlowLarge, r.BodyCuts, r.SlowBodyCuts))
 	fmt.Fprintln(w)
 	row("client↔gateway faults", r.ClientFaults.Faults, faultKinds(r.ClientFaults))
