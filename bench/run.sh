@@ -295,12 +295,15 @@ if [ -z "$REDIS_PID" ] || ! grep -q redis "/proc/$REDIS_PID/comm" 2>/dev/null; t
 fi
 # postgres: the run's own backends (its role's); pgcluster: the whole cluster (its
 # background writers included, and other work on it, hence its idle rate). Without a
-# role of its own, postgres is the whole cluster, less its idle rate.
+# role of its own, postgres is the whole cluster, less its idle rate. On OWN_PG's
+# cluster nothing else runs: its background work (checkpoints, autovacuum) is the run's,
+# and the whole cluster is counted with no idle rate taken away (such work caused by
+# one subject may fall in the next one's window; the rotating order spreads it).
 SHARED_CPU=()
 PG_CPU=()
 if [ -n "$PG_PID" ] && [ -n "$ROLE" ]; then
 	PG_CPU=(--cpu "postgres=$PG_PID:: $ROLE " --cpu "pgcluster=$PG_PID")
-	SHARED_CPU+=(--cpu "pgcluster=$PG_PID")
+	[ -n "${OWN_PG:-}" ] || SHARED_CPU+=(--cpu "pgcluster=$PG_PID")
 elif [ -n "$PG_PID" ]; then
 	PG_CPU=(--cpu "postgres=$PG_PID")
 	SHARED_CPU+=(--cpu "postgres=$PG_PID")

@@ -49,7 +49,7 @@ func goals(b *strings.Builder, ps points, pg map[pgKey]*pgPoint) {
 	// cluster's, for gw-postgres.
 	for _, col := range []struct{ name, label string }{
 		{"postgres", "the run's backends"},
-		{"pgcluster", "the whole cluster, less its idle rate"},
+		{"pgcluster", "the whole cluster, background work included"},
 	} {
 		dpg, dok := d.cpuMedian(col.name)
 		for _, s := range []string{"gw-postgres", "payments-mw", "payments-tx"} {

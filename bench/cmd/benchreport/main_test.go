@@ -119,7 +119,7 @@ func TestCPU(t *testing.T) {
 		"| 64 KiB | 32 | gw-memory | 100 | 0.40× | 0.50× | 2.00 | 10.00 | 2.00× | 200 | 200 | 200 | — | 600 | — | — |",
 		// goal 1: gw-postgres 700 µs of PostgreSQL against direct's 200
 		"| 1 | PostgreSQL CPU per new key (the run's backends), gw-postgres (claim + completion, batching on), beyond the upstream's INSERT ÷ the INSERT's | 2.50× (700 − 200 = 500 µs against 200 µs) |",
-		"| 1 | PostgreSQL CPU per new key (the whole cluster, less its idle rate), gw-postgres (claim + completion, batching on), beyond the upstream's INSERT ÷ the INSERT's | 0.67× (500 − 300 = 200 µs against 300 µs) | ≤ 0.80× | **yes** |",
+		"| 1 | PostgreSQL CPU per new key (the whole cluster, background work included), gw-postgres (claim + completion, batching on), beyond the upstream's INSERT ÷ the INSERT's | 0.67× (500 − 300 = 200 µs against 300 µs) | ≤ 0.80× | **yes** |",
 		"| 1 | pgbench (no batching): PostgreSQL CPU per `claim` transaction ÷ per `insert` | 2.00× (200 against 100 µs) |",
 		// goal 2: 60 µs against nginx's 20; the replay 10 µs
 		"| 2 | gw-memory's own CPU per proxied new-key request ÷ nginx's | 3.00× (60 against 20 µs) |",
