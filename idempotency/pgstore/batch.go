@@ -16,35 +16,28 @@ import (
 	"github.com/retrysafe/retrysafe/internal/headercodec"
 )
 
-// Batching (Config.Batch, on internal/batch): claims and completions that arrive
-// together are written in one round trip and one commit: the claims by one statement,
-// the completions by another, pipelined as one implicit transaction (runWrites). Under
-// load PostgreSQL parses, plans, locks and flushes the WAL once per batch instead of
-// once per request: in pgbench a claim of eight keys costs the server about what a
-// claim of one does, and a request's claim shares its commit with an earlier request's
-// completion.
+// Batching (Config.Batch, on internal/batch): claims that arrive together are made by
+// one statement, and completions that arrive together are written by another, each
+// committed once. Under load PostgreSQL parses, plans, locks and flushes the WAL once
+// per batch instead of once per request: in pgbench a claim of eight keys costs the
+// server about what a claim of one does.
 //
 // Each call still learns its own outcome, decided on its own clock reading (the
-// server's clock, statement_timestamp(), when it is NULL). A batch commits whole or not
-// at all; when the server rejects it (a PgError, such as a constraint violation), each
-// kind is run again on its own, and then each call alone, so that one bad request
-// cannot fail the others. Rows are locked in (scope, key) order within each statement,
-// the same in every batch; a deadlock between the claims and the completions of two
-// replicas' batches is a PgError like any other, and its calls run again apart.
+// server's clock, statement_timestamp(), when it is NULL). A batch is one autocommit
+// statement, so its claims (or completions) commit together or not at all; when the
+// server rejects a batch (a PgError, such as a constraint violation), each of its calls
+// is retried alone, so that one bad request cannot fail the others. Rows are locked in
+// (scope, key) order, the same in every batch, so concurrent batches (of several
+// replicas) do not deadlock.
 
-// batchInFlight is the most batches in flight per Store. One: under load the server is
-// what the calls wait for, and a second batch running beside the first would only split
-// the calls that wait between two, each parsed, planned, committed and flushed; with
-// one slot they all go in the next, and batches grow with the load. At 32 concurrent requests one slot costs PostgreSQL about a
+// batchInFlight is the most statements of one kind in flight per Store. One: under load
+// the server is what the calls wait for, and a second statement running beside the
+// first would only split the calls that wait between two batches, each parsed,
+// planned, committed and flushed; with one slot they all go in the next, and batches
+// grow with the load. At 32 concurrent requests one slot costs PostgreSQL about a
 // quarter less CPU per claim and completion than two, at the same throughput
 // (bench/README.md, "PostgreSQL CPU per new key").
 const batchInFlight = 1
-
-// maxBatchedBody is the largest response body a batched completion carries. A larger
-// one is written by a statement of its own, beside the batches: its bytes, not the
-// statement and the commit, are its cost, and in a batch they would hold up the claims
-// that share its round trip while they travel.
-const maxBatchedBody = 64 << 10
 
 // waitTaken returns err, the error of batch.Group.Do for c, unless it is the end of
 // the caller's context after c was taken into a batch: then it waits for the batch's
@@ -123,13 +116,38 @@ func (s *Store) runClaims(calls []*claimCall) {
 		s.claimAlone(ctx, calls[0])
 		return
 	}
-	args := claimBatchArgs(calls)
+	n := len(calls)
+	scopes, keys, fps := make([][]byte, n), make([][]byte, n), make([][]byte, n)
+	nows, leases, ttls, limits := make([]*time.Time, n), make([]time.Duration, n), make([]time.Duration, n), make([]time.Time, n)
+	routes, ids := make([]string, n), make([]string, n)
+	for i, c := range calls {
+		scopes[i], keys[i], fps[i] = []byte(c.req.Scope), []byte(c.req.Key), []byte(c.req.Fingerprint)
+		nows[i], leases[i], ttls[i], limits[i], routes[i], ids[i] = c.now, c.req.Lease, c.req.TTL, c.req.TakeoverLimit(), c.req.Route, c.req.ID
+	}
 	err := s.do(ctx, func(conn *pgx.Conn) error {
-		rows, err := conn.Query(ctx, s.sql.claimBatch, args...)
+		for _, c := range calls {
+			c.reset()
+		}
+		rows, err := conn.Query(ctx, s.sql.claimBatch, scopes, keys, fps, nows, leases, ttls, limits, routes, ids)
 		if err != nil {
 			return err
 		}
-		return readClaims(rows, calls)
+		defer rows.Close()
+		for rows.Next() {
+			var ord int64
+			var claimed, claimable, own bool
+			var at time.Time
+			rec, err := scanRecord(rows, &ord, &claimed, &claimable, &own, &at)
+			if err != nil {
+				return err
+			}
+			if ord < 1 || ord > int64(n) {
+				return fmt.Errorf("batched claim returned row %d of %d", ord, n)
+			}
+			c := calls[ord-1]
+			c.found, c.claimed, c.claimable, c.own, c.at, c.rec = true, claimed, claimable, own, at, rec
+		}
+		return rows.Err()
 	})
 	if err == nil {
 		return
@@ -140,50 +158,8 @@ func (s *Store) runClaims(calls []*claimCall) {
 		}
 		return
 	}
-	failClaims(calls, err)
-}
-
-// claimBatchArgs are the batched claim statement's parameters for calls.
-func claimBatchArgs(calls []*claimCall) []any {
-	n := len(calls)
-	scopes, keys, fps := make([][]byte, n), make([][]byte, n), make([][]byte, n)
-	nows, leases, ttls, limits := make([]*time.Time, n), make([]time.Duration, n), make([]time.Duration, n), make([]time.Time, n)
-	routes, ids := make([]string, n), make([]string, n)
-	for i, c := range calls {
-		scopes[i], keys[i], fps[i] = []byte(c.req.Scope), []byte(c.req.Key), []byte(c.req.Fingerprint)
-		nows[i], leases[i], ttls[i], limits[i], routes[i], ids[i] = c.now, c.req.Lease, c.req.TTL, c.req.TakeoverLimit(), c.req.Route, c.req.ID
-	}
-	return []any{scopes, keys, fps, nows, leases, ttls, limits, routes, ids}
-}
-
-// readClaims reads the batched claim statement's rows into calls, and closes rows.
-func readClaims(rows pgx.Rows, calls []*claimCall) error {
-	defer rows.Close()
 	for _, c := range calls {
-		c.reset()
-	}
-	for rows.Next() {
-		var ord int64
-		var claimed, claimable, own bool
-		var at time.Time
-		rec, err := scanRecord(rows, &ord, &claimed, &claimable, &own, &at)
-		if err != nil {
-			return err
-		}
-		if ord < 1 || ord > int64(len(calls)) {
-			return fmt.Errorf("batched claim returned row %d of %d", ord, len(calls))
-		}
-		c := calls[ord-1]
-		c.found, c.claimed, c.claimable, c.own, c.at, c.rec = true, claimed, claimable, own, at, rec
-	}
-	return rows.Err()
-}
-
-// failClaims gives every call err.
-func failClaims(calls []*claimCall, err error) {
-	for _, c := range calls {
-		c.reset()
-		c.err = err
+		c.found, c.err = false, err
 	}
 }
 
@@ -220,7 +196,7 @@ func (c *completeCall) ID() string { return batch.RowID(c.c.Scope, c.c.Key) }
 // completeBatched completes c through the completion group.
 func (s *Store) completeBatched(ctx context.Context, c idempotency.Completion) error {
 	cc := &completeCall{c: c, headers: headercodec.Encode(c.Response.Header, c.Response.Trailer), now: s.now()}
-	if err := waitTaken(&cc.Call, s.writes.Do(ctx, cc)); err != nil {
+	if err := waitTaken(&cc.Call, s.completes.Do(ctx, cc)); err != nil {
 		return fmt.Errorf("pgstore: complete: %w", err)
 	}
 	switch {
@@ -240,28 +216,6 @@ func (s *Store) runCompletes(calls []*completeCall) {
 		s.completeAlone(ctx, calls[0])
 		return
 	}
-	args := completeBatchArgs(calls)
-	err := s.do(ctx, func(conn *pgx.Conn) error {
-		rows, err := conn.Query(ctx, s.sql.completeBatch, args...)
-		if err != nil {
-			return err
-		}
-		return readCompletes(rows, calls)
-	})
-	if err == nil {
-		return
-	}
-	if rejected(err) {
-		for _, cc := range calls {
-			s.completeAlone(ctx, cc)
-		}
-		return
-	}
-	failCompletes(calls, err)
-}
-
-// completeBatchArgs are the batched completion statement's parameters for calls.
-func completeBatchArgs(calls []*completeCall) []any {
 	n := len(calls)
 	scopes, keys, headers, bodies := make([][]byte, n), make([][]byte, n), make([][]byte, n), make([][]byte, n)
 	tokens, statuses, omitted := make([]int64, n), make([]int32, n), make([]bool, n)
@@ -272,102 +226,38 @@ func completeBatchArgs(calls []*completeCall) []any {
 		statuses[i], headers[i], bodies[i], omitted[i] = int32(c.Response.Status), cc.headers, c.Response.Body, c.Response.BodyOmitted
 		nows[i], ttls[i] = cc.now, c.TTL
 	}
-	return []any{scopes, keys, tokens, statuses, headers, bodies, omitted, nows, ttls}
-}
-
-// readCompletes reads the batched completion statement's rows into calls, and closes
-// rows.
-func readCompletes(rows pgx.Rows, calls []*completeCall) error {
-	defer rows.Close()
-	for _, cc := range calls {
-		cc.wrote, cc.err = false, nil
-	}
-	for rows.Next() {
-		var ord int64
-		if err := rows.Scan(&ord); err != nil {
+	err := s.do(ctx, func(conn *pgx.Conn) error {
+		for _, cc := range calls {
+			cc.wrote, cc.err = false, nil
+		}
+		rows, err := conn.Query(ctx, s.sql.completeBatch, scopes, keys, tokens, statuses, headers, bodies, omitted, nows, ttls)
+		if err != nil {
 			return err
 		}
-		if ord < 1 || ord > int64(len(calls)) {
-			return fmt.Errorf("batched completion returned row %d of %d", ord, len(calls))
-		}
-		calls[ord-1].wrote = true
-	}
-	return rows.Err()
-}
-
-// failCompletes gives every call err.
-func failCompletes(calls []*completeCall, err error) {
-	for _, cc := range calls {
-		cc.wrote, cc.err = false, err
-	}
-}
-
-// runWrites runs a batch of claims and completions, sorted by row, in one round trip
-// and one commit: the two batched statements, pipelined before one Sync, which
-// PostgreSQL runs as one implicit transaction. Under load a request's claim and an
-// earlier request's completion then share the commit and its WAL flush, which cost
-// more than either statement's rows. A batch of one kind runs as runClaims or
-// runCompletes would. When the server rejects the pair (a PgError), nothing of it was
-// applied, and each kind is run again on its own, where its calls fall back to running
-// alone.
-func (s *Store) runWrites(calls []batch.Item) {
-	var claims []*claimCall
-	var completes []*completeCall
-	for _, c := range calls {
-		switch c := c.(type) {
-		case *claimCall:
-			claims = append(claims, c)
-		case *completeCall:
-			completes = append(completes, c)
-		}
-	}
-	switch {
-	case len(completes) == 0:
-		s.runClaims(claims)
-		return
-	case len(claims) == 0:
-		s.runCompletes(completes)
-		return
-	}
-	ctx, cancel := batch.Context(calls)
-	defer cancel()
-	claimArgs, completeArgs := claimBatchArgs(claims), completeBatchArgs(completes)
-	err := s.do(ctx, func(conn *pgx.Conn) error {
-		b := &pgx.Batch{}
-		b.Queue(s.sql.claimBatch, claimArgs...)
-		b.Queue(s.sql.completeBatch, completeArgs...)
-		br := conn.SendBatch(ctx, b)
-		rows, err := br.Query()
-		if err == nil {
-			err = readClaims(rows, claims)
-		}
-		if err == nil {
-			rows, err = br.Query()
-			if err == nil {
-				err = readCompletes(rows, completes)
+		defer rows.Close()
+		for rows.Next() {
+			var ord int64
+			if err := rows.Scan(&ord); err != nil {
+				return err
 			}
+			if ord < 1 || ord > int64(n) {
+				return fmt.Errorf("batched completion returned row %d of %d", ord, n)
+			}
+			calls[ord-1].wrote = true
 		}
-		return errors.Join(err, br.Close())
+		return rows.Err()
 	})
 	if err == nil {
 		return
 	}
 	if rejected(err) {
-		s.runClaims(claims)
-		s.runCompletes(completes)
+		for _, cc := range calls {
+			s.completeAlone(ctx, cc)
+		}
 		return
 	}
-	failClaims(claims, err)
-	failCompletes(completes, err)
-}
-
-// runWriteAlone runs a claim or a completion alone: the group's Alone.
-func (s *Store) runWriteAlone(c batch.Item) {
-	switch c := c.(type) {
-	case *claimCall:
-		s.claimAlone(c.Ctx(), c)
-	case *completeCall:
-		s.completeAlone(c.Ctx(), c)
+	for _, cc := range calls {
+		cc.wrote, cc.err = false, err
 	}
 }
 

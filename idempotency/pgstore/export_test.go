@@ -5,12 +5,16 @@ package pgstore
 // in one batch read it to know the calls are queued before they free the connection the
 // batch waits for.
 func (s *Store) Queued() int {
-	if s.writes == nil {
-		return 0
+	n := 0
+	if s.claims != nil {
+		n += s.claims.Pending()
 	}
-	return s.writes.Pending()
+	if s.completes != nil {
+		n += s.completes.Pending()
+	}
+	return n
 }
 
-// BatchInFlight is the most batches (of claims and completions) a Store with
-// Config.Batch runs at once: tests fill every slot to make the calls that follow wait together.
+// BatchInFlight is the most statements of one kind a Store with Config.Batch runs at
+// once: tests fill every slot to make the calls that follow wait together.
 const BatchInFlight = batchInFlight

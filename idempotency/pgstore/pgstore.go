@@ -130,20 +130,17 @@
 // # Batching
 //
 // With Config.Batch, Claim and Complete calls that arrive together share one statement
-// of each kind (the arrays of their parameters, unnest-ed), and the two statements go in
-// one round trip and commit as one transaction: group commit by the application, in
-// which a request's claim shares its commit and WAL flush with an earlier request's
-// completion. A call that finds no batch in flight starts one at once, so a lone
-// request waits for nothing, and a batch of one call runs the single-key statement, so
-// it costs what it would without batching; under load, the calls that arrive during a
-// batch go together in the next (at most 128), so that batches grow with the load, and
-// a second call on a key already in the batch runs alone at once. Each call learns its
-// own outcome, exactly as without batching: the batched statements apply the same
-// rules, each call with its own clock reading (NULL, the server's clock, without
-// Config.Clock). When the server rejects a batch (nothing of it is then applied), its
-// claims and its completions are run again apart, and then each call alone, so one bad
-// request fails only itself. Rows are taken in (scope, key) order in each statement of
-// every batch; a deadlock of two replicas' batches is a rejection like any other.
+// of each kind (the arrays of their parameters, unnest-ed): group commit by the
+// application. A call that finds no statement of its kind in flight starts one at once,
+// so a lone request waits for nothing, and a batch of one runs the single-key
+// statement, so it costs what it would without batching; under load, the calls that
+// arrive during a statement go together in the next (at most 128), so that batches
+// grow with the load, and a second call on a key already in the batch runs alone at
+// once. Each call learns its own outcome, exactly as without batching: the batched
+// statements apply the same rules, each call with its own clock reading (NULL, the
+// server's clock, without Config.Clock). When the server rejects a batch, each of its
+// calls is run alone, so one bad request fails only itself. Rows are taken in (scope,
+// key) order in every batch, so batches of several replicas cannot deadlock.
 // Takeovers, Extend, Abandon, Release and completions inside WithTx are never batched.
 // The batched statements are planned at each execution from the table's statistics, so
 // the table must be analyzed (autovacuum, PostgreSQL's default, does it): one that never
@@ -257,8 +254,8 @@ type Config struct {
 	// Table is the name of the records table. Default "retrysafe_idempotency".
 	Table string
 	// Batch makes concurrent Claim calls share one statement, and concurrent Complete
-	// calls another, both committed together: group commit, which under concurrent load
-	// cuts the statements and WAL flushes the store costs PostgreSQL by the batch size, while a lone request
+	// calls another: group commit, which under concurrent load cuts the statements and
+	// WAL flushes the store costs PostgreSQL by the batch size, while a lone request
 	// waits for nothing (see "Batching" in the package doc). Results, round trips per
 	// request and guarantees are the same as without it. Default false.
 	Batch bool
@@ -286,9 +283,8 @@ type Store struct {
 	names struct{ schema, table, sequence, index string }
 	sql   statements
 
-	// writes batches claims and completions together (runWrites); nil without
-	// Config.Batch.
-	writes *batch.Group[batch.Item]
+	claims    *batch.Group[*claimCall]    // nil without Config.Batch
+	completes *batch.Group[*completeCall] // nil without Config.Batch
 }
 
 type statements struct {
@@ -513,7 +509,10 @@ RETURNING u.ord`),
 	if cfg.Batch {
 		// Duplicates of a key in a batch (a storm of retries of one request) run alone,
 		// as they would without batching.
-		s.writes = &batch.Group[batch.Item]{Run: s.runWrites, InFlight: batchInFlight, Alone: s.runWriteAlone}
+		s.claims = &batch.Group[*claimCall]{Run: s.runClaims, InFlight: batchInFlight,
+			Alone: func(c *claimCall) { s.claimAlone(c.Ctx(), c) }}
+		s.completes = &batch.Group[*completeCall]{Run: s.runCompletes, InFlight: batchInFlight,
+			Alone: func(c *completeCall) { s.completeAlone(c.Ctx(), c) }}
 	}
 	return s, nil
 }
@@ -616,11 +615,11 @@ func (s *Store) reclaim(ctx context.Context, c *claimCall) (idempotency.ClaimRes
 // claimRow runs the claim statement for c, alone or in a batch, and leaves its result
 // in c.
 func (s *Store) claimRow(ctx context.Context, c *claimCall) error {
-	if s.writes == nil {
+	if s.claims == nil {
 		s.claimAlone(ctx, c)
 		return c.err
 	}
-	if err := waitTaken(&c.Call, s.writes.Do(ctx, c)); err != nil {
+	if err := waitTaken(&c.Call, s.claims.Do(ctx, c)); err != nil {
 		return err
 	}
 	return c.err
@@ -632,7 +631,7 @@ func (s *Store) claimRow(ctx context.Context, c *claimCall) error {
 // write's acknowledgement confirms the first, and Complete returns nil; otherwise
 // ErrRecordGone or ErrLeaseLost.
 func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
-	if s.writes != nil && len(c.Response.Body) <= maxBatchedBody {
+	if s.completes != nil {
 		return s.completeBatched(ctx, c)
 	}
 	headers := headercodec.Encode(c.Response.Header, c.Response.Trailer)

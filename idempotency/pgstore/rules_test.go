@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -63,10 +64,10 @@ func (c *batchTracer) reset() { c.n.Store(0); c.most.Store(0) }
 // connection, traced by tracer), the calls go out while that connection is held, so that
 // they go together in batches once it is released. Leaders go first, one after the
 // other, each waiting for the connection before the next starts (so that each leads a
-// batch of its own rather than joining the previous one): claims on keys of their own,
-// pgstore.BatchInFlight of them, which take every slot of the store's batches (claims
-// and completions share them). The calls then find no slot free and queue; the
-// connection is released once the store's batches hold all of them.
+// batch of its own rather than joining the previous one): claims and completions on
+// keys of their own, pgstore.BatchInFlight of each, which take every slot of the claim
+// batches and of the completion batches. The calls then find no slot free and queue;
+// the connection is released once the store's batches hold all of them.
 func together(t *testing.T, st *pgstore.Store, pool *pgxpool.Pool, tracer *batchTracer, hold bool, calls []func()) {
 	t.Helper()
 	var wg sync.WaitGroup
@@ -81,9 +82,15 @@ func together(t *testing.T, st *pgstore.Store, pool *pgxpool.Pool, tracer *batch
 				t.Error(err)
 			}
 		}
+		completeLead := func() { // of a key never claimed: refused, after its statement ran
+			c := idempotency.Completion{Scope: "lead", Key: testenv.Name("k"), Token: 1, TTL: time.Hour, Response: idempotency.Response{Status: 200}}
+			if err := st.Complete(t.Context(), c); !errors.Is(err, idempotency.ErrLeaseLost) {
+				t.Errorf("completion of a key never claimed: %v, want ErrLeaseLost", err)
+			}
+		}
 		var leaders []func()
 		for range pgstore.BatchInFlight {
-			leaders = append(leaders, claimLead)
+			leaders = append(leaders, claimLead, completeLead)
 		}
 		for i, lead := range leaders {
 			wg.Go(lead)
