@@ -462,7 +462,9 @@ func answerLostReason(prev Execution) string {
 	}
 }
 
-// candidates returns the processes of e's replica that can have forwarded e.
+// candidates returns the processes of e's replica that can have forwarded e. When none
+// was running as e arrived, it returns the one that ended last before, with inTransit
+// set: e was sent by it and reached the upstream after its end.
 func (ev Evidence) candidates(e Execution) (procs []Process, inTransit bool) {
 	var last *Process // the replica's process that ended last before e arrived
 	for i, p := range ev.Processes {
