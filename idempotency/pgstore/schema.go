@@ -14,7 +14,7 @@ import (
 // columns are the table's columns, as schema.sql creates them: Migrate adds those a
 // table lacks.
 var columns = []string{"scope", "key", "fingerprint", "state", "token", "attempts", "created_at", "lease_until",
-	"expires_at", "completed_at", "status", "headers", "header", "body", "body_omitted", "abandoned", "route", "claim_id"}
+	"expires_at", "completed_at", "status", "headers", "header", "body", "body_omitted", "abandoned", "route", "claim_id", "kept_until"}
 
 // SchemaError is Migrate's error when the schema is not ready for the store: something
 // is missing and applying the schema failed (often because the role may not create it),

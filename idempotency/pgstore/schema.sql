@@ -41,10 +41,17 @@ CREATE TABLE IF NOT EXISTS {table} (
     -- The claim that holds the record (ClaimRequest.ID) with the token it holds it under,
     -- '<token>:<ID>'; NULL: a claim without an ID.
     claim_id     text,
+    -- A done record's expiry, which the completion writes here rather than into the
+    -- indexed expires_at, so that its update can be HOT; NULL: expires_at is the expiry.
+    kept_until   timestamptz,
     PRIMARY KEY (scope, key)
-);
+)
+-- Each page keeps half its room free, for its records' completions: a completed row is
+-- about twice the size of its claim, and a HOT update needs its new version on the
+-- same page.
+WITH (fillfactor = 50);
 
--- Tables created without the headers, abandoned, route and claim_id columns get them in place:
+-- Tables created without the headers, abandoned, route, claim_id and kept_until columns get them in place:
 -- adding a column that is NULL or has a constant default rewrites nothing. Each step runs only
 -- when needed, because ALTER TABLE and CREATE INDEX lock the table even when they turn
 -- out to have nothing to do, and would wait for (and hold up) every open transaction
@@ -66,6 +73,17 @@ BEGIN
     IF NOT EXISTS (SELECT FROM pg_attribute
                    WHERE attrelid = '{table}'::regclass AND attname = 'claim_id' AND NOT attisdropped) THEN
         ALTER TABLE {table} ADD COLUMN IF NOT EXISTS claim_id text;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_attribute
+                   WHERE attrelid = '{table}'::regclass AND attname = 'kept_until' AND NOT attisdropped) THEN
+        ALTER TABLE {table} ADD COLUMN IF NOT EXISTS kept_until timestamptz;
+    END IF;
+    -- The room for HOT completions, on the pages written from now on (existing pages
+    -- keep theirs; they empty as their records expire). This lock (SHARE UPDATE
+    -- EXCLUSIVE) lets reads and writes go on. A fillfactor an operator set is left.
+    IF NOT EXISTS (SELECT FROM pg_class, unnest(reloptions) AS o
+                   WHERE oid = '{table}'::regclass AND o LIKE 'fillfactor=%') THEN
+        ALTER TABLE {table} SET (fillfactor = 50);
     END IF;
     -- The janitor's scan.
     IF to_regclass('{schema}.{index}') IS NULL THEN
