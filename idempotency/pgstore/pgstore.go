@@ -238,6 +238,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/retrysafe/idempotency"
@@ -559,7 +560,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return fmt.Errorf("pgstore: migrate: reading the catalogs: %w", err)
 	}
 	if len(missing) > 0 {
-		if err := pgddl.Apply(ctx, s.pool, s.sql.schema); err != nil {
+		if err := s.apply(ctx); err != nil {
 			return &SchemaError{Missing: missing, Err: err}
 		}
 		if missing, denied, err = s.inspect(ctx); err != nil {
@@ -573,6 +574,28 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return &SchemaError{Denied: denied}
 	}
 	return nil
+}
+
+// apply applies the schema. Its ALTER TABLE steps give up a lock they would wait for
+// (lock_timeout), rather than hold up every claim queued behind them while a long
+// transaction runs; apply then tries again, until ctx ends.
+func (s *Store) apply(ctx context.Context) error {
+	wait := 100 * time.Millisecond
+	for {
+		err := pgddl.Apply(ctx, s.pool, s.sql.schema)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (waiting for the table's lock: %w)", err, context.Cause(ctx))
+		case <-t.C:
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
 }
 
 // now is the clock parameter of a statement: the Config.Clock reading, or nil (SQL

@@ -7,6 +7,11 @@
 
 SELECT pg_advisory_xact_lock(hashtext('retrysafe.idempotency.migrate'));
 
+-- ALTER TABLE waits for every open transaction that touched the table, and while it
+-- waits every claim queues behind it. It gives up instead, so that the store's writes
+-- go on; Migrate tries again.
+SET LOCAL lock_timeout = '200ms';
+
 CREATE SCHEMA IF NOT EXISTS {schema};
 
 -- Fencing tokens of every claim and takeover. Never reset it: a token must not be
