@@ -39,6 +39,17 @@ import (
 // (bench/README.md, "PostgreSQL CPU per new key").
 const batchInFlight = 1
 
+// batchMode is how the batched statements run: planned at every execution (an unnamed
+// statement; its description, not its plan, is cached), never from a plan cached on the
+// connection. They join their arrays to the table, and a cached (generic) plan keeps the
+// join PostgreSQL chose when it was made: on a new table, or one whose statistics are
+// missing or old (autovacuum off, or not yet run), that is a hash join over a scan of
+// the whole table, which it then repeats on every batch while the table grows. Planned
+// each time, the join is made for the batch's size and the table's current size (read
+// from the file when the statistics are missing): index lookups for a table of any
+// size. Planning costs a batch tens of microseconds; the scans cost it a whole table.
+const batchMode = pgx.QueryExecModeCacheDescribe
+
 // waitTaken returns err, the error of batch.Group.Do for c, unless it is the end of
 // the caller's context after c was taken into a batch: then it waits for the batch's
 // statement to finish, and returns nil, c's result being set. The statement's context
@@ -128,7 +139,7 @@ func (s *Store) runClaims(calls []*claimCall) {
 		for _, c := range calls {
 			c.reset()
 		}
-		rows, err := conn.Query(ctx, s.sql.claimBatch, scopes, keys, fps, nows, leases, ttls, limits, routes, ids)
+		rows, err := conn.Query(ctx, s.sql.claimBatch, batchMode, scopes, keys, fps, nows, leases, ttls, limits, routes, ids)
 		if err != nil {
 			return err
 		}
@@ -230,7 +241,7 @@ func (s *Store) runCompletes(calls []*completeCall) {
 		for _, cc := range calls {
 			cc.wrote, cc.err = false, nil
 		}
-		rows, err := conn.Query(ctx, s.sql.completeBatch, scopes, keys, tokens, statuses, headers, bodies, omitted, nows, ttls)
+		rows, err := conn.Query(ctx, s.sql.completeBatch, batchMode, scopes, keys, tokens, statuses, headers, bodies, omitted, nows, ttls)
 		if err != nil {
 			return err
 		}

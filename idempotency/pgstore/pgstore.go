@@ -121,7 +121,8 @@
 // # Round trips
 //
 // Statements are prepared once per connection (pgx's default
-// QueryExecModeCacheStatement) and each method runs one: a first execution costs two
+// QueryExecModeCacheStatement), except the batched ones, which are planned at every
+// execution (see batchMode), and each method runs one: a first execution costs two
 // round trips (Claim, Complete), a replay one (Claim). A fenced write (Extend, Abandon,
 // Complete, Release) that changes no row runs a second statement to say why (no record:
 // idempotency.ErrRecordGone; another token or done: ErrLeaseLost; a completion sent

@@ -41,9 +41,15 @@ func (c *batchTracer) TraceAcquireEnd(context.Context, *pgxpool.Pool, pgxpool.Tr
 }
 
 func (c *batchTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, "unnest(") && len(d.Args) > 0 {
+	args := d.Args
+	if len(args) > 0 {
+		if _, ok := args[0].(pgx.QueryExecMode); ok {
+			args = args[1:]
+		}
+	}
+	if strings.Contains(d.SQL, "unnest(") && len(args) > 0 {
 		c.n.Add(1)
-		if scopes, ok := d.Args[0].([][]byte); ok {
+		if scopes, ok := args[0].([][]byte); ok {
 			for {
 				most := c.most.Load()
 				if int64(len(scopes)) <= most || c.most.CompareAndSwap(most, int64(len(scopes))) {

@@ -1,0 +1,102 @@
+package pgstore_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/retrysafe/retrysafe/harness/testenv"
+	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/idempotency/pgstore"
+)
+
+// The store's statements, batched or not, look records up by index however the table
+// started: here it is new and never analyzed (autovacuum off, or not yet run), the connection runs many
+// batches while it is small, and it then grows to 20,000 records with no statistics
+// taken. A plan cached while it was small (a hash join over a scan of the whole table)
+// would scan it on every batch after that; the statistics count the scans.
+func TestStatementsUseTheIndexOnAGrownTable(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []bool{true, false} {
+		t.Run(fmt.Sprint("batch=", batch), func(t *testing.T) {
+			t.Parallel()
+			indexOnGrownTable(t, batch)
+		})
+	}
+}
+
+func indexOnGrownTable(t *testing.T, batch bool) {
+	ctx := t.Context()
+	tracer := &batchTracer{}
+	pool := newPool(t, testenv.PostgresURL(t), func(c *pgxpool.Config) {
+		c.MaxConns = 1
+		c.ConnConfig.Tracer = tracer
+	})
+	st, schema := newStoreConfig(t, pgstore.Config{Pool: pool, Batch: batch})
+	table := pgx.Identifier{schema, "retrysafe_idempotency"}.Sanitize()
+	if _, err := pool.Exec(ctx, "ALTER TABLE "+table+" SET (autovacuum_enabled = false)"); err != nil {
+		t.Fatal(err)
+	}
+	seqScans := func() int64 {
+		t.Helper()
+		if _, err := pool.Exec(ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT seq_scan FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'retrysafe_idempotency'`,
+			schema).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// claimAndComplete claims and completes keys from 8 goroutines on the pool's one
+	// connection, so that they go in batches.
+	claimAndComplete := func(prefix string, keys int) {
+		t.Helper()
+		var wg sync.WaitGroup
+		errs := make(chan error, keys)
+		for g := range 8 {
+			wg.Go(func() {
+				for i := g; i < keys; i += 8 {
+					key := fmt.Sprint(prefix, i)
+					r, err := st.Claim(ctx, idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
+					if err == nil && r.Claimed {
+						err = st.Complete(ctx, idempotency.Completion{Scope: "s", Key: key, Token: r.Token,
+							Response: idempotency.Response{Status: 201, Body: []byte("ok")}, TTL: time.Hour})
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+	}
+	claimAndComplete("small-", 400) // the table is small: each statement runs many times
+	if batch && tracer.n.Load() < 20 {
+		t.Fatalf("%d batched statements ran while the table was small, want at least 20", tracer.n.Load())
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (scope, key, fingerprint, state, token, created_at, lease_until, expires_at)
+		SELECT 's', convert_to('grown-' || g, 'UTF8'), 'fp', 'done', -g, now(), now(), now() + interval '1 hour'
+		FROM generate_series(1, 20000) AS g`); err != nil {
+		t.Fatal(err)
+	}
+	before, batches := seqScans(), tracer.n.Load()
+	claimAndComplete("large-", 400)
+	ran := tracer.n.Load() - batches
+	if batch && ran < 10 {
+		t.Fatalf("%d batched statements ran on the grown table, want at least 10", ran)
+	}
+	if scans := seqScans() - before; scans > 0 {
+		t.Errorf("claims and completions (%d batched statements) on the grown table scanned it whole %d times, want 0", ran, scans)
+	}
+}
