@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,16 +41,62 @@ import (
 // (bench/README.md, "PostgreSQL CPU per new key").
 const batchInFlight = 1
 
-// batchMode is how the batched statements run: planned at every execution (an unnamed
-// statement; its description, not its plan, is cached), never from a plan cached on the
-// connection. They join their arrays to the table, and a cached (generic) plan keeps the
-// join PostgreSQL chose when it was made: on a new table, or one whose statistics are
-// missing or old (autovacuum off, or not yet run), that is a hash join over a scan of
-// the whole table, which it then repeats on every batch while the table grows. Planned
-// each time, the join is made for the batch's size and the table's current size (read
-// from the file when the statistics are missing): index lookups for a table of any
-// size. Planning costs a batch tens of microseconds; the scans cost it a whole table.
-const batchMode = pgx.QueryExecModeCacheDescribe
+// The batched statements join their arrays to the table, and PostgreSQL plans a
+// prepared statement once for all its executions (a generic plan) after its first
+// few: the join it then chose stays, however the table changes, until the table's
+// statistics change (ANALYZE, by autovacuum). On a new table, or one whose statistics
+// are missing or old (autovacuum off, or not yet run), that plan is a hash join over a
+// scan of the whole table, which then runs on every batch while the table grows:
+// measured, half the server's CPU at 40,000 records. Planning at every execution
+// instead costs more than the scans did at the benchmarks' sizes (the claim's
+// statement is long). So each connection prepares its batched statements again once
+// they are replanAfter old: the new plan is made for the table as it is then (its
+// size read from the file when statistics are missing), index lookups once it has
+// grown past a few pages.
+const replanAfter = 10 * time.Second
+
+// plansKey is the key, in PgConn.CustomData, of when the connection prepared each
+// batched statement, by name.
+const plansKey = "github.com/retrysafe/retrysafe/idempotency/pgstore.plans"
+
+// batchPrefix begins the names of the batched statements prepared on a connection.
+const batchPrefix = "retrysafe_batch_"
+
+// batchName is the prepared statement's name for the batched statement sql: the
+// statements of stores on other tables have other names.
+func batchName(kind, sql string) string {
+	h := fnv.New64a()
+	h.Write([]byte(sql))
+	return batchPrefix + kind + "_" + strconv.FormatUint(h.Sum64(), 16)
+}
+
+// prepared returns name, the batched statement sql prepared on conn: prepared when
+// the connection has not, and prepared again (so planned afresh) when the connection
+// prepared it more than the store's replan interval ago.
+func (s *Store) prepared(ctx context.Context, conn *pgx.Conn, name, sql string) (string, error) {
+	data := conn.PgConn().CustomData()
+	at, _ := data[plansKey].(map[string]time.Time)
+	if at == nil {
+		at = make(map[string]time.Time, 2)
+		data[plansKey] = at
+	}
+	now := time.Now()
+	t, ok := at[name]
+	if ok && now.Sub(t) < time.Duration(s.replan.Load()) {
+		return name, nil
+	}
+	if ok {
+		delete(at, name)
+		if err := conn.Deallocate(ctx, name); err != nil {
+			return "", err
+		}
+	}
+	if _, err := conn.Prepare(ctx, name, sql); err != nil {
+		return "", err
+	}
+	at[name] = now
+	return name, nil
+}
 
 // waitTaken returns err, the error of batch.Group.Do for c, unless it is the end of
 // the caller's context after c was taken into a batch: then it waits for the batch's
@@ -139,7 +187,11 @@ func (s *Store) runClaims(calls []*claimCall) {
 		for _, c := range calls {
 			c.reset()
 		}
-		rows, err := conn.Query(ctx, s.sql.claimBatch, batchMode, scopes, keys, fps, nows, leases, ttls, limits, routes, ids)
+		stmt, err := s.prepared(ctx, conn, s.names.claimBatch, s.sql.claimBatch)
+		if err != nil {
+			return err
+		}
+		rows, err := conn.Query(ctx, stmt, scopes, keys, fps, nows, leases, ttls, limits, routes, ids)
 		if err != nil {
 			return err
 		}
@@ -241,7 +293,11 @@ func (s *Store) runCompletes(calls []*completeCall) {
 		for _, cc := range calls {
 			cc.wrote, cc.err = false, nil
 		}
-		rows, err := conn.Query(ctx, s.sql.completeBatch, batchMode, scopes, keys, tokens, statuses, headers, bodies, omitted, nows, ttls)
+		stmt, err := s.prepared(ctx, conn, s.names.completeBatch, s.sql.completeBatch)
+		if err != nil {
+			return err
+		}
+		rows, err := conn.Query(ctx, stmt, scopes, keys, tokens, statuses, headers, bodies, omitted, nows, ttls)
 		if err != nil {
 			return err
 		}

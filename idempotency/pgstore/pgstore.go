@@ -121,8 +121,8 @@
 // # Round trips
 //
 // Statements are prepared once per connection (pgx's default
-// QueryExecModeCacheStatement), except the batched ones, which are planned at every
-// execution (see batchMode), and each method runs one: a first execution costs two
+// QueryExecModeCacheStatement; the batched ones are prepared again every
+// replanAfter, see there), and each method runs one: a first execution costs two
 // round trips (Claim, Complete), a replay one (Claim). A fenced write (Extend, Abandon,
 // Complete, Release) that changes no row runs a second statement to say why (no record:
 // idempotency.ErrRecordGone; another token or done: ErrLeaseLost; a completion sent
@@ -236,6 +236,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -292,8 +293,12 @@ type Store struct {
 	table string // quoted, schema-qualified
 	clock func() time.Time
 	probe time.Duration // Config.ProbeTimeout
-	names struct{ schema, table, sequence, index string }
-	sql   statements
+	names struct {
+		schema, table, sequence, index string
+		claimBatch, completeBatch      string // the batched statements' prepared names
+	}
+	replan atomic.Int64 // time.Duration: the batched statements are prepared again when older
+	sql    statements
 
 	claims    *batch.Group[*claimCall]    // nil without Config.Batch
 	completes *batch.Group[*completeCall] // nil without Config.Batch
@@ -535,6 +540,8 @@ RETURNING u.ord`),
 	// The completion inside WithTx, which COMMIT follows in the same round trip: when it
 	// completes no row it divides by zero, so that the transaction does not commit.
 	s.sql.completeTx = `WITH u AS (` + s.sql.complete + ` RETURNING 1) SELECT 1 / count(*)::int FROM u`
+	s.names.claimBatch, s.names.completeBatch = batchName("claim", s.sql.claimBatch), batchName("complete", s.sql.completeBatch)
+	s.replan.Store(int64(replanAfter))
 	if cfg.Batch {
 		// Duplicates of a key in a batch (a storm of retries of one request) run alone,
 		// as they would without batching.

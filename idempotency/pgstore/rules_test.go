@@ -47,7 +47,7 @@ func (c *batchTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 			args = args[1:]
 		}
 	}
-	if strings.Contains(d.SQL, "unnest(") && len(args) > 0 {
+	if (strings.Contains(d.SQL, "unnest(") || strings.HasPrefix(d.SQL, pgstore.BatchPrefix)) && len(args) > 0 {
 		c.n.Add(1)
 		if scopes, ok := args[0].([][]byte); ok {
 			for {
