@@ -103,6 +103,27 @@ func goals(b *strings.Builder, ps points, pg map[pgKey]*pgPoint) {
 		}
 	}
 
+	// The embedded default: the gateway's own CPU per new key on SQLite against the
+	// memory store's, ≤ 1.5×.
+	cpuRow := func(goal, figure string, p, q *point, target float64) {
+		if p == nil || q == nil {
+			return
+		}
+		v, ok := p.cpuMedian("proxy")
+		qv, qok := q.cpuMedian("proxy")
+		if !ok || !qok || qv <= 0 {
+			return
+		}
+		row(goal, figure, fmt.Sprintf("%.2f× (%.0f against %.0f µs)", v/qv, v, qv), fmt.Sprintf("≤ %.2f×", target), yesNo(v/qv <= target))
+	}
+	cpuRow("SQLite", "gw-sqlite's own CPU per new key ÷ gw-memory's", m("gw-sqlite"), m("gw-memory"), 1.5)
+	// At net/http's floor: the gateway on the memory store against a bare
+	// httputil.ReverseProxy, per new key (≤ 1.15×) and per replay, answered from the
+	// store, against a proxied request (≤ 0.6×).
+	cpuRow("floor", "gw-memory's own CPU per new key ÷ bareproxy's per proxied request", m("gw-memory"), m("bareproxy"), 1.15)
+	cpuRow("floor", "gw-memory's own CPU per replay ÷ bareproxy's per proxied request", ps.get("replay", 0, goalClients, "gw-memory"),
+		m("bareproxy"), 0.6)
+
 	// 3. Throughput against direct.
 	for _, s := range []string{"gw-postgres", "gw-sqlite", "gw-memory", "gw-redis", "payments-tx", "payments-mw"} {
 		p := m(s)
@@ -160,6 +181,12 @@ func growth(b *strings.Builder, ps points) {
 		{"bareproxy CPU ÷ nginx's", func(get func(string) *point) string {
 			return cpuRatio(get("bareproxy"), "proxy", get("nginx"), "proxy", 0)
 		}},
+		{"gw-memory CPU ÷ bareproxy's", func(get func(string) *point) string {
+			return cpuRatio(get("gw-memory"), "proxy", get("bareproxy"), "proxy", 0)
+		}},
+		{"gw-sqlite CPU ÷ gw-memory's", func(get func(string) *point) string {
+			return cpuRatio(get("gw-sqlite"), "proxy", get("gw-memory"), "proxy", 0)
+		}},
 		{"gw-postgres store PG CPU ÷ INSERT's", func(get func(string) *point) string {
 			return cpuRatio(get("gw-postgres"), "postgres", get(baseline), "postgres", 1)
 		}},
@@ -181,7 +208,7 @@ func growth(b *strings.Builder, ps points) {
 		return
 	}
 	b.WriteString("### How the cost grows (goal 5)\n\n× = ratio to `direct` in the same rounds; CPU ratios of the gateway's or bare proxy's " +
-		"own process to nginx's, and of the PostgreSQL CPU the gateway's store adds (beyond the upstream's INSERT) to the INSERT's.\n\n| load |")
+		"own process to nginx's, the bare proxy's and the memory store's, and of the PostgreSQL CPU the gateway's store adds (beyond the upstream's INSERT) to the INSERT's.\n\n| load |")
 	for _, c := range cols {
 		b.WriteString(" " + c.name + " |")
 	}

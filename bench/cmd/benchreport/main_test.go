@@ -79,6 +79,8 @@ func TestCPU(t *testing.T) {
 {"tags":{"kind":"matrix","subject":"gw-memory","body":"0","clients":"32","round":"1"},"throughput":200,"responses":1000,"latency":{"p50_ms":3,"p99_ms":8},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.06},"app":{"seconds":0.1},"postgres":{"seconds":0.4}}}
 {"tags":{"kind":"matrix","subject":"gw-postgres","body":"0","clients":"32","round":"1"},"throughput":100,"responses":1000,"latency":{"p50_ms":3,"p99_ms":12},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.08},"app":{"seconds":0.1},"postgres":{"seconds":0.9},"pgcluster":{"seconds":0.5},"loadgen":{"seconds":0.07}}}
 {"tags":{"kind":"matrix","subject":"gw-redis","body":"0","clients":"32","round":"1"},"throughput":100,"responses":1000,"latency":{"p50_ms":3,"p99_ms":12},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.08},"app":{"seconds":0.1},"postgres":{"seconds":0.1},"redis":{"seconds":0.03}}}
+{"tags":{"kind":"matrix","subject":"bareproxy","body":"0","clients":"32","round":"1"},"throughput":300,"responses":1000,"latency":{"p50_ms":1,"p99_ms":6},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.05},"app":{"seconds":0.1},"postgres":{"seconds":0.4}}}
+{"tags":{"kind":"matrix","subject":"gw-sqlite","body":"0","clients":"32","round":"1"},"throughput":150,"responses":1000,"latency":{"p50_ms":3,"p99_ms":8},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.12},"app":{"seconds":0.1},"postgres":{"seconds":0.4}}}
 {"tags":{"kind":"idle","at":"bodies"},"cpu_window_s":1,"cpu":{"postgres":{"seconds":0}}}
 {"tags":{"kind":"bodies","subject":"direct","body":"65536","clients":"32","round":"1"},"throughput":250,"responses":500,"latency":{"p50_ms":2,"p99_ms":5},"cpu_window_s":2,"cpu":{"app":{"seconds":0.1},"postgres":{"seconds":0.1}}}
 {"tags":{"kind":"bodies","subject":"nginx","body":"65536","clients":"32","round":"1"},"throughput":200,"responses":500,"latency":{"p50_ms":2,"p99_ms":5},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.05},"app":{"seconds":0.1},"postgres":{"seconds":0.1}}}
@@ -125,11 +127,15 @@ func TestCPU(t *testing.T) {
 		"| 2 | gw-memory's own CPU per proxied new-key request ÷ nginx's | 3.00× (60 against 20 µs) |",
 		"| 2 | gw-memory's own CPU per replay ÷ nginx's per proxied request | 0.50× (10 against 20 µs) |",
 		"| 4 | gw-memory p99 ÷ direct's | 2.00× (8.0 against 4.0 ms) |",
+		// SQLite 120 µs against the memory store's 60; the memory store against bareproxy's 50
+		"| SQLite | gw-sqlite's own CPU per new key ÷ gw-memory's | 2.00× (120 against 60 µs) | ≤ 1.50× | **no** |",
+		"| floor | gw-memory's own CPU per new key ÷ bareproxy's per proxied request | 1.20× (60 against 50 µs) | ≤ 1.15× | **no** |",
+		"| floor | gw-memory's own CPU per replay ÷ bareproxy's per proxied request | 0.20× (10 against 50 µs) | ≤ 0.60× | **yes** |",
 		// direct: 300 + 50 µs; gw-memory: 360 + nothing measured of loadgen, so no figure
 		"| 3 | gw-memory req/s ÷ direct's | 0.40× (200 against 500; rounds 0.40) | — |",
 		"| 3 | gw-postgres req/s ÷ direct's | 0.20× (100 against 500; rounds 0.20); CPU per request: 0.37× (950 against 350 µs, load generator included) | ≥ 0.60× | **no** |",
-		"| 32 clients | 0.40× | — | 0.20× | — | 3.00× | 3.00× | — | 2.50× |",
-		"| 64 KiB, 32 clients | 0.40× | — | — | — | — | 2.00× | — | — |",
+		"| 32 clients | 0.40× | 0.30× | 0.20× | — | 3.00× | 3.00× | 2.50× | 1.20× | 2.00× | 2.50× |",
+		"| 64 KiB, 32 clients | 0.40× | — | — | — | — | 2.00× | — | — | — | — |",
 		"| 32 | gw-memory | 200 | 0.0 / 0.0 | 1000 | 0.0 / 0.0 | 5.00× | 1.000 | 60 / 100 / — | 10 / 0 / — |",
 		"| insert | 2000 (1.00×, 1.00 ms, 100 µs) |",
 		"| postgres | 2 | 50.0 | 0.0–100.0 |",
