@@ -262,3 +262,51 @@ func TestMigrateBesideLongTransaction(t *testing.T) {
 		t.Errorf("claim of a key the previous version holds, after Migrate = %+v, %v; want it in progress", r, err)
 	}
 }
+
+// During a rolling upgrade a store of the schema without kept_until takes over a record
+// this store completed, once it expired, and completes it again: it writes expires_at
+// and leaves kept_until as the first completion set it, long passed. This store still
+// replays the new completion until its expires_at.
+func TestCompletionByPreviousVersionAfterExpiry(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := newPool(t, testenv.PostgresURL(t), nil)
+	st, schema := newStore(t, pool)
+	table := pgx.Identifier{schema, "retrysafe_idempotency"}.Sanitize()
+	seq := pgx.Identifier{schema, "retrysafe_idempotency_token_seq"}.Sanitize()
+	req := idempotency.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+	r, err := st.Claim(ctx, req)
+	if err != nil || !r.Claimed {
+		t.Fatalf("claim = %+v, %v", r, err)
+	}
+	if err := st.Complete(ctx, idempotency.Completion{Scope: "s", Key: "k", Token: r.Token,
+		Response: idempotency.Response{Status: 201, Body: []byte("first")}, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	// An hour later: expired.
+	if _, err := pool.Exec(ctx, "UPDATE "+table+` SET created_at = created_at - interval '2 hours',
+		lease_until = lease_until - interval '2 hours', expires_at = expires_at - interval '2 hours',
+		completed_at = completed_at - interval '2 hours', kept_until = kept_until - interval '2 hours'`); err != nil {
+		t.Fatal(err)
+	}
+	// The previous version's takeover and completion, the columns it knows.
+	var tok int64
+	if err := pool.QueryRow(ctx, `UPDATE `+table+` SET state = 'in_progress', token = nextval('`+seq+`'), created_at = now(),
+		lease_until = now() + interval '1 minute', expires_at = now() + interval '1 hour', completed_at = NULL,
+		status = NULL, header = NULL, headers = NULL, body = NULL, body_omitted = false, abandoned = false
+		WHERE key = $1 RETURNING token`, []byte("k")).Scan(&tok); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+table+` SET state = 'done', status = 200, header = 'null', headers = NULL,
+		body = 'again', completed_at = now(), expires_at = now() + interval '1 hour' WHERE key = $1 AND token = $2`,
+		[]byte("k"), tok); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := st.Claim(ctx, req); err != nil || r.Claimed || r.Existing == nil || r.Existing.Response == nil ||
+		string(r.Existing.Response.Body) != "again" {
+		t.Errorf("claim after the previous version's completion = %+v, %v; want its replay", r, err)
+	}
+	if n, err := st.DeleteExpired(ctx, 100); err != nil || n != 0 {
+		t.Errorf("DeleteExpired = %d, %v; want 0", n, err)
+	}
+}
