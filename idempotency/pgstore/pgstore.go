@@ -26,9 +26,9 @@
 // (the new row version on the same page, no index entry added, the old one pruned in
 // place): it costs about half the index work a claim-then-update would otherwise cost,
 // and leaves no dead index entries for vacuum. The completion's expiry goes in
-// kept_until, which no index covers, and expires_at keeps the claim's: a record
-// expires at the later of the two (see expiry), and the janitor finds it by
-// expires_at. The table's fillfactor (50) leaves each page the
+// kept_until, which no index covers, and expires_at keeps the claim's: a completed
+// record expires at kept_until (see expiry), and the janitor finds it once expires_at
+// has passed too. The table's fillfactor (50) leaves each page the
 // room its records' completions take. The DDL is embedded (schema.sql) and applied by
 // Store.Migrate, idempotently and under a transaction-level advisory lock, so replicas
 // may all migrate as they start.
@@ -326,20 +326,22 @@ const countedColumns = `attempts, route, ` + storedColumns
 // storedColumns are recordColumns read from the table: the record's expiry is
 // kept_until when a completion set it (see expiry).
 const storedColumns = `scope, key, fingerprint, state, token, abandoned, created_at, lease_until,
-	greatest(kept_until, expires_at) AS expires_at, status, header, headers, body, body_omitted`
+	(CASE WHEN kept_until >= completed_at THEN kept_until ELSE expires_at END) AS expires_at,
+	status, header, headers, body, body_omitted`
 
 // expiry is the instant the record with the given alias (or none: "") expires: the
-// later of the completion's kept_until and expires_at (GREATEST ignores a NULL). A
+// completion's kept_until, when the current completion wrote it, else expires_at. A
 // completion leaves expires_at, which is indexed, as the claim wrote it, so that its
-// update can be HOT; the janitor finds candidates by expires_at. The later of the two,
-// not kept_until first: a store of the schema without kept_until, taking over an
-// expired record and completing it during a rolling upgrade, writes expires_at and
-// leaves the kept_until of the record it replaced, which has passed.
+// update can be HOT; the janitor finds candidates by expires_at. A kept_until earlier
+// than completed_at is not the current completion's: a store of the schema without
+// kept_until, taking over an expired record and completing it during a rolling
+// upgrade, writes completed_at and expires_at and leaves the kept_until of the record
+// it replaced, which passed before that takeover.
 func expiry(alias string) string {
 	if alias != "" {
 		alias += "."
 	}
-	return "greatest(" + alias + "kept_until, " + alias + "expires_at)"
+	return "(CASE WHEN " + alias + "kept_until >= " + alias + "completed_at THEN " + alias + "kept_until ELSE " + alias + "expires_at END)"
 }
 
 // headerMarker is what a completion writes into the jsonb header column: JSON null,

@@ -37,6 +37,10 @@ func indexOnGrownTable(t *testing.T, batch bool) {
 	pool := newPool(t, testenv.PostgresURL(t), func(c *pgxpool.Config) {
 		c.MaxConns = 1
 		c.ConnConfig.Tracer = tracer
+		// The plan PostgreSQL caches after a statement's first executions, made at once:
+		// whether it would keep planning each execution of a statement instead depends
+		// on its estimates of the moment.
+		c.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
 	})
 	st, schema := newStoreConfig(t, pgstore.Config{Pool: pool, Batch: batch})
 	st.SetReplanAfter(time.Hour)
