@@ -14,6 +14,7 @@ type writeOp struct {
 	batch.Call
 	claim    *idempotency.ClaimRequest // one of claim and complete is set
 	complete *idempotency.Completion
+	absent   bool // a claim's: Claim read no record (see claimTx)
 
 	res idempotency.ClaimResult // a claim's result
 	err error
@@ -50,7 +51,7 @@ func (s *Store) writeAlone(op *writeOp) { s.writeOne(op.Ctx(), op) }
 // writeOne runs op in a transaction of its own.
 func (s *Store) writeOne(ctx context.Context, op *writeOp) {
 	if op.claim != nil {
-		op.res, op.err = s.claimWrite(ctx, *op.claim)
+		op.res, op.err = s.claimWrite(ctx, *op.claim, op.absent)
 	} else {
 		op.err = s.complete(ctx, nil, *op.complete, true)
 	}
@@ -65,9 +66,15 @@ func (s *Store) writeBatch(ctx context.Context, ops []*writeOp) error {
 		return fmt.Errorf("sqlitestore: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
+	tokens := &tokenBlock{}
 	for _, op := range ops {
 		if op.claim != nil {
-			op.res, op.err = s.claimTx(ctx, tx, *op.claim)
+			tokens.want++
+		}
+	}
+	for _, op := range ops {
+		if op.claim != nil {
+			op.res, op.err = s.claimTx(ctx, tx, *op.claim, op.absent, tokens)
 		} else {
 			op.err = s.complete(ctx, tx, *op.complete, true)
 		}

@@ -196,6 +196,7 @@ type Store struct {
 	writes      *batch.Group[*writeOp] // nil without Config.Batch
 	now         func() time.Time       // Config.Clock
 	table       string
+	seen        *seenKeys // the keys Claim met recently: where a claim reads first
 }
 
 // statements are the store's SQL, each prepared on the pool that runs it.
@@ -203,7 +204,7 @@ type statements struct {
 	all                   []*sql.Stmt // for Close
 	get, lean, list, ping *sql.Stmt   // read pool
 	// write pool
-	lockedLean, nextToken, claim, extend, abandon, complete, release, delete, deleteExpired, owner *sql.Stmt
+	lockedLean, nextToken, insert, claim, extend, abandon, complete, release, delete, deleteExpired, owner *sql.Stmt
 }
 
 var (
@@ -327,6 +328,7 @@ func (s *Store) init(ctx context.Context, table string, batched bool) error {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.seen = newSeenKeys()
 	if batched {
 		s.writes = &batch.Group[*writeOp]{Run: s.runWrites, InFlight: 1, Alone: s.writeAlone}
 	}
@@ -353,7 +355,12 @@ func (s *Store) init(ctx context.Context, table string, batched bool) error {
 			ORDER BY scope, key LIMIT ?6`},
 		{&s.st.ping, s.read, `SELECT last FROM ` + tokens + ` WHERE id = 1`},
 		{&s.st.lockedLean, s.write, lean},
-		{&s.st.nextToken, s.write, `UPDATE ` + tokens + ` SET last = last + 1 WHERE id = 1 RETURNING last`},
+		{&s.st.nextToken, s.write, `UPDATE ` + tokens + ` SET last = last + ? WHERE id = 1 RETURNING last`},
+		// A new key's claim: the record, unless one exists (then nothing changes).
+		{&s.st.insert, s.write, `INSERT INTO ` + t + ` (scope, key, fingerprint, state, token, created_at,
+				lease_until, expires_at, status, header, headers, body, body_omitted, abandoned, route, claim_id)
+			VALUES (?, ?, ?, 'in_progress', ?, ?, ?, ?, NULL, NULL, NULL, NULL, 0, 0, nullif(?, ''), nullif(?, ''))
+			ON CONFLICT (scope, key) DO NOTHING`},
 		// A takeover writes the route again: the record is filed under the route the
 		// request now runs under.
 		{&s.st.claim, s.write, `INSERT INTO ` + t + ` (scope, key, fingerprint, state, token, created_at,
@@ -481,42 +488,57 @@ func (s *Store) check(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// Claim implements idempotency.Store. It first reads the record without the write lock:
-// a record that blocks the claim (a replay, a request in flight, a mismatch) is answered
-// from that consistent snapshot, in one statement that reads the stored response only
-// for a replay. Otherwise it decides again under BEGIN IMMEDIATE, on the clock read
-// then, and writes the record with a new token in the same transaction.
+// Claim implements idempotency.Store.
+//
+// A claim of a key the Store has met recently (seenKeys: claimed or answered here)
+// first reads the record without the write lock: a record that blocks the claim (a
+// replay, a request in flight, a mismatch) is answered from that consistent snapshot,
+// in one statement that reads the stored response only for a replay. That keeps a
+// client's retries off the write lock. Any other key is almost always a new one, and
+// goes straight to the write transaction, as does a claim whose read found no record:
+// there, on the clock read then, the record is inserted unless one exists, in one
+// statement. Only when one does (a key met before this Store's memory of it, or written
+// since the read) is it read under the lock and the claim decided as by the read above,
+// and the record written with a new token in the same transaction. The hint decides
+// only which read comes first: every claim is decided on a record read, or inserted,
+// under the write lock or answered from a snapshot, as without it.
 func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
 	if err := s.check(ctx); err != nil {
 		return idempotency.ClaimResult{}, err
 	}
-	now := s.clock()
-	rec, err := s.lean(ctx, s.st.lean, req)
-	if err != nil {
-		return idempotency.ClaimResult{}, err
-	}
-	if res, done := decided(rec, req, now); done {
-		return res, nil
+	absent := true // no record was read: the write inserts first
+	if s.seen.met(req.Scope, req.Key) {
+		now := s.clock()
+		rec, err := s.lean(ctx, s.st.lean, req)
+		if err != nil {
+			return idempotency.ClaimResult{}, err
+		}
+		if res, done := decided(rec, req, now); done {
+			return res, nil
+		}
+		absent = rec == nil
+	} else {
+		s.seen.add(req.Scope, req.Key)
 	}
 
 	if s.writes != nil {
-		op := &writeOp{claim: &req}
+		op := &writeOp{claim: &req, absent: absent}
 		if err := s.writes.Do(ctx, op); err != nil {
 			return idempotency.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
 		}
 		return op.res, op.err
 	}
-	return s.claimWrite(ctx, req)
+	return s.claimWrite(ctx, req, absent)
 }
 
 // claimWrite is Claim's write: in a transaction of its own.
-func (s *Store) claimWrite(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+func (s *Store) claimWrite(ctx context.Context, req idempotency.ClaimRequest, absent bool) (idempotency.ClaimResult, error) {
 	tx, err := s.write.BeginTx(ctx, nil)
 	if err != nil {
 		return idempotency.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	res, err := s.claimTx(ctx, tx, req)
+	res, err := s.claimTx(ctx, tx, req, absent, &tokenBlock{want: 1})
 	if err != nil || !res.Claimed {
 		return res, err
 	}
@@ -526,9 +548,30 @@ func (s *Store) claimWrite(ctx context.Context, req idempotency.ClaimRequest) (i
 	return res, nil
 }
 
-// claimTx decides a claim again under the write lock of tx and writes it.
-func (s *Store) claimTx(ctx context.Context, tx *sql.Tx, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+// claimTx decides a claim under the write lock of tx and writes it, with a token from
+// tokens. absent: Claim read no record, so the record is inserted if there still is
+// none, and read and decided only if there is.
+func (s *Store) claimTx(ctx context.Context, tx *sql.Tx, req idempotency.ClaimRequest, absent bool, tokens *tokenBlock) (idempotency.ClaimResult, error) {
 	now := s.clock()
+	var token int64
+	if absent {
+		var err error
+		if token, err = s.takeToken(ctx, tx, tokens); err != nil {
+			return idempotency.ClaimResult{}, err
+		}
+		res, err := tx.StmtContext(ctx, s.st.insert).ExecContext(ctx, req.Scope, req.Key, req.Fingerprint, token,
+			now.UnixMilli(), now.Add(req.Lease).UnixMilli(), now.Add(req.TTL).UnixMilli(), req.Route, req.ID)
+		if err != nil {
+			return idempotency.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return idempotency.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
+		}
+		if n == 1 {
+			return idempotency.ClaimResult{Claimed: true, Token: token, Now: now}, nil
+		}
+	}
 	rec, err := s.lean(ctx, tx.StmtContext(ctx, s.st.lockedLean), req)
 	if err != nil {
 		return idempotency.ClaimResult{}, err
@@ -543,15 +586,41 @@ func (s *Store) claimTx(ctx context.Context, tx *sql.Tx, req idempotency.ClaimRe
 	if takeover {
 		created = rec.CreatedAt
 	}
-	var token int64
-	if err := tx.StmtContext(ctx, s.st.nextToken).QueryRowContext(ctx).Scan(&token); err != nil {
-		return idempotency.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
+	if token == 0 {
+		if token, err = s.takeToken(ctx, tx, tokens); err != nil {
+			return idempotency.ClaimResult{}, err
+		}
 	}
 	if _, err := tx.StmtContext(ctx, s.st.claim).ExecContext(ctx, req.Scope, req.Key, req.Fingerprint, token,
 		created.UnixMilli(), now.Add(req.Lease).UnixMilli(), now.Add(req.TTL).UnixMilli(), req.Route, req.ID); err != nil {
 		return idempotency.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
 	}
 	return idempotency.ClaimResult{Claimed: true, Token: token, TookOver: takeover, Now: now}, nil
+}
+
+// tokenBlock hands out the fencing tokens of one write transaction's claims. The first
+// claim that needs one reserves as many as the transaction holds claims, in one update
+// of the token row, and each claim takes the next. A claim takes at most one, and one it
+// does not use (it lost) is never issued: tokens grow strictly across the table and are
+// never reused, with gaps.
+type tokenBlock struct {
+	want       int64 // how many the first take reserves
+	next, last int64 // reserved and not taken: next through last (none while next is 0)
+}
+
+// takeToken takes the next token of b, reserving in tx when b has none left.
+func (s *Store) takeToken(ctx context.Context, tx *sql.Tx, b *tokenBlock) (int64, error) {
+	if b.next == 0 || b.next > b.last {
+		n := max(b.want, 1)
+		b.want = 0
+		var last int64
+		if err := tx.StmtContext(ctx, s.st.nextToken).QueryRowContext(ctx, n).Scan(&last); err != nil {
+			return 0, fmt.Errorf("sqlitestore: claim: %w", err)
+		}
+		b.next, b.last = last-n+1, last
+	}
+	b.next++
+	return b.next - 1, nil
 }
 
 // lean reads the record req would claim as a lost claim returns it (see leanColumns),
