@@ -21,9 +21,10 @@
 //	retrysafe_idempotency_token         one row: the last fencing token issued
 //	retrysafe_idempotency_earlier_write trigger: see Migration
 //
-// Every claim and takeover increments the token row in the transaction that writes the
-// record, so tokens grow strictly across the whole table and are never reused, after
-// Delete and expiry included.
+// The claims of a write transaction reserve their tokens from the token row in one
+// update in that transaction (as many as it holds claims; a claim that loses leaves its
+// token unissued), so tokens grow strictly across the whole table and are never reused,
+// after Delete and expiry included. They may skip values.
 //
 // # Migration
 //
@@ -82,15 +83,25 @@
 // Open keeps two connection pools on the file: a write pool of exactly one connection,
 // which serialises the process's writes in Go instead of making them spin in SQLite's
 // busy handler (measurably faster under contention, and never SQLITE_BUSY within one
-// process), and a read pool for Get, List and the first step of Claim. WAL readers never
-// wait for the writer, so a replay, a 409 or a 422 is answered from a consistent
-// snapshot without the write lock, in one statement; only a claim that may win writes,
-// in a BEGIN IMMEDIATE transaction (the DSN's _txlock=immediate) that takes the write
-// lock before it reads the record it decides on, so that of any number of concurrent
-// claims exactly one wins. A claim reads the stored response only when it is a replay
-// (the record is done and has the claim's fingerprint): its statement selects the
-// response columns under that condition, so a 409 or a 422 never reads the body's
-// overflow pages. Every statement is prepared once per connection.
+// process), and a read pool for Get, List and the first step of a claim of a key met
+// before. WAL readers never wait for the writer, so a retry's replay, 409 or 422 is
+// answered from a consistent snapshot without the write lock, in one statement. A claim
+// that may win writes, in a BEGIN IMMEDIATE transaction (the DSN's _txlock=immediate)
+// that takes the write lock before it reads or inserts the record it decides on, so that
+// of any number of concurrent claims exactly one wins. A claim reads the stored response
+// only when it is a replay (the record is done and has the claim's fingerprint): its
+// statement selects the response columns under that condition, so a 409 or a 422 never
+// reads the body's overflow pages. Every statement is prepared once per connection.
+//
+// Which comes first, the lock-free read or the write, is decided by a hint: the Store
+// remembers the last keys its claims met (65,536 slots of hashes, 512 KiB), and reads
+// first only for those. A key it does not remember is almost always a new one, for which
+// the read finds nothing and costs as much as the insert; its claim goes straight to the
+// write transaction and inserts the record unless one exists, in one statement. Only
+// when one exists (a key this Store has forgotten or never met: claimed by another
+// process, before a restart, or long ago) is it read and decided under the lock, with
+// the outcome the read would have given; such a replay then waits for the write lock,
+// and its key is remembered, so that the client's next retry does not.
 //
 // Several processes on one host may share the file (a restarted gateway sees the records
 // of the one before it); across processes the writers queue on SQLite's file lock, each
@@ -101,7 +112,7 @@
 // # Batching
 //
 // With Config.Batch, the writes of concurrent Claim and Complete calls (after Claim's
-// lock-free read) share one BEGIN IMMEDIATE transaction and one commit: group commit,
+// lock-free read, when it runs one) share one BEGIN IMMEDIATE transaction and one commit: group commit,
 // on internal/batch. With Synchronous FULL every commit is an fsync, which is what
 // limits a SQLite store's write rate; under load a batch pays one for all its calls. A
 // call that finds the writer idle starts a transaction at once, so a lone request waits
