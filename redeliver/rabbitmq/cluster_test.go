@@ -75,6 +75,7 @@ type clusterConsumer struct {
 	events  int64
 	starts  map[string][]int64 // id → the event of each run's start
 	failEnd map[string]int64   // id → the event of its failed first run's end
+	counts  map[string][]int   // id → the broker's DeliveryCount of each run
 
 	mu   sync.Mutex
 	work time.Duration // how long each handler run works
@@ -86,7 +87,7 @@ func startClusterConsumer(t *testing.T, name string, urls []string, first int, i
 	t.Helper()
 	ctx := context.Background()
 	cc := &clusterConsumer{name: name, queue: "kill-" + name, d: newDB(t), log: newRunLog(), acks: &ackLog{},
-		starts: map[string][]int64{}, failEnd: map[string]int64{}}
+		starts: map[string][]int64{}, failEnd: map[string]int64{}, counts: map[string][]int{}}
 	cc.table = cc.d.schema + ".effects"
 	if _, err := cc.d.pool.Exec(ctx, "CREATE TABLE "+cc.table+" (message_id text NOT NULL, attempt int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"); err != nil {
 		t.Fatal(err)
@@ -118,6 +119,7 @@ func startClusterConsumer(t *testing.T, name string, urls []string, first int, i
 		cc.log.runs[m.ID] = append(cc.log.runs[m.ID], m.Attempt)
 		cc.events++
 		cc.starts[m.ID] = append(cc.starts[m.ID], cc.events)
+		cc.counts[m.ID] = append(cc.counts[m.ID], m.DeliveryCount)
 		failFirst := len(cc.log.runs[m.ID]) == 1 && failsFirst(m.ID)
 		cc.log.mu.Unlock()
 		cc.log.total.Add(1)
@@ -578,11 +580,16 @@ func checkClusterPhase(t *testing.T, cl cluster, cc *clusterConsumer, phase stri
 		if failsFirst(id) {
 			// The first run that started after the failed one ended (a redelivery of a
 			// delivery lost with a node may run alongside the first run, as attempt 1:
-			// no attempt had failed yet).
+			// no attempt had failed yet) has attempt 2, unless it is the broker's
+			// redelivery of the failed delivery itself: when the node was lost after the
+			// retry's copy was confirmed but before the broker took the ack, the
+			// Consumer saw its Retry succeed and the broker hands the original back, with
+			// its count header unchanged and its delivery count advanced. A run of
+			// attempt 1 that the broker delivers for the first time is still refused.
 			next := slices.IndexFunc(cc.starts[id], func(e int64) bool { return e > cc.failEnd[id] })
-			if next < 0 || r[next] != 2 {
+			if next < 0 || r[next] != 2 && !(r[next] == 1 && cc.counts[id][next] > 1) {
 				bad++
-				t.Errorf("phase %s, %s: %s failed its first run; the run after it is #%d, want one with attempt 2 (attempts %v)", phase, cc.name, id, next+1, r)
+				t.Errorf("phase %s, %s: %s failed its first run; the run after it is #%d, want one with attempt 2 or a redelivery (attempts %v, delivery counts %v)", phase, cc.name, id, next+1, r, cc.counts[id])
 			}
 		}
 	}
