@@ -17,21 +17,25 @@ import (
 	"github.com/retrysafe/retrysafe/idempotency/pgstore"
 )
 
-// tableUpdates returns the table's updates and HOT updates as the statistics count
-// them, once every backend of pool has flushed its counts: the pool has one connection,
-// which is asked to flush as soon as it is idle, and the counts are read by the next
-// statement.
-func tableUpdates(t *testing.T, pool *pgxpool.Pool, schema string) (upd, hot int64) {
+// tableStats is what PostgreSQL's statistics count on the records table: the rows
+// updated, those of them updated HOT, and the sequential scans.
+type tableStats struct{ upd, hot, seqScans int64 }
+
+// statsOf returns the tableStats of the records table in schema once every backend of
+// pool has flushed its counts: the pool has one connection, which is asked to flush as
+// soon as it is idle, and the counts are read by the next statement.
+func statsOf(t *testing.T, pool *pgxpool.Pool, schema string) tableStats {
 	t.Helper()
 	ctx := t.Context()
 	if _, err := pool.Exec(ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
 		t.Fatal(err)
 	}
-	if err := pool.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
-		WHERE schemaname = $1 AND relname = 'retrysafe_idempotency'`, schema).Scan(&upd, &hot); err != nil {
+	var s tableStats
+	if err := pool.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd, seq_scan FROM pg_stat_user_tables
+		WHERE schemaname = $1 AND relname = 'retrysafe_idempotency'`, schema).Scan(&s.upd, &s.hot, &s.seqScans); err != nil {
 		t.Fatal(err)
 	}
-	return upd, hot
+	return s
 }
 
 // completeMany claims and completes n new keys with an answer of the gateway's usual
@@ -82,7 +86,8 @@ func TestCompletionsAreHOT(t *testing.T) {
 			st, schema := newStoreConfig(t, pgstore.Config{Pool: pool, Batch: batch})
 			const n = 400
 			completeMany(t, st, n)
-			upd, hot := tableUpdates(t, pool, schema)
+			s := statsOf(t, pool, schema)
+			upd, hot := s.upd, s.hot
 			if upd < n {
 				t.Fatalf("the statistics count %d updates, want at least the %d completions", upd, n)
 			}
@@ -184,11 +189,12 @@ func TestMigrateToHOTCompletions(t *testing.T) {
 	if _, err := reopened.Get(ctx, "s", "old"); err == nil {
 		t.Error("the expired old record is still there")
 	}
-	before, beforeHot := tableUpdates(t, pool, schema)
+	before := statsOf(t, pool, schema)
 	completeMany(t, reopened, 200)
-	upd, hot := tableUpdates(t, pool, schema)
-	if upd-before < 200 || hot-beforeHot < (upd-before)*9/10 {
-		t.Errorf("after Migrate, %d of %d updates were HOT, want at least 90%% of at least 200", hot-beforeHot, upd-before)
+	after := statsOf(t, pool, schema)
+	upd, hot := after.upd-before.upd, after.hot-before.hot
+	if upd < 200 || hot < upd*9/10 {
+		t.Errorf("after Migrate, %d of %d updates were HOT, want at least 90%% of at least 200", hot, upd)
 	}
 }
 

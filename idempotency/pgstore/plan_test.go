@@ -48,18 +48,7 @@ func indexOnGrownTable(t *testing.T, batch bool) {
 	if _, err := pool.Exec(ctx, "ALTER TABLE "+table+" SET (autovacuum_enabled = false)"); err != nil {
 		t.Fatal(err)
 	}
-	seqScans := func() int64 {
-		t.Helper()
-		if _, err := pool.Exec(ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
-			t.Fatal(err)
-		}
-		var n int64
-		if err := pool.QueryRow(ctx, `SELECT seq_scan FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'retrysafe_idempotency'`,
-			schema).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	seqScans := func() int64 { t.Helper(); return statsOf(t, pool, schema).seqScans }
 	// claimAndComplete claims and completes keys from 8 goroutines on the pool's one
 	// connection, so that they go in batches.
 	claimAndComplete := func(prefix string, keys int) {
