@@ -94,7 +94,7 @@
 // reads the body's overflow pages. Every statement is prepared once per connection.
 //
 // Which comes first, the lock-free read or the write, is decided by a hint: the Store
-// remembers the last keys its claims met (65,536 slots of hashes, 512 KiB), and reads
+// remembers recent keys its claims met (65,536 slots of hashes, 512 KiB), and reads
 // first only for those. A key it does not remember is almost always a new one, for which
 // the read finds nothing and costs as much as the insert; its claim goes straight to the
 // write transaction and inserts the record unless one exists, in one statement. Only
@@ -112,8 +112,8 @@
 // # Batching
 //
 // With Config.Batch, the writes of concurrent Claim and Complete calls (after Claim's
-// lock-free read, when it runs one) share one BEGIN IMMEDIATE transaction and one commit: group commit,
-// on internal/batch. With Synchronous FULL every commit is an fsync, which is what
+// lock-free read, when it runs one) share one BEGIN IMMEDIATE transaction and one
+// commit: group commit, on internal/batch. With Synchronous FULL every commit is an fsync, which is what
 // limits a SQLite store's write rate; under load a batch pays one for all its calls. A
 // call that finds the writer idle starts a transaction at once, so a lone request waits
 // for nothing. Each call is decided and answered as without batching, on the clock read
@@ -501,18 +501,17 @@ func (s *Store) check(ctx context.Context) error {
 
 // Claim implements idempotency.Store.
 //
-// A claim of a key the Store has met recently (seenKeys: claimed or answered here)
-// first reads the record without the write lock: a record that blocks the claim (a
-// replay, a request in flight, a mismatch) is answered from that consistent snapshot,
-// in one statement that reads the stored response only for a replay. That keeps a
-// client's retries off the write lock. Any other key is almost always a new one, and
-// goes straight to the write transaction, as does a claim whose read found no record:
-// there, on the clock read then, the record is inserted unless one exists, in one
-// statement. Only when one does (a key met before this Store's memory of it, or written
-// since the read) is it read under the lock and the claim decided as by the read above,
-// and the record written with a new token in the same transaction. The hint decides
-// only which read comes first: every claim is decided on a record read, or inserted,
-// under the write lock or answered from a snapshot, as without it.
+// A claim of a key the Store has met recently (seenKeys) first reads the record without
+// the write lock: a record that blocks the claim (a replay, a request in flight, a
+// mismatch) is answered from that consistent snapshot, in one statement that reads the
+// stored response only for a replay. That keeps a client's retries off the write lock.
+// Any other key is almost always a new one, and goes straight to the write transaction,
+// as does a claim whose read found no record: there, on the clock read then, the record
+// is inserted unless one exists, in one statement. Only when one does (a key this Store
+// has forgotten or never met, or one written since the read) is it read under the lock
+// and the claim decided as by the read above, and the record written with a new token
+// in the same transaction. The hint chooses only which read comes first: every claim is
+// decided on a snapshot or under the write lock, as without it.
 func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
 	if err := s.check(ctx); err != nil {
 		return idempotency.ClaimResult{}, err
