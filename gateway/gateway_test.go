@@ -256,8 +256,11 @@ type fixture struct {
 	store idempotency.Store
 	gw    *gateway.Gateway
 	front *httptest.Server
-	clock *clock // the store's clock, when the test drives it
-	logs  *syncBuffer
+	// open opens another store of the same kind, on a clock of its own (nil: the
+	// store's own), for a test that moves time: the store is shared by tests running in
+	// parallel, whose leases must not end under them.
+	open func(t *testing.T, clock func() time.Time) idempotency.Store
+	logs *syncBuffer
 }
 
 type syncBuffer struct {
@@ -378,11 +381,10 @@ func TestContract(t *testing.T) {
 	for _, kind := range storeKinds {
 		t.Run(kind.name, func(t *testing.T) {
 			t.Parallel()
-			clk := &clock{}
-			store := kind.open(t, clk.now)
+			store := kind.open(t, nil)
 			up := newUpstream(t)
 			f := newFixture(t, store, up, nil)
-			f.clock = clk
+			f.open = kind.open
 			for _, c := range contractCases {
 				t.Run(c.name, func(t *testing.T) {
 					t.Parallel()
@@ -534,10 +536,12 @@ var contractCases = []struct {
 		}
 	}},
 	{"504 upstream timeout, key kept until its lease ends", func(t *testing.T, f *fixture) {
-		// A gateway and an upstream of their own: the first call is held upstream until
-		// the timeout, the one after the lease answers at once. The timeout is seconds,
-		// so that a loaded machine still answers that one in time.
-		g := newFixture(t, f.store, nil, func(c *gateway.Config) {
+		// A gateway, an upstream and a store of their own, the store on a clock that this
+		// test moves: the first call is held upstream until the timeout, the one after
+		// the lease answers at once. The timeout is seconds, so that a loaded machine
+		// still answers that one in time.
+		clk := &clock{}
+		g := newFixture(t, f.open(t, clk.now), nil, func(c *gateway.Config) {
 			c.UpstreamTimeout = 2 * time.Second
 			c.Idempotency.Lease = 30 * time.Second
 		})
@@ -554,7 +558,7 @@ var contractCases = []struct {
 		if r := g.do("POST", "/block", key, `{}`); r.status != http.StatusConflict {
 			t.Fatalf("retry within the lease: %d %s", r.status, r.body)
 		}
-		f.clock.advance(31 * time.Second)
+		clk.advance(31 * time.Second)
 		r = g.do("POST", "/block", key, `{}`)
 		if r.status != http.StatusCreated {
 			t.Fatalf("retry after the lease: %d %s", r.status, r.body)
