@@ -10,9 +10,9 @@ const seenSlots = 1 << 16
 
 // seenKeys remembers, approximately, which (scope, key) pairs a Store's claims have met:
 // a direct-mapped table of 64-bit hashes, where a key displaces whichever key shares its
-// slot. It answers "met recently" or "not known", never wrongly "met" (short of a 64-bit
-// collision), and its memory is fixed whatever the keys. It is a hint for where a claim
-// reads first, never a decision: see Store.Claim.
+// slot. It answers "met recently" or "not known"; a wrong "met" (two pairs with one
+// hash) costs that claim one read. Its memory is fixed whatever the keys. It is a hint
+// for where a claim reads first, never a decision: see Store.Claim.
 type seenKeys struct {
 	seed  maphash.Seed
 	slots []atomic.Uint64
