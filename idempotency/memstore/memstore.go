@@ -1,55 +1,48 @@
 // Package memstore is an in-process idempotency.Store: the reference implementation of
 // the store contract, and the store for tests and examples.
 //
-// Records live in a map guarded by one mutex, so every operation is atomic. A record
-// keeps its response encoded in one byte slice, without pointers, so that a store of
-// many records gives the garbage collector little to scan. Nothing survives the process: use it where losing every key on a restart is acceptable (tests,
-// single-process tools), never in front of payments. Fencing tokens come from one
-// counter per Store, so they are never reused, even after Delete or expiry. Inspect
-// (idempotency.Inspector) says so as a warning, for `retrysafe doctor` and the
-// gateway's start.
+// Records live in a map guarded by one mutex, so every operation is atomic. Each
+// record is one byte slice without pointers, indexed by a 64-bit hash of its scope and
+// key, so that a store of many records gives the garbage collector one mark per
+// record and nothing to scan (record). Nothing survives the process: use it where
+// losing every key on a restart is acceptable (tests, single-process tools), never in
+// front of payments. Fencing tokens come from one counter per Store, so they are never
+// reused, even after Delete or expiry. Inspect (idempotency.Inspector) says so as a
+// warning, for `retrysafe doctor` and the gateway's start.
 package memstore
 
 import (
 	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
-	"net/http"
+	"hash/maphash"
+	"math/bits"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/retrysafe/retrysafe/idempotency"
-	"github.com/retrysafe/retrysafe/internal/headercodec"
 	"github.com/retrysafe/retrysafe/internal/listcursor"
 )
 
 type id struct{ scope, key string }
 
-// record is a key's record as the store keeps it: the Record's fields but its scope and
-// key (the map's key) and its response, which is encoded (encodeResponse).
-type record struct {
-	fingerprint string
-	route       string // shares the claim's string: a claim copies no bytes
-	claimID     string // the ClaimRequest.ID of the claim that owns it
-	state       idempotency.State
-	token       int64
-	abandoned   bool
-	createdAt   time.Time
-	leaseUntil  time.Time
-	expiresAt   time.Time
-	response    []byte // nil: no response (in progress)
-}
-
 // Store is an in-memory idempotency.Store. The zero value is not usable; call New.
+//
+// A record is in index under the hash of its scope and key, unless another key with
+// the same hash holds that entry: then it is in spill. A key is never in both. The
+// hash is seeded per Store, so a collision is a matter of chance (about one in 2⁶⁴ per
+// pair of keys) that no client can aim at; spill makes it harmless.
 type Store struct {
-	now     func() time.Time
-	mu      sync.Mutex
-	records map[id]*record
-	token   int64
-	closed  bool
+	now    func() time.Time
+	base   time.Time // the clock's reading at New: records hold times as offsets from it
+	seed   maphash.Seed
+	hash   func(seed maphash.Seed, scope, key string) uint64
+	mu     sync.Mutex
+	index  map[uint64]record
+	spill  map[id]record
+	token  int64
+	closed bool
 }
 
 var (
@@ -69,7 +62,64 @@ func NewWithClock(clock func() time.Time) *Store {
 	if clock == nil {
 		clock = time.Now
 	}
-	return &Store{now: clock, records: make(map[id]*record)}
+	return &Store{now: clock, base: clock(), seed: maphash.MakeSeed(), hash: hashID,
+		index: make(map[uint64]record), spill: make(map[id]record)}
+}
+
+// hashID hashes a scope and a key: the key's hash, and the scope's turned by half a
+// word, so that the pairs (a, b) and (b, a) differ.
+func hashID(seed maphash.Seed, scope, key string) uint64 {
+	return maphash.String(seed, key) ^ bits.RotateLeft64(maphash.String(seed, scope), 32)
+}
+
+// offset returns t as a record holds it: its offset from the base time. Both readings
+// of the process clock carry the monotonic clock, so a step of the wall clock moves no
+// lease or expiry.
+func (s *Store) offset(t time.Time) int64 { return int64(t.Sub(s.base)) }
+
+// at returns the time that the offset off stands for.
+func (s *Store) at(off int64) time.Time { return s.base.Add(time.Duration(off)) }
+
+// find returns the record of (scope, key) and the hash it is filed under.
+func (s *Store) find(scope, key string) (uint64, record, bool) {
+	h := s.hash(s.seed, scope, key)
+	if r, ok := s.index[h]; ok && r.is(scope, key) {
+		return h, r, true
+	}
+	if len(s.spill) > 0 {
+		if r, ok := s.spill[id{scope, key}]; ok {
+			return h, r, true
+		}
+	}
+	return h, nil, false
+}
+
+// put files r, the record of (scope, key), under h, in place of the key's record if it
+// has one.
+func (s *Store) put(h uint64, scope, key string, r record) {
+	old, ok := s.index[h]
+	switch {
+	case !ok:
+		if len(s.spill) > 0 {
+			delete(s.spill, id{scope, key})
+		}
+		s.index[h] = r
+	case old.is(scope, key):
+		s.index[h] = r
+	default:
+		s.spill[id{scope, key}] = r
+	}
+}
+
+// remove deletes the record of (scope, key), filed under h, if there is one.
+func (s *Store) remove(h uint64, scope, key string) {
+	if r, ok := s.index[h]; ok && r.is(scope, key) {
+		delete(s.index, h)
+		return
+	}
+	if len(s.spill) > 0 {
+		delete(s.spill, id{scope, key})
+	}
 }
 
 // Close makes every later call fail with idempotency.ErrClosed and drops the records.
@@ -77,7 +127,7 @@ func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
-	s.records = nil
+	s.index, s.spill = nil, nil
 	return nil
 }
 
@@ -100,43 +150,47 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 	}
 	defer s.mu.Unlock()
 	now := s.now()
-	k := id{req.Scope, req.Key}
-	old, ok := s.records[k]
+	t := s.offset(now)
+	h, old, ok := s.find(req.Scope, req.Key)
 	takeover := false
 	if ok {
-		expired := !old.expiresAt.After(now)
+		v := old.view()
+		expired := old.expires() <= t
 		switch {
-		case old.state == idempotency.StateInProgress && req.ID != "" && old.claimID == req.ID:
-			return idempotency.ClaimResult{Claimed: true, Token: old.token, Now: now}, nil
-		case old.state == idempotency.StateDone && expired:
+		case !old.done() && req.ID != "" && string(v.claimID) == req.ID:
+			return idempotency.ClaimResult{Claimed: true, Token: old.token(), Now: now}, nil
+		case old.done() && expired:
 			// replaced by a fresh claim
-		case old.state == idempotency.StateInProgress && !old.leaseUntil.After(now) && req.MayTakeOver(now) &&
-			(expired || old.fingerprint == req.Fingerprint):
+		case !old.done() && old.leaseUntil() <= t && req.MayTakeOver(now) &&
+			(expired || string(v.fingerprint) == req.Fingerprint):
 			takeover = !expired // an expired one is replaced by a fresh claim
 		default:
 			// The response only for a replay.
-			replay := old.state == idempotency.StateDone && old.fingerprint == req.Fingerprint
-			return idempotency.ClaimResult{Existing: old.export(k, replay), Now: now}, nil
+			replay := old.done() && string(v.fingerprint) == req.Fingerprint
+			rec := s.export(old, v, req.Scope, req.Key, replay)
+			rec.Fingerprint = text(v.fingerprint, req.Fingerprint)
+			rec.Route = text(v.route, req.Route)
+			return idempotency.ClaimResult{Existing: rec, Now: now}, nil
 		}
 	}
 	s.token++
-	created := now
+	f := fields{scope: req.Scope, key: req.Key, fingerprint: req.Fingerprint, route: req.Route, claimID: req.ID,
+		token: s.token, created: t, lease: s.offset(now.Add(req.Lease)), expires: s.offset(now.Add(req.TTL))}
 	if takeover {
-		created = old.createdAt
+		f.created = old.created()
 	}
-	s.records[k] = &record{
-		fingerprint: req.Fingerprint, route: req.Route, claimID: req.ID, state: idempotency.StateInProgress, token: s.token,
-		createdAt: created, leaseUntil: now.Add(req.Lease), expiresAt: now.Add(req.TTL),
-	}
+	s.put(h, req.Scope, req.Key, newRecord(&f))
 	return idempotency.ClaimResult{Claimed: true, Token: s.token, TookOver: takeover, Now: now}, nil
 }
 
-// export returns the Record of r, the record of k, with its response when withResponse.
-func (r *record) export(k id, withResponse bool) *idempotency.Record {
-	rec := &idempotency.Record{Scope: k.scope, Key: k.key, Fingerprint: r.fingerprint, Route: r.route, State: r.state,
-		Token: r.token, Abandoned: r.abandoned, CreatedAt: r.createdAt, LeaseUntil: r.leaseUntil, ExpiresAt: r.expiresAt}
-	if withResponse && r.response != nil {
-		rec.Response = decodeResponse(r.response)
+// export returns the Record of r, the record of (scope, key), whose strings are v, with
+// its response when withResponse.
+func (s *Store) export(r record, v view, scope, key string, withResponse bool) *idempotency.Record {
+	rec := &idempotency.Record{Scope: scope, Key: key, Fingerprint: string(v.fingerprint), Route: string(v.route),
+		State: r.state(), Token: r.token(), Abandoned: r.abandoned(), CreatedAt: s.at(r.created()),
+		LeaseUntil: s.at(r.leaseUntil()), ExpiresAt: s.at(r.expires())}
+	if withResponse {
+		rec.Response = r.response(v)
 	}
 	return rec
 }
@@ -144,56 +198,54 @@ func (r *record) export(k id, withResponse bool) *idempotency.Record {
 // update runs fn, under the store's lock, on the in-progress record owned by token, or
 // returns ErrRecordGone when the record is absent, and ErrLeaseLost when it has another
 // token or is done (but done under token with again: then nil, and fn does not run).
-func (s *Store) update(ctx context.Context, scope, key string, token int64, again bool, fn func(r *record)) error {
+func (s *Store) update(ctx context.Context, scope, key string, token int64, again bool, fn func(h uint64, r record)) error {
 	if err := s.lock(ctx); err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
-	r, ok := s.records[id{scope, key}]
+	h, r, ok := s.find(scope, key)
 	switch {
 	case !ok:
 		return idempotency.ErrRecordGone
-	case r.token != token:
+	case r.token() != token:
 		return idempotency.ErrLeaseLost
-	case r.state == idempotency.StateDone && again:
+	case r.done() && again:
 		return nil
-	case r.state != idempotency.StateInProgress:
+	case r.done():
 		return idempotency.ErrLeaseLost
 	}
-	fn(r)
+	fn(h, r)
 	return nil
 }
 
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
-	return s.update(ctx, scope, key, token, false, func(r *record) {
-		r.leaseUntil = s.now().Add(lease)
-		if r.expiresAt.Before(r.leaseUntil) {
-			r.expiresAt = r.leaseUntil
+	return s.update(ctx, scope, key, token, false, func(_ uint64, r record) {
+		until := s.offset(s.now().Add(lease))
+		r.setLeaseUntil(until)
+		if r.expires() < until {
+			r.setExpires(until)
 		}
 	})
 }
 
 // Abandon implements idempotency.Store.
 func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) error {
-	return s.update(ctx, scope, key, token, false, func(r *record) { r.abandoned = true })
+	return s.update(ctx, scope, key, token, false, func(_ uint64, r record) { r.setAbandoned() })
 }
 
 // Complete implements idempotency.Store.
 func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 	// A completion sent again finds its record done: this store's writes are final when
 	// they return, so there is nothing to write again.
-	return s.update(ctx, c.Scope, c.Key, c.Token, true, func(r *record) {
-		r.state = idempotency.StateDone
-		r.abandoned = false
-		r.response = encodeResponse(&c.Response)
-		r.expiresAt = s.now().Add(c.TTL)
+	return s.update(ctx, c.Scope, c.Key, c.Token, true, func(h uint64, r record) {
+		s.put(h, c.Scope, c.Key, r.completed(&c.Response, s.offset(s.now().Add(c.TTL))))
 	})
 }
 
 // Release implements idempotency.Store.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
-	return s.update(ctx, scope, key, token, false, func(*record) { delete(s.records, id{scope, key}) })
+	return s.update(ctx, scope, key, token, false, func(h uint64, _ record) { s.remove(h, scope, key) })
 }
 
 // Get implements idempotency.Store.
@@ -202,12 +254,11 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 		return nil, err
 	}
 	defer s.mu.Unlock()
-	k := id{scope, key}
-	r, ok := s.records[k]
+	_, r, ok := s.find(scope, key)
 	if !ok {
 		return nil, idempotency.ErrNotFound
 	}
-	return r.export(k, true), nil
+	return s.export(r, r.view(), scope, key, true), nil
 }
 
 // Delete implements idempotency.Store.
@@ -216,7 +267,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 		return err
 	}
 	defer s.mu.Unlock()
-	delete(s.records, id{scope, key})
+	s.remove(s.hash(s.seed, scope, key), scope, key)
 	return nil
 }
 
@@ -226,14 +277,24 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 		return 0, err
 	}
 	defer s.mu.Unlock()
-	now := s.now()
+	t := s.offset(s.now())
+	gone := func(r record) bool { return r.expires() <= t && (r.done() || r.leaseUntil() <= t) }
 	n := 0
-	for k, r := range s.records {
+	for k, r := range s.spill {
+		if n >= limit {
+			return n, nil
+		}
+		if gone(r) {
+			delete(s.spill, k)
+			n++
+		}
+	}
+	for h, r := range s.index {
 		if n >= limit {
 			break
 		}
-		if !r.expiresAt.After(now) && (r.state == idempotency.StateDone || !r.leaseUntil.After(now)) {
-			delete(s.records, k)
+		if gone(r) {
+			delete(s.index, h)
 			n++
 		}
 	}
@@ -258,27 +319,40 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 		}
 		after = &id{scope, key}
 	}
-	var ids []id
-	for k, r := range s.records {
-		if (f.Scope == "" || k.scope == f.Scope) && (f.State == "" || r.state == f.State) &&
-			(f.Route == "" || r.route == f.Route) && less(after, k) {
-			ids = append(ids, k)
+	type listed struct {
+		id
+		r record
+		v view
+	}
+	var found []listed
+	add := func(r record) {
+		v := r.view()
+		k := id{string(v.scope), string(v.key)}
+		if (f.Scope == "" || k.scope == f.Scope) && (f.State == "" || r.state() == f.State) &&
+			(f.Route == "" || string(v.route) == f.Route) && less(after, k) {
+			found = append(found, listed{k, r, v})
 		}
 	}
-	slices.SortFunc(ids, func(a, b id) int {
+	for _, r := range s.index {
+		add(r)
+	}
+	for _, r := range s.spill {
+		add(r)
+	}
+	slices.SortFunc(found, func(a, b listed) int {
 		if c := strings.Compare(a.scope, b.scope); c != 0 {
 			return c
 		}
 		return strings.Compare(a.key, b.key)
 	})
 	var page idempotency.ListPage
-	for i, k := range ids {
+	for i, l := range found {
 		if i == limit {
-			last := ids[i-1]
+			last := found[i-1]
 			page.Next = listcursor.Encode(last.scope, last.key)
 			break
 		}
-		page.Records = append(page.Records, *s.records[k].export(k, true))
+		page.Records = append(page.Records, *s.export(l.r, l.v, l.scope, l.key, true))
 	}
 	return page, nil
 }
@@ -301,62 +375,4 @@ func less(after *id, k id) bool {
 		return true
 	}
 	return k.scope > after.scope || (k.scope == after.scope && k.key > after.key)
-}
-
-// A response is encoded as: its status (a varint), a flags byte (flagOmitted,
-// flagNilBody), the body's length (a uvarint), the body, and to the end the encoding of
-// its header and trailer (package headercodec).
-const (
-	flagOmitted = 1 << iota // BodyOmitted
-	flagNilBody             // Body is nil, not empty
-)
-
-// encodeResponse returns the encoding of resp, in one allocation: a copy of it, so that
-// the caller may change resp afterwards.
-func encodeResponse(resp *idempotency.Response) []byte {
-	b := make([]byte, 0, 2*binary.MaxVarintLen64+1+len(resp.Body)+headercodec.Size(resp.Header, resp.Trailer))
-	b = binary.AppendVarint(b, int64(resp.Status))
-	var flags byte
-	if resp.BodyOmitted {
-		flags |= flagOmitted
-	}
-	if resp.Body == nil {
-		flags |= flagNilBody
-	}
-	b = append(b, flags)
-	b = binary.AppendUvarint(b, uint64(len(resp.Body)))
-	b = append(b, resp.Body...)
-	return headercodec.Append(b, resp.Header, resp.Trailer)
-}
-
-// errCorrupt says that a stored response does not decode, which cannot happen: the store
-// decodes only what it encoded.
-var errCorrupt = errors.New("memstore: corrupt stored response")
-
-// decodeResponse returns the response that b encodes. Its body is a copy: the caller
-// may change it.
-func decodeResponse(b []byte) *idempotency.Response {
-	status, k := binary.Varint(b)
-	if k <= 0 || len(b) == k {
-		panic(errCorrupt)
-	}
-	flags := b[k]
-	b = b[k+1:]
-	n, k := binary.Uvarint(b)
-	if k <= 0 || uint64(len(b)-k) < n {
-		panic(errCorrupt)
-	}
-	body, rest := b[k:k+int(n)], b[k+int(n):]
-	header, trailer, err := headercodec.Decode(rest)
-	if err != nil {
-		panic(fmt.Errorf("%w: %w", errCorrupt, err))
-	}
-	if header == nil {
-		header = http.Header{} // a stored response always has a header map
-	}
-	resp := &idempotency.Response{Status: int(status), Header: header, Trailer: trailer, BodyOmitted: flags&flagOmitted != 0}
-	if flags&flagNilBody == 0 {
-		resp.Body = slices.Clone(body) // not nil: body is a part of b
-	}
-	return resp
 }
