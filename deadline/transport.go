@@ -30,7 +30,7 @@ import (
 // Put Transport below a retry layer (&retry.Transport{Base: deadline.Transport{…}}), so
 // each attempt carries the budget remaining when it is sent. The request given to Base is
 // a copy with a header map of its own (the header values, the URL and the body are the
-// caller's); the caller's request is never modified.
+// caller's); the caller's request is never modified, unless InPlace says it may be.
 type Transport struct {
 	// Base sends the requests. Default http.DefaultTransport.
 	Base http.RoundTripper
@@ -44,6 +44,13 @@ type Transport struct {
 	// the answer, which the next hop cannot see. Default 0: the next hop is told all the
 	// time that is left. Negative means 0.
 	Reserve time.Duration
+
+	// InPlace sets the header on the request given, not on a copy. It is for a caller
+	// whose request is its own, sent once and not read afterwards, such as the outbound
+	// request of an httputil.ReverseProxy (a copy, with a header map of its own): it
+	// saves a copy of the request and of its header map per call. Default false: the
+	// request is not modified, as http.RoundTripper asks.
+	InPlace bool
 }
 
 // RoundTrip implements http.RoundTripper.
@@ -74,10 +81,15 @@ func (t Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// values: only the budget's entry is replaced, so nothing of the caller's request
 	// changes, and the rest need not be copied (a RoundTripper modifies nothing of the
 	// request it is given).
-	out := new(http.Request)
-	*out = *req
-	out.Header = make(http.Header, len(req.Header)+1)
-	maps.Copy(out.Header, req.Header)
+	out := req
+	if !t.InPlace {
+		out = new(http.Request)
+		*out = *req
+		out.Header = make(http.Header, len(req.Header)+1)
+		maps.Copy(out.Header, req.Header)
+	} else if out.Header == nil {
+		out.Header = make(http.Header, 1)
+	}
 	out.Header.Set(header, strconv.FormatInt(ms, 10))
 	resp, err := base.RoundTrip(out)
 	if err == nil && resp != nil && exhaustedAnswer(resp.Header) {

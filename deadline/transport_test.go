@@ -218,6 +218,39 @@ func TestTransportNilHeader(t *testing.T) {
 	}
 }
 
+// With InPlace the budget is written on the request given, which Base receives itself:
+// no copy of it or of its header map; a nil header map gets one.
+func TestTransportInPlace(t *testing.T) {
+	t.Parallel()
+	for _, nilHeader := range []bool{false, true} {
+		var sent *http.Request
+		rt := Transport{InPlace: true, Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			sent = r
+			return &http.Response{StatusCode: http.StatusNoContent, Body: http.NoBody, Request: r}, nil
+		})}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://example.invalid/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if nilHeader {
+			req.Header = nil
+		}
+		resp, err := rt.RoundTrip(req)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if sent != req {
+			t.Errorf("nil header %v: Base got a copy of the request, want the request itself", nilHeader)
+		}
+		if ms, err := strconv.ParseInt(req.Header.Get(DefaultHeader), 10, 64); err != nil || ms > 10000 || ms < 5000 {
+			t.Errorf("nil header %v: the request's %s is %q, want one value in [5000, 10000]", nilHeader, DefaultHeader, req.Header.Get(DefaultHeader))
+		}
+	}
+}
+
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -242,8 +242,9 @@ func (g *Gateway) newRoute(p policy) (*route, error) {
 			}
 		},
 		// deadline.Transport tells the upstream, in Request-Budget-Ms, how long the
-		// gateway will wait for it: what is left of UpstreamTimeout.
-		Transport:      deadline.Transport{Base: g.cfg.Transport},
+		// gateway will wait for it: what is left of UpstreamTimeout. It sets the header
+		// on the proxy's outbound request, which is the proxy's own copy.
+		Transport:      deadline.Transport{Base: g.cfg.Transport, InPlace: true},
 		ModifyResponse: g.modifyResponse,
 		ErrorHandler:   g.upstreamError,
 		// What the proxy logs of a failed round trip or body copy, the request's own
