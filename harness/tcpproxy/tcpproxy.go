@@ -23,8 +23,10 @@
 //	         to the round trip without limiting throughput: a slow link, not a narrow one.
 //
 // Restore ends Cut or Stall; latency stays until set to 0. Stats counts connections,
-// resets and the bytes forwarded each way. Close stops the proxy, closes every
-// connection and waits for all of its goroutines.
+// resets, the bytes forwarded each way and the bytes a Stall held. OnHold reports each
+// chunk a Stall holds as it arrives, so a test can wait until a request it expects has
+// been sent into the partition. Close stops the proxy, closes every connection and
+// waits for all of its goroutines.
 package tcpproxy
 
 import (
@@ -66,11 +68,12 @@ type Stats struct {
 
 	BytesToTarget   int64 // bytes forwarded from clients to the target
 	BytesFromTarget int64 // bytes forwarded from the target to clients
+	BytesHeld       int64 // bytes read from clients while a Stall held their connection: never forwarded
 }
 
 type counters struct {
 	accepted, refused, reset, stalled, dialErrors, cuts, stalls atomic.Int64
-	toTarget, fromTarget                                        atomic.Int64
+	toTarget, fromTarget, held                                  atomic.Int64
 }
 
 // Proxy is a running proxy. Make one with New.
@@ -84,6 +87,7 @@ type Proxy struct {
 	mode    mode
 	latency time.Duration
 	changed chan struct{} // closed and replaced whenever mode changes
+	onHold  func([]byte)  // see OnHold
 	closed  bool
 	conns   map[*link]struct{}
 }
@@ -171,6 +175,38 @@ func (p *Proxy) SetLatency(d time.Duration) {
 	p.mu.Unlock()
 }
 
+// OnHold sets fn to be called with each chunk of bytes read from a client while a Stall
+// holds its connection: bytes the target never receives. A test waits on it for the sign
+// that the code under test sent a given request into the partition (a byte count cannot
+// tell which request the bytes were), so that the request is lost with the connection at
+// Restore. fn runs on the proxy's goroutines, possibly on several at once: it must not
+// block, and must not keep b after it returns. nil (the default) removes it.
+func (p *Proxy) OnHold(fn func(b []byte)) {
+	p.mu.Lock()
+	p.onHold = fn
+	p.mu.Unlock()
+}
+
+// hold counts b, read from a client while a Stall held its connection, and reports it to
+// fn, the OnHold function read with it (nil: none).
+func (p *Proxy) hold(fn func([]byte), b []byte) {
+	p.stats.held.Add(int64(len(b)))
+	if fn != nil {
+		fn(b)
+	}
+}
+
+// holdWriter reports what is written to it as held (see OnHold), and drops it.
+type holdWriter struct{ p *Proxy }
+
+func (w holdWriter) Write(b []byte) (int, error) {
+	w.p.mu.Lock()
+	fn := w.p.onHold
+	w.p.mu.Unlock()
+	w.p.hold(fn, b)
+	return len(b), nil
+}
+
 // Partitioned reports whether a Cut or a Stall is in force.
 func (p *Proxy) Partitioned() bool {
 	p.mu.Lock()
@@ -190,6 +226,7 @@ func (p *Proxy) Stats() Stats {
 		Stalls:          p.stats.stalls.Load(),
 		BytesToTarget:   p.stats.toTarget.Load(),
 		BytesFromTarget: p.stats.fromTarget.Load(),
+		BytesHeld:       p.stats.held.Load(),
 	}
 }
 
@@ -309,12 +346,12 @@ func (l *link) run() {
 	var wg sync.WaitGroup
 	var hardEnd atomic.Bool
 	wg.Go(func() {
-		if !l.pipe(l.client, l.target, &l.p.stats.toTarget) {
+		if !l.pipe(l.client, l.target, true, &l.p.stats.toTarget) {
 			hardEnd.Store(true)
 		}
 	})
 	wg.Go(func() {
-		if !l.pipe(l.target, l.client, &l.p.stats.fromTarget) {
+		if !l.pipe(l.target, l.client, false, &l.p.stats.fromTarget) {
 			hardEnd.Store(true)
 		}
 	})
@@ -329,9 +366,10 @@ func (l *link) dial() bool {
 	held := l.stalled
 	l.p.mu.Unlock()
 	if held {
-		// Nothing will be forwarded: read and discard what the client sends until the
-		// link is torn down (at Restore, a Cut or Close) or the client leaves.
-		_, _ = io.Copy(io.Discard, l.client)
+		// Nothing will be forwarded: read and drop what the client sends (reported as
+		// held) until the link is torn down (at Restore, a Cut or Close) or the client
+		// leaves.
+		_, _ = io.Copy(holdWriter{l.p}, l.client)
 		l.remove(true)
 		return false
 	}
@@ -358,10 +396,11 @@ type chunk struct {
 	due time.Time
 }
 
-// pipe forwards src to dst until src ends. A clean end (EOF) is passed on as a
-// half-close and reported true; an error, or the link torn down, tears the link down
-// with an RST and reports false.
-func (l *link) pipe(src, dst net.Conn, count *atomic.Int64) (ok bool) {
+// pipe forwards src to dst until src ends; fromClient says src is the client, whose
+// bytes read while a Stall holds the link are reported as held. A clean end (EOF) is
+// passed on as a half-close and reported true; an error, or the link torn down, tears
+// the link down with an RST and reports false.
+func (l *link) pipe(src, dst net.Conn, fromClient bool, count *atomic.Int64) (ok bool) {
 	chunks := make(chan chunk, 16)
 	readErr := make(chan error, 1)
 	go func() {
@@ -372,7 +411,12 @@ func (l *link) pipe(src, dst net.Conn, count *atomic.Int64) (ok bool) {
 			if n > 0 {
 				l.p.mu.Lock()
 				due := time.Now().Add(l.p.latency)
+				held, onHold := fromClient && l.stalled, l.p.onHold
 				l.p.mu.Unlock()
+				if held {
+					// A stalled link is never forwarded again (Restore resets it).
+					l.p.hold(onHold, b[:n])
+				}
 				select {
 				case chunks <- chunk{b: b[:n], due: due}:
 				case <-l.done:

@@ -428,3 +428,68 @@ func TestNewBadTarget(t *testing.T) {
 		t.Error("New accepted a target without a port")
 	}
 }
+
+// OnHold reports the bytes a Stall holds, on a live connection and on one accepted
+// during the Stall, and only those: nothing forwarded before or after it.
+func TestOnHold(t *testing.T) {
+	t.Parallel()
+	e := newEcho(t)
+	p := newProxy(t, e.addr())
+	var mu sync.Mutex
+	var held []byte
+	got := make(chan struct{}, 1) // a wake-up: the waiter reads held again
+	p.OnHold(func(b []byte) {
+		mu.Lock()
+		held = append(held, b...)
+		mu.Unlock()
+		select {
+		case got <- struct{}{}:
+		default:
+		}
+	})
+	// waitHeld waits until the held bytes contain want.
+	waitHeld := func(want string) {
+		t.Helper()
+		timeout := time.NewTimer(10 * time.Second)
+		defer timeout.Stop()
+		for {
+			mu.Lock()
+			ok := bytes.Contains(held, []byte(want))
+			mu.Unlock()
+			if ok {
+				return
+			}
+			select {
+			case <-got:
+			case <-timeout.C:
+				t.Fatalf("%q never reported as held", want)
+			}
+		}
+	}
+	live := dial(t, p)
+	if err := roundTrip(live, []byte("before"), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	p.Stall()
+	if _, err := live.Write([]byte("during")); err != nil {
+		t.Fatal(err)
+	}
+	waitHeld("during")
+	fresh := dial(t, p)
+	if _, err := fresh.Write([]byte("new")); err != nil {
+		t.Fatal(err)
+	}
+	waitHeld("new")
+	p.Restore()
+	if err := roundTrip(dial(t, p), []byte("after"), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(held) != len("duringnew") || bytes.Contains(held, []byte("before")) || bytes.Contains(held, []byte("after")) {
+		t.Errorf("held %q, want the bytes written during the Stall only", held)
+	}
+	if s := p.Stats(); s.BytesHeld != int64(len("duringnew")) {
+		t.Errorf("BytesHeld %d, want %d", s.BytesHeld, len("duringnew"))
+	}
+}

@@ -13,6 +13,7 @@ import (
 	js "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retrysafe/retrysafe/redeliver"
+	"github.com/retrysafe/retrysafe/retry"
 )
 
 // ErrConfig is returned (wrapped) for a Config that cannot work: a missing or invalid
@@ -494,6 +495,15 @@ func (c Config) consumerConfig() js.ConsumerConfig {
 // processes, changes nothing. NewSource calls it; call it yourself to create the
 // topology before the first publish (a message published before the work stream exists
 // is not stored).
+//
+// Each JetStream API request waits at most 5s for its answer, and is sent again, after
+// a capped, jittered backoff, when none came or when the answer says JetStream cannot
+// serve it yet (no responders, JetStream not available, no cluster leader), until ctx
+// ends (without a deadline, for 10s per request): a request or its answer lost on the
+// way (a connection reset and re-established, a leader elected meanwhile) is never
+// answered, and would otherwise hold Declare until ctx ends. Every resend is logged as a
+// WARN. Other errors (an invalid or conflicting configuration, a permission denied) are
+// returned at once.
 func Declare(ctx context.Context, cfg Config) error {
 	s, err := cfg.open(ctx)
 	if err != nil {
@@ -507,7 +517,8 @@ func Declare(ctx context.Context, cfg Config) error {
 
 // DeleteTopology deletes the work stream, the DLQ stream (their messages included) and
 // the failure bucket of cfg; those that do not exist are skipped. It is meant for tests
-// and for decommissioning a queue.
+// and for decommissioning a queue. Its requests are sent again as Declare's are (a
+// deletion sent twice finds nothing the second time, which is skipped).
 func DeleteTopology(ctx context.Context, cfg Config) error {
 	s, err := cfg.open(ctx)
 	if err != nil {
@@ -517,14 +528,100 @@ func DeleteTopology(ctx context.Context, cfg Config) error {
 	c, j := s.cfg, s.js
 	var errs []error
 	for _, s := range []string{c.Stream, c.DLQStream} {
-		if err := j.DeleteStream(ctx, s); err != nil && !errors.Is(err, js.ErrStreamNotFound) {
+		err := c.callAPI(ctx, "deleting stream "+s, func(ctx context.Context) error {
+			return j.DeleteStream(ctx, s)
+		})
+		if err != nil && !errors.Is(err, js.ErrStreamNotFound) {
 			errs = append(errs, fmt.Errorf("jetstream: deleting stream %s: %w", s, err))
 		}
 	}
-	if err := j.DeleteKeyValue(ctx, c.FailureBucket); err != nil && !errors.Is(err, js.ErrBucketNotFound) {
+	err = c.callAPI(ctx, "deleting bucket "+c.FailureBucket, func(ctx context.Context) error {
+		return j.DeleteKeyValue(ctx, c.FailureBucket)
+	})
+	if err != nil && !errors.Is(err, js.ErrBucketNotFound) {
 		errs = append(errs, fmt.Errorf("jetstream: deleting bucket %s: %w", c.FailureBucket, err))
 	}
 	return errors.Join(errs...)
+}
+
+// apiAttempt is how long a JetStream API request of declaring or deleting the topology
+// waits for its answer before it is sent again (nats.go's default timeout of a request).
+const apiAttempt = 5 * time.Second
+
+// apiPolicy spaces the attempts of a JetStream API request: full jitter from 100ms,
+// capped at 2s, for as long as the context lasts; each resend is logged as a WARN naming
+// what.
+func (c Config) apiPolicy(what string) retry.Policy {
+	return retry.Policy{
+		MaxAttempts: -1,
+		Base:        100 * time.Millisecond,
+		Cap:         2 * time.Second,
+		Jitter:      retry.JitterFull,
+		MinAttempt:  -1, // only a wait that would outlive the deadline stops the loop
+		Retryable:   unanswered,
+		OnRetry: func(a retry.Attempt) {
+			c.Logger.Warn("jetstream: sending a JetStream API request again",
+				slog.String("queue", c.Queue), slog.String("request", what), slog.Int("failed_attempt", a.N),
+				slog.Duration("wait", a.Wait), slog.Any("error", a.Err))
+		},
+	}
+}
+
+// callAPI runs call, a JetStream API request that may safely be sent more than once
+// (creating or updating a stream, a bucket or a consumer to a given configuration, reading
+// a stream, deleting one), each attempt bounded by apiAttempt, until it succeeds, fails
+// otherwise than unanswered says worth another attempt, or ctx ends (without a deadline,
+// after 10s). Each resend is logged as a WARN naming what (say "declaring stream S").
+// The error returned wraps the last attempt's, and ctx's once it ended.
+func (c Config) callAPI(ctx context.Context, what string, call func(context.Context) error) error {
+	ctx, cancel := withTimeout(ctx)
+	defer cancel()
+	err := retry.Do(ctx, c.apiPolicy(what), func(ctx context.Context) error {
+		actx, acancel := context.WithTimeout(ctx, apiAttempt)
+		defer acancel()
+		err := call(actx)
+		if err != nil && ctx.Err() != nil {
+			// The caller's time is up, not the attempt's.
+			if !errors.Is(err, ctx.Err()) {
+				err = fmt.Errorf("%w (%w)", err, context.Cause(ctx))
+			}
+			return retry.Permanent(err)
+		}
+		return err
+	})
+	if errors.Is(err, retry.ErrDeadline) && !errors.Is(err, context.DeadlineExceeded) {
+		// The next attempt could not have started before ctx's deadline.
+		err = fmt.Errorf("%w: %w", err, context.DeadlineExceeded)
+	}
+	return err
+}
+
+// JetStream API error codes of a cluster that cannot act on a request for now.
+const (
+	jsErrCodeClusterNotAvailable js.ErrorCode = 10008 // JetStream system temporarily unavailable
+	jsErrCodeClusterNotLeader    js.ErrorCode = 10009 // JetStream cluster can not handle request (no leader)
+)
+
+// unanswered reports whether err says that a JetStream API request got no answer, or
+// one saying that JetStream cannot serve it yet, so that sending it again may succeed:
+// its deadline passed (the request or the answer was lost: a connection reset and
+// re-established, a leader change), no server subscribes to the API (no responders;
+// nats.go reports it as JetStream not enabled for a bucket: a server starting, or one
+// without JetStream), or the cluster has no leader to act on it. A context error here
+// is an attempt's own deadline: callAPI stops when the caller's context ends.
+func unanswered(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, js.ErrJetStreamNotEnabled) {
+		return true
+	}
+	var apiErr *js.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jsErrCodeClusterNotAvailable, jsErrCodeClusterNotLeader:
+			return true
+		}
+	}
+	return false
 }
 
 // failureConfig returns the failure bucket's configuration.
@@ -544,35 +641,53 @@ func (c Config) failureConfig() js.KeyValueConfig {
 }
 
 // declare creates or updates the topology and returns the work consumer and the
-// failure bucket.
+// failure bucket. Each request is sent again while it goes unanswered (callAPI):
+// creating or updating a stream, a bucket or a consumer to a given configuration is
+// idempotent, so a request the server executed but whose answer was lost does no harm
+// the second time.
 func (c Config) declare(ctx context.Context, j js.JetStream) (js.Consumer, js.KeyValue, error) {
 	work, dlq := c.streamConfigs()
 	for _, sc := range []js.StreamConfig{work, dlq} {
-		if err := createOrUpdateStream(ctx, j, sc); err != nil {
+		if err := c.createOrUpdateStream(ctx, j, sc); err != nil {
 			return nil, nil, err
 		}
 	}
-	kv, err := j.CreateOrUpdateKeyValue(ctx, c.failureConfig())
-	if errors.Is(err, js.ErrStreamNameAlreadyInUse) {
-		// Another process created it between our update and our create: update again.
+	var kv js.KeyValue
+	err := c.callAPI(ctx, "declaring bucket "+c.FailureBucket, func(ctx context.Context) error {
+		var err error
 		kv, err = j.CreateOrUpdateKeyValue(ctx, c.failureConfig())
-	}
+		if errors.Is(err, js.ErrStreamNameAlreadyInUse) {
+			// Another process created it between our update and our create: update again.
+			kv, err = j.CreateOrUpdateKeyValue(ctx, c.failureConfig())
+		}
+		return err
+	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("jetstream: declaring bucket %s: %w", c.FailureBucket, err)
 	}
-	cons, err := j.CreateOrUpdateConsumer(ctx, c.Stream, c.consumerConfig())
+	var cons js.Consumer
+	err = c.callAPI(ctx, "declaring consumer "+c.Consumer, func(ctx context.Context) error {
+		var err error
+		cons, err = j.CreateOrUpdateConsumer(ctx, c.Stream, c.consumerConfig())
+		return err
+	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("jetstream: declaring consumer %s on %s: %w", c.Consumer, c.Stream, err)
 	}
 	return cons, kv, nil
 }
 
-func createOrUpdateStream(ctx context.Context, j js.JetStream, sc js.StreamConfig) error {
-	_, err := j.CreateOrUpdateStream(ctx, sc)
-	if errors.Is(err, js.ErrStreamNameAlreadyInUse) {
-		// Another process created it between our update and our create: update again.
-		_, err = j.CreateOrUpdateStream(ctx, sc)
-	}
+// createOrUpdateStream declares the stream sc, sending the request again while it goes
+// unanswered (see declare).
+func (c Config) createOrUpdateStream(ctx context.Context, j js.JetStream, sc js.StreamConfig) error {
+	err := c.callAPI(ctx, "declaring stream "+sc.Name, func(ctx context.Context) error {
+		_, err := j.CreateOrUpdateStream(ctx, sc)
+		if errors.Is(err, js.ErrStreamNameAlreadyInUse) {
+			// Another process created it between our update and our create: update again.
+			_, err = j.CreateOrUpdateStream(ctx, sc)
+		}
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("jetstream: declaring stream %s: %w", sc.Name, err)
 	}

@@ -1,11 +1,15 @@
 package jetstream
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	neturl "net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +17,7 @@ import (
 	js "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retrysafe/retrysafe/harness/natsserver"
+	"github.com/retrysafe/retrysafe/harness/tcpproxy"
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/redeliver"
 	"github.com/retrysafe/retrysafe/retry"
@@ -228,5 +233,144 @@ func TestNoServer(t *testing.T) {
 	_, err := NewSource(ctx, Config{Queue: "q", URL: "nats://" + testenv.DeadAddr(t)})
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("NewSource without a server = %v, want a deadline error", err)
+	}
+}
+
+// A JetStream API request of Declare lost with its connection (sent into a partition
+// that then resets the connection; nats.go reconnects, but nobody answers the request)
+// is sent again, so Declare completes long before its context ends, and the topology
+// exists.
+func TestDeclareResendsLostRequest(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, target string) {
+		u, err := neturl.Parse(target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxy, err := tcpproxy.New(u.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = proxy.Close() })
+		// sent is closed once a JetStream API request reached the stalled proxy: the
+		// client has written it, and it is lost when Restore resets the connection.
+		var mu sync.Mutex
+		var held []byte
+		var once sync.Once
+		sent := make(chan struct{})
+		proxy.OnHold(func(b []byte) {
+			mu.Lock()
+			held = append(held, b...)
+			found := bytes.Contains(held, []byte("$JS.API."))
+			mu.Unlock()
+			if found {
+				once.Do(func() { close(sent) })
+			}
+		})
+
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cfg := newConfig(t, target) // its cleanup deletes the topology through target
+		logs := newCapture()
+		cfg.Logger = slog.New(logs)
+		// The connection, made before the stall, reconnects by itself (as one Declare
+		// dials does).
+		nc, err := Dial(ctx, "nats://"+proxy.Addr(), t.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		cfg.Conn = nc
+
+		proxy.Stall()
+		done := make(chan error, 1)
+		go func() { done <- Declare(ctx, cfg) }()
+		select {
+		case <-sent:
+		case err := <-done:
+			t.Fatalf("Declare returned during the stall, before any API request: %v", err)
+		}
+		proxy.Restore() // resets the stalled connection: the request is lost with it
+		if err := <-done; err != nil {
+			t.Fatalf("Declare after its first API request was lost: %v", err)
+		}
+		if s := proxy.Stats(); s.Reset == 0 || nc.Stats().Reconnects == 0 {
+			t.Errorf("proxy stats %+v, %d reconnections: want the stalled connection reset and a reconnection",
+				s, nc.Stats().Reconnects)
+		}
+		if len(logs.find(slog.LevelWarn, "jetstream: sending a JetStream API request again")) == 0 {
+			t.Error("no WARN for the request sent again")
+		}
+
+		c, _ := cfg.withDefaults()
+		j, err := js.New(connect(t, target))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []string{c.Stream, c.DLQStream} {
+			if _, err := j.Stream(ctx, s); err != nil {
+				t.Errorf("stream %s: %v", s, err)
+			}
+		}
+		if _, err := j.KeyValue(ctx, c.FailureBucket); err != nil {
+			t.Errorf("bucket %s: %v", c.FailureBucket, err)
+		}
+		if _, err := j.Consumer(ctx, c.Stream, c.Consumer); err != nil {
+			t.Errorf("consumer %s: %v", c.Consumer, err)
+		}
+	})
+}
+
+// A request JetStream refuses (here: a second work stream on the subject of the first) is
+// not sent again: Declare returns the server's error at once, and logs no resend.
+func TestDeclareConflictFailsAtOnce(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, url string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cfg := newConfig(t, url)
+		if err := Declare(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+		other := cfg
+		other.Stream, other.DLQStream = cfg.Stream+"_other", cfg.Stream+"_other_dlq"
+		logs := newCapture()
+		other.Logger = slog.New(logs)
+		err := Declare(ctx, other)
+		var apiErr *js.APIError
+		if !errors.As(err, &apiErr) {
+			t.Fatalf("Declare of a stream on a taken subject = %v, want the server's API error", err)
+		}
+		if got := logs.find(slog.LevelWarn, "jetstream: sending a JetStream API request again"); len(got) != 0 {
+			t.Errorf("a refused request was sent again: %v", got)
+		}
+	})
+}
+
+func TestUnanswered(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{context.DeadlineExceeded, true},
+		{fmt.Errorf("wrapped: %w", context.DeadlineExceeded), true},
+		{nats.ErrTimeout, true},
+		{nats.ErrNoResponders, true},
+		{js.ErrJetStreamNotEnabled, true},
+		{&js.APIError{Code: 503, ErrorCode: 10076, Description: "JetStream not enabled"}, true},
+		{&js.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}, true},
+		{&js.APIError{Code: 500, ErrorCode: 10009, Description: "JetStream cluster can not handle request"}, true},
+		{context.Canceled, false},
+		{nats.ErrConnectionClosed, false},
+		{js.ErrJetStreamNotEnabledForAccount, false},
+		{js.ErrStreamNotFound, false},
+		{&js.APIError{Code: 400, ErrorCode: 10065, Description: "subjects overlap with an existing stream"}, false},
+		{&js.APIError{Code: 403, ErrorCode: 10003, Description: "bad request"}, false},
+		{nats.ErrPermissionViolation, false},
+	} {
+		if got := unanswered(c.err); got != c.want {
+			t.Errorf("unanswered(%v) = %v, want %v", c.err, got, c.want)
+		}
 	}
 }

@@ -18,6 +18,14 @@
 //     (default 30s), MaxDeliver (default Policy.MaxDeliveries+2), MaxAckPending. Every Source of
 //     the queue, in any number of processes, shares it.
 //
+// A JetStream API request whose answer does not come (the request or the answer lost
+// with a connection, a cluster electing a leader) is never answered, so each request of
+// declaring the topology waits at most 5s, then is sent again with a capped, jittered
+// backoff, as is one that JetStream answers it cannot serve yet, until the context ends;
+// each resend is a WARN. Sending one twice is safe: creating or updating a stream, a
+// bucket or a consumer to a given configuration is idempotent. Other errors end Declare
+// at once (see Declare).
+//
 // # Pulling
 //
 // A Source pulls in batches of up to Config.Prefetch messages, one pull request at a

@@ -82,7 +82,12 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	if err != nil {
 		return fail(err)
 	}
-	stream, err := j.Stream(ctx, c.Stream)
+	var stream js.Stream
+	err = c.callAPI(ctx, "reading stream "+c.Stream, func(ctx context.Context) error {
+		var err error
+		stream, err = j.Stream(ctx, c.Stream)
+		return err
+	})
 	if err != nil {
 		return fail(fmt.Errorf("jetstream: stream %s: %w", c.Stream, err))
 	}
