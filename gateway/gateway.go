@@ -834,20 +834,23 @@ func (s slogWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// bufferPool is the ReverseProxy's pool of 32 KiB copy buffers.
+// bufferPool is the ReverseProxy's pool of 32 KiB copy buffers. It holds each as a
+// pointer to its array, which a returned slice converts back to without an allocation
+// (a *[]byte would need one per Put).
 type bufferPool struct{ p sync.Pool }
 
+const copyBufferSize = 32 << 10
+
 func (b *bufferPool) Get() []byte {
-	if v, ok := b.p.Get().(*[]byte); ok {
-		return *v
+	if v, ok := b.p.Get().(*[copyBufferSize]byte); ok {
+		return v[:]
 	}
-	return make([]byte, 32<<10)
+	return make([]byte, copyBufferSize)
 }
 
 func (b *bufferPool) Put(buf []byte) {
-	if cap(buf) == 32<<10 {
-		buf = buf[:cap(buf)]
-		b.p.Put(&buf)
+	if cap(buf) == copyBufferSize {
+		b.p.Put((*[copyBufferSize]byte)(buf[:copyBufferSize]))
 	}
 }
 

@@ -110,15 +110,15 @@ func newProxy(rawURL string) (*httputil.ReverseProxy, error) {
 type bufferPool struct{ p sync.Pool }
 
 func (b *bufferPool) Get() []byte {
-	if v, ok := b.p.Get().(*[]byte); ok {
-		return *v
+	if v, ok := b.p.Get().(*[32 << 10]byte); ok {
+		return v[:]
 	}
 	return make([]byte, 32<<10)
 }
 
+// Put keeps buf as a pointer to its array, which needs no allocation.
 func (b *bufferPool) Put(buf []byte) {
 	if cap(buf) == 32<<10 {
-		buf = buf[:cap(buf)]
-		b.p.Put(&buf)
+		b.p.Put((*[32 << 10]byte)(buf[:32<<10]))
 	}
 }
