@@ -126,7 +126,7 @@ func TestPermanentErrorIsDeadLetteredAtOnce(t *testing.T) {
 	forEach(t, func(t *testing.T, url string) {
 		cfg := newConfig(t, url)
 		rec := newRecorder()
-		run(t, cfg, func(_ context.Context, m *redeliver.Message) error {
+		r := run(t, cfg, func(_ context.Context, m *redeliver.Message) error {
 			rec.delivered(m)
 			if m.ID == "bad-json" {
 				return redeliver.Decode(errors.New("unexpected end of JSON input"))
@@ -140,6 +140,10 @@ func TestPermanentErrorIsDeadLetteredAtOnce(t *testing.T) {
 			l, err := dl.List(context.Background(), 0)
 			return err == nil && len(l) == 2
 		})
+		// A dead letter is listed once its PubAck came, before the +TERM that removes
+		// its message from the work stream (DeadLetter): the queue is waited for, not
+		// read once. Then no other delivery can still come.
+		quiesce(t, nc, cfg, r, state{dlq: 2})
 		for id, reason := range map[string]redeliver.Reason{"closed-acct": redeliver.ReasonPermanent, "bad-json": redeliver.ReasonDecode} {
 			d, err := dl.Get(context.Background(), id)
 			if err != nil {
@@ -151,9 +155,6 @@ func TestPermanentErrorIsDeadLetteredAtOnce(t *testing.T) {
 			if n := rec.deliveries(id); n != 1 {
 				t.Errorf("%s: %d deliveries, want 1", id, n)
 			}
-		}
-		if st := queueState(t, nc, cfg); st != (state{dlq: 2}) {
-			t.Errorf("state %+v", st)
 		}
 	})
 }
