@@ -30,7 +30,8 @@ type id struct{ scope, key string }
 // Store is an in-memory idempotency.Store. The zero value is not usable; call New.
 //
 // A record is in index under the hash of its scope and key, unless another key with
-// the same hash holds that entry: then it is in spill. A key is never in both. The
+// the same hash held that entry when the record was first filed: then it is in spill,
+// and stays there. A key is never in both. The
 // hash is seeded per Store, so a collision is a matter of chance (about one in 2⁶⁴ per
 // pair of keys) that no client can aim at; spill makes it harmless.
 type Store struct {
@@ -80,45 +81,44 @@ func (s *Store) offset(t time.Time) int64 { return int64(t.Sub(s.base)) }
 // at returns the time that the offset off stands for.
 func (s *Store) at(off int64) time.Time { return s.base.Add(time.Duration(off)) }
 
-// find returns the record of (scope, key) and the hash it is filed under.
-func (s *Store) find(scope, key string) (uint64, record, bool) {
+// slot is where a key's record is filed, or is to be: under its hash in index, or in
+// spill when another key's record holds that entry.
+type slot struct {
+	h     uint64
+	spill bool
+}
+
+// find returns the record of (scope, key), if there is one, and its slot.
+func (s *Store) find(scope, key string) (slot, record, bool) {
 	h := s.hash(s.seed, scope, key)
-	if r, ok := s.index[h]; ok && r.is(scope, key) {
-		return h, r, true
+	r, taken := s.index[h]
+	if taken && r.is(scope, key) {
+		return slot{h: h}, r, true
 	}
 	if len(s.spill) > 0 {
 		if r, ok := s.spill[id{scope, key}]; ok {
-			return h, r, true
+			return slot{h: h, spill: true}, r, true
 		}
 	}
-	return h, nil, false
+	return slot{h: h, spill: taken}, nil, false
 }
 
-// put files r, the record of (scope, key), under h, in place of the key's record if it
-// has one.
-func (s *Store) put(h uint64, scope, key string, r record) {
-	old, ok := s.index[h]
-	switch {
-	case !ok:
-		if len(s.spill) > 0 {
-			delete(s.spill, id{scope, key})
-		}
-		s.index[h] = r
-	case old.is(scope, key):
-		s.index[h] = r
-	default:
+// set files r, the record of (scope, key), in sl, the slot find gave for the key
+// under the same hold of the lock.
+func (s *Store) set(sl slot, scope, key string, r record) {
+	if sl.spill {
 		s.spill[id{scope, key}] = r
+	} else {
+		s.index[sl.h] = r
 	}
 }
 
-// remove deletes the record of (scope, key), filed under h, if there is one.
-func (s *Store) remove(h uint64, scope, key string) {
-	if r, ok := s.index[h]; ok && r.is(scope, key) {
-		delete(s.index, h)
-		return
-	}
-	if len(s.spill) > 0 {
+// unset deletes the record of (scope, key) from sl, its slot.
+func (s *Store) unset(sl slot, scope, key string) {
+	if sl.spill {
 		delete(s.spill, id{scope, key})
+	} else {
+		delete(s.index, sl.h)
 	}
 }
 
@@ -151,7 +151,7 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 	defer s.mu.Unlock()
 	now := s.now()
 	t := s.offset(now)
-	h, old, ok := s.find(req.Scope, req.Key)
+	sl, old, ok := s.find(req.Scope, req.Key)
 	takeover := false
 	if ok {
 		v := old.view()
@@ -179,7 +179,7 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 	if takeover {
 		f.created = old.created()
 	}
-	s.put(h, req.Scope, req.Key, newRecord(&f))
+	s.set(sl, req.Scope, req.Key, newRecord(&f))
 	return idempotency.ClaimResult{Claimed: true, Token: s.token, TookOver: takeover, Now: now}, nil
 }
 
@@ -198,12 +198,12 @@ func (s *Store) export(r record, v view, scope, key string, withResponse bool) *
 // update runs fn, under the store's lock, on the in-progress record owned by token, or
 // returns ErrRecordGone when the record is absent, and ErrLeaseLost when it has another
 // token or is done (but done under token with again: then nil, and fn does not run).
-func (s *Store) update(ctx context.Context, scope, key string, token int64, again bool, fn func(h uint64, r record)) error {
+func (s *Store) update(ctx context.Context, scope, key string, token int64, again bool, fn func(sl slot, r record)) error {
 	if err := s.lock(ctx); err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
-	h, r, ok := s.find(scope, key)
+	sl, r, ok := s.find(scope, key)
 	switch {
 	case !ok:
 		return idempotency.ErrRecordGone
@@ -214,13 +214,13 @@ func (s *Store) update(ctx context.Context, scope, key string, token int64, agai
 	case r.done():
 		return idempotency.ErrLeaseLost
 	}
-	fn(h, r)
+	fn(sl, r)
 	return nil
 }
 
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
-	return s.update(ctx, scope, key, token, false, func(_ uint64, r record) {
+	return s.update(ctx, scope, key, token, false, func(_ slot, r record) {
 		until := s.offset(s.now().Add(lease))
 		r.setLeaseUntil(until)
 		if r.expires() < until {
@@ -231,21 +231,21 @@ func (s *Store) Extend(ctx context.Context, scope, key string, token int64, leas
 
 // Abandon implements idempotency.Store.
 func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) error {
-	return s.update(ctx, scope, key, token, false, func(_ uint64, r record) { r.setAbandoned() })
+	return s.update(ctx, scope, key, token, false, func(_ slot, r record) { r.setAbandoned() })
 }
 
 // Complete implements idempotency.Store.
 func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 	// A completion sent again finds its record done: this store's writes are final when
 	// they return, so there is nothing to write again.
-	return s.update(ctx, c.Scope, c.Key, c.Token, true, func(h uint64, r record) {
-		s.put(h, c.Scope, c.Key, r.completed(&c.Response, s.offset(s.now().Add(c.TTL))))
+	return s.update(ctx, c.Scope, c.Key, c.Token, true, func(sl slot, r record) {
+		s.set(sl, c.Scope, c.Key, r.completed(&c.Response, s.offset(s.now().Add(c.TTL))))
 	})
 }
 
 // Release implements idempotency.Store.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
-	return s.update(ctx, scope, key, token, false, func(h uint64, _ record) { s.remove(h, scope, key) })
+	return s.update(ctx, scope, key, token, false, func(sl slot, _ record) { s.unset(sl, scope, key) })
 }
 
 // Get implements idempotency.Store.
@@ -267,7 +267,9 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 		return err
 	}
 	defer s.mu.Unlock()
-	s.remove(s.hash(s.seed, scope, key), scope, key)
+	if sl, _, ok := s.find(scope, key); ok {
+		s.unset(sl, scope, key)
+	}
 	return nil
 }
 
