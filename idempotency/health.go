@@ -104,8 +104,7 @@ func (h *health) shortestLease() time.Duration {
 // observe records a store call that began at start and ended now with err. Answers
 // that say something about a record (not found, lease lost) are answers, and a call
 // cut short by its caller says nothing.
-func (h *health) observe(start time.Time, err error) {
-	now := time.Now()
+func (h *health) observe(start, now time.Time, err error) {
 	failed := err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrLeaseLost) &&
 		!errors.Is(err, context.Canceled)
 	h.mu.Lock()

@@ -566,11 +566,12 @@ func (m *Middleware) storeCall(ctx context.Context, op StoreOp, f func(context.C
 		err = f(sctx)
 		cancel()
 	}
+	end := time.Now() // one reading for the hook and the health both
 	if m.cfg.OnStoreCall != nil {
-		m.cfg.OnStoreCall(op, time.Since(start), err)
+		m.cfg.OnStoreCall(op, end.Sub(start), err)
 	}
 	if ctx.Err() == nil {
-		m.health.observe(start, err)
+		m.health.observe(start, end, err)
 	}
 	m.noteDurability(op, err)
 	return err
