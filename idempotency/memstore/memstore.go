@@ -31,14 +31,14 @@ type id struct{ scope, key string }
 //
 // A record is in index under the hash of its scope and key, unless another key with
 // the same hash held that entry when the record was first filed: then it is in spill,
-// and stays there. A key is never in both. The
-// hash is seeded per Store, so a collision is a matter of chance (about one in 2⁶⁴ per
-// pair of keys) that no client can aim at; spill makes it harmless.
+// and stays there. A key is never in both. The hash is seeded per Store, so a
+// collision is a matter of chance (about one in 2⁶⁴ per pair of keys) that no client
+// can aim at; spill makes it harmless.
 type Store struct {
 	now    func() time.Time
 	base   time.Time // the clock's reading at New: records hold times as offsets from it
 	seed   maphash.Seed
-	hash   func(seed maphash.Seed, scope, key string) uint64
+	hash   func(seed maphash.Seed, scope, key string) uint64 // hashID; a test's to force collisions
 	mu     sync.Mutex
 	index  map[uint64]record
 	spill  map[id]record
