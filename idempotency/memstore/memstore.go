@@ -1,10 +1,10 @@
 // Package memstore is an in-process idempotency.Store: the reference implementation of
 // the store contract, and the store for tests and examples.
 //
-// Records live in a map guarded by one mutex, so every operation is atomic. Each
-// record is one byte slice without pointers, indexed by a 64-bit hash of its scope and
-// key, so that a store of many records gives the garbage collector one mark per
-// record and nothing to scan (record). Nothing survives the process: use it where
+// Records live in byte slabs, indexed by a 64-bit hash of their scope and key, all
+// guarded by one mutex, so every operation is atomic. Nothing the store holds per
+// record has a pointer, so a store of many records gives the garbage collector a few
+// hundred slabs to mark and nothing to scan (arena). Nothing survives the process: use it where
 // losing every key on a restart is acceptable (tests, single-process tools), never in
 // front of payments. Fencing tokens come from one counter per Store, so they are never
 // reused, even after Delete or expiry. Inspect (idempotency.Inspector) says so as a
@@ -40,8 +40,9 @@ type Store struct {
 	seed   maphash.Seed
 	hash   func(seed maphash.Seed, scope, key string) uint64 // hashID; a test's to force collisions
 	mu     sync.Mutex
-	index  map[uint64]record
-	spill  map[id]record
+	index  map[uint64]ref
+	spill  map[id]ref
+	arena  arena
 	token  int64
 	closed bool
 }
@@ -64,7 +65,7 @@ func NewWithClock(clock func() time.Time) *Store {
 		clock = time.Now
 	}
 	return &Store{now: clock, base: clock(), seed: maphash.MakeSeed(), hash: hashID,
-		index: make(map[uint64]record), spill: make(map[id]record)}
+		index: make(map[uint64]ref), spill: make(map[id]ref)}
 }
 
 // hashID hashes a scope and a key: the key's hash, and the scope's turned by half a
@@ -88,37 +89,79 @@ type slot struct {
 	spill bool
 }
 
-// find returns the record of (scope, key), if there is one, and its slot.
-func (s *Store) find(scope, key string) (slot, record, bool) {
+// found is a key's record as find returns it: where it is filed, where it is in the
+// arena, and its bytes.
+type found struct {
+	slot
+	at ref
+	r  record
+}
+
+// find returns the record of (scope, key), if there is one.
+func (s *Store) find(scope, key string) (found, bool) {
 	h := s.hash(s.seed, scope, key)
-	r, taken := s.index[h]
-	if taken && r.is(scope, key) {
-		return slot{h: h}, r, true
-	}
-	if len(s.spill) > 0 {
-		if r, ok := s.spill[id{scope, key}]; ok {
-			return slot{h: h, spill: true}, r, true
+	at, taken := s.index[h]
+	if taken {
+		if r := s.arena.get(at); r.is(scope, key) {
+			return found{slot{h: h}, at, r}, true
 		}
 	}
-	return slot{h: h, spill: taken}, nil, false
+	if len(s.spill) > 0 {
+		if at, ok := s.spill[id{scope, key}]; ok {
+			return found{slot{h: h, spill: true}, at, s.arena.get(at)}, true
+		}
+	}
+	return found{slot: slot{h: h, spill: taken}}, false
 }
 
-// set files r, the record of (scope, key), in sl, the slot find gave for the key
+// file files the record at, of (scope, key), in sl, the slot find gave for the key
 // under the same hold of the lock.
-func (s *Store) set(sl slot, scope, key string, r record) {
+func (s *Store) file(sl slot, scope, key string, at ref) {
 	if sl.spill {
-		s.spill[id{scope, key}] = r
+		s.spill[id{scope, key}] = at
 	} else {
-		s.index[sl.h] = r
+		s.index[sl.h] = at
 	}
 }
 
-// unset deletes the record of (scope, key) from sl, its slot.
-func (s *Store) unset(sl slot, scope, key string) {
-	if sl.spill {
+// unfile deletes f, the record of (scope, key), from its slot and frees its bytes.
+func (s *Store) unfile(f found, scope, key string) {
+	if f.spill {
 		delete(s.spill, id{scope, key})
 	} else {
-		delete(s.index, sl.h)
+		delete(s.index, f.h)
+	}
+	s.arena.release(f.at)
+}
+
+// compact compacts or drops the slabs this operation left mostly dead: it copies each
+// one's filed records to the current slab, files them there, and drops the slab.
+// Every operation that frees a record calls it before it lets the lock go.
+func (s *Store) compact() {
+	a := &s.arena
+	for len(a.pending) > 0 {
+		i := a.pending[len(a.pending)-1]
+		a.pending = a.pending[:len(a.pending)-1]
+		a.slabs[i].pending = false
+		if a.hasCur && i == a.cur {
+			continue // current again: its room is still to be filled
+		}
+		buf := a.slabs[i].buf
+		for off := 0; off < len(buf) && a.slabs[i].live > 0; {
+			at := makeRef(i, off)
+			r := a.get(at)
+			off += lenSize + len(r)
+			v := r.view()
+			f, ok := s.find(string(v.scope), string(v.key))
+			if !ok || f.at != at {
+				continue // freed
+			}
+			moved, room := a.reserve(len(r))
+			a.seal(moved, append(room, r...))
+			s.file(f.slot, string(v.scope), string(v.key), moved)
+			a.slabs[i].live -= lenSize + len(r)
+		}
+		a.drop(i)
 	}
 }
 
@@ -127,7 +170,7 @@ func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
-	s.index, s.spill = nil, nil
+	s.index, s.spill, s.arena = nil, nil, arena{}
 	return nil
 }
 
@@ -151,7 +194,8 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 	defer s.mu.Unlock()
 	now := s.now()
 	t := s.offset(now)
-	sl, old, ok := s.find(req.Scope, req.Key)
+	f, ok := s.find(req.Scope, req.Key)
+	old := f.r
 	takeover := false
 	if ok {
 		v := old.view()
@@ -174,12 +218,18 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 		}
 	}
 	s.token++
-	f := fields{scope: req.Scope, key: req.Key, fingerprint: req.Fingerprint, route: req.Route, claimID: req.ID,
+	nf := fields{scope: req.Scope, key: req.Key, fingerprint: req.Fingerprint, route: req.Route, claimID: req.ID,
 		token: s.token, created: t, lease: s.offset(now.Add(req.Lease)), expires: s.offset(now.Add(req.TTL))}
 	if takeover {
-		f.created = old.created()
+		nf.created = old.created()
 	}
-	s.set(sl, req.Scope, req.Key, newRecord(&f))
+	at, room := s.arena.reserve(recordSize(&nf))
+	s.arena.seal(at, appendRecord(room, &nf))
+	s.file(f.slot, req.Scope, req.Key, at)
+	if ok {
+		s.arena.release(f.at)
+	}
+	s.compact()
 	return idempotency.ClaimResult{Claimed: true, Token: s.token, TookOver: takeover, Now: now}, nil
 }
 
@@ -198,54 +248,59 @@ func (s *Store) export(r record, v view, scope, key string, withResponse bool) *
 // update runs fn, under the store's lock, on the in-progress record owned by token, or
 // returns ErrRecordGone when the record is absent, and ErrLeaseLost when it has another
 // token or is done (but done under token with again: then nil, and fn does not run).
-func (s *Store) update(ctx context.Context, scope, key string, token int64, again bool, fn func(sl slot, r record)) error {
+func (s *Store) update(ctx context.Context, scope, key string, token int64, again bool, fn func(f found)) error {
 	if err := s.lock(ctx); err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
-	sl, r, ok := s.find(scope, key)
+	f, ok := s.find(scope, key)
 	switch {
 	case !ok:
 		return idempotency.ErrRecordGone
-	case r.token() != token:
+	case f.r.token() != token:
 		return idempotency.ErrLeaseLost
-	case r.done() && again:
+	case f.r.done() && again:
 		return nil
-	case r.done():
+	case f.r.done():
 		return idempotency.ErrLeaseLost
 	}
-	fn(sl, r)
+	fn(f)
+	s.compact()
 	return nil
 }
 
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
-	return s.update(ctx, scope, key, token, false, func(_ slot, r record) {
+	return s.update(ctx, scope, key, token, false, func(f found) {
 		until := s.offset(s.now().Add(lease))
-		r.setLeaseUntil(until)
-		if r.expires() < until {
-			r.setExpires(until)
+		f.r.setLeaseUntil(until)
+		if f.r.expires() < until {
+			f.r.setExpires(until)
 		}
 	})
 }
 
 // Abandon implements idempotency.Store.
 func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) error {
-	return s.update(ctx, scope, key, token, false, func(_ slot, r record) { r.setAbandoned() })
+	return s.update(ctx, scope, key, token, false, func(f found) { f.r.setAbandoned() })
 }
 
 // Complete implements idempotency.Store.
 func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 	// A completion sent again finds its record done: this store's writes are final when
 	// they return, so there is nothing to write again.
-	return s.update(ctx, c.Scope, c.Key, c.Token, true, func(sl slot, r record) {
-		s.set(sl, c.Scope, c.Key, r.completed(&c.Response, s.offset(s.now().Add(c.TTL))))
+	return s.update(ctx, c.Scope, c.Key, c.Token, true, func(f found) {
+		v := f.r.view()
+		at, room := s.arena.reserve(f.r.completedSize(v, &c.Response))
+		s.arena.seal(at, f.r.appendCompleted(room, v, &c.Response, s.offset(s.now().Add(c.TTL))))
+		s.file(f.slot, c.Scope, c.Key, at)
+		s.arena.release(f.at)
 	})
 }
 
 // Release implements idempotency.Store.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
-	return s.update(ctx, scope, key, token, false, func(sl slot, _ record) { s.unset(sl, scope, key) })
+	return s.update(ctx, scope, key, token, false, func(f found) { s.unfile(f, scope, key) })
 }
 
 // Get implements idempotency.Store.
@@ -254,11 +309,11 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 		return nil, err
 	}
 	defer s.mu.Unlock()
-	_, r, ok := s.find(scope, key)
+	f, ok := s.find(scope, key)
 	if !ok {
 		return nil, idempotency.ErrNotFound
 	}
-	return s.export(r, r.view(), scope, key, true), nil
+	return s.export(f.r, f.r.view(), scope, key, true), nil
 }
 
 // Delete implements idempotency.Store.
@@ -267,8 +322,9 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 		return err
 	}
 	defer s.mu.Unlock()
-	if sl, _, ok := s.find(scope, key); ok {
-		s.unset(sl, scope, key)
+	if f, ok := s.find(scope, key); ok {
+		s.unfile(f, scope, key)
+		s.compact()
 	}
 	return nil
 }
@@ -280,23 +336,29 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	}
 	defer s.mu.Unlock()
 	t := s.offset(s.now())
-	gone := func(r record) bool { return r.expires() <= t && (r.done() || r.leaseUntil() <= t) }
+	defer s.compact()
+	gone := func(at ref) bool {
+		r := s.arena.get(at)
+		return r.expires() <= t && (r.done() || r.leaseUntil() <= t)
+	}
 	n := 0
-	for k, r := range s.spill {
+	for k, at := range s.spill {
 		if n >= limit {
 			return n, nil
 		}
-		if gone(r) {
+		if gone(at) {
 			delete(s.spill, k)
+			s.arena.release(at)
 			n++
 		}
 	}
-	for h, r := range s.index {
+	for h, at := range s.index {
 		if n >= limit {
 			break
 		}
-		if gone(r) {
+		if gone(at) {
 			delete(s.index, h)
+			s.arena.release(at)
 			n++
 		}
 	}
@@ -326,31 +388,31 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 		r record
 		v view
 	}
-	var found []listed
+	var matches []listed
 	add := func(r record) {
 		v := r.view()
 		k := id{string(v.scope), string(v.key)}
 		if (f.Scope == "" || k.scope == f.Scope) && (f.State == "" || r.state() == f.State) &&
 			(f.Route == "" || string(v.route) == f.Route) && less(after, k) {
-			found = append(found, listed{k, r, v})
+			matches = append(matches, listed{k, r, v})
 		}
 	}
-	for _, r := range s.index {
-		add(r)
+	for _, at := range s.index {
+		add(s.arena.get(at))
 	}
-	for _, r := range s.spill {
-		add(r)
+	for _, at := range s.spill {
+		add(s.arena.get(at))
 	}
-	slices.SortFunc(found, func(a, b listed) int {
+	slices.SortFunc(matches, func(a, b listed) int {
 		if c := strings.Compare(a.scope, b.scope); c != 0 {
 			return c
 		}
 		return strings.Compare(a.key, b.key)
 	})
 	var page idempotency.ListPage
-	for i, l := range found {
+	for i, l := range matches {
 		if i == limit {
-			last := found[i-1]
+			last := matches[i-1]
 			page.Next = listcursor.Encode(last.scope, last.key)
 			break
 		}

@@ -11,11 +11,8 @@ import (
 	"github.com/retrysafe/retrysafe/internal/headercodec"
 )
 
-// record is a key's record as the store keeps it: one byte slice without pointers.
-// The garbage collector marks it and never scans it, so a store of a million records
-// costs each collection a million marks, not the six or seven a record of strings, a
-// struct and a response would. That cost grows with the records held and falls on
-// every request the process serves.
+// record is a key's record as the store keeps it: bytes in one of the arena's slabs,
+// without pointers (see arena).
 //
 //	[0]      state: stateInProgress or stateDone
 //	[1]      flags: flagAbandoned, flagResponse
@@ -57,13 +54,18 @@ type fields struct {
 	created, lease, expires                 int64 // offsets (Store.offset)
 }
 
-// newRecord returns the in-progress record of f, in one allocation.
-func newRecord(f *fields) record {
+// recordSize returns the length of f's record.
+func recordSize(f *fields) int {
 	n := headerLen
 	for _, s := range [...]string{f.scope, f.key, f.fingerprint, f.route, f.claimID} {
 		n += uvarintLen(len(s)) + len(s)
 	}
-	r := make(record, headerLen, n)
+	return n
+}
+
+// appendRecord appends the in-progress record of f, recordSize(f) bytes, to b.
+func appendRecord(b []byte, f *fields) record {
+	r := append(b, make([]byte, headerLen)...)
 	r[offState] = stateInProgress
 	binary.LittleEndian.PutUint64(r[offToken:], uint64(f.token))
 	binary.LittleEndian.PutUint64(r[offCreated:], uint64(f.created))
@@ -76,12 +78,16 @@ func newRecord(f *fields) record {
 	return r
 }
 
-// completed returns a copy of r done with resp, no longer abandoned, expiring at
-// expires (an offset), in one allocation.
-func (r record) completed(resp *idempotency.Response, expires int64) record {
-	v := r.view()
-	c := make(record, v.end, v.end+responseSize(resp))
-	copy(c, r[:v.end])
+// completedSize returns an upper bound of the length of r's record once done with
+// resp.
+func (r record) completedSize(v view, resp *idempotency.Response) int {
+	return v.end + responseSize(resp)
+}
+
+// appendCompleted appends to b a copy of r, whose strings are v, done with resp, no
+// longer abandoned, expiring at expires (an offset): at most r.completedSize bytes.
+func (r record) appendCompleted(b []byte, v view, resp *idempotency.Response, expires int64) record {
+	c := append(b, r[:v.end]...)
 	c[offState] = stateDone
 	c[offFlags] = flagResponse
 	binary.LittleEndian.PutUint64(c[offExpires:], uint64(expires))

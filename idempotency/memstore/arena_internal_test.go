@@ -1,0 +1,124 @@
+package memstore
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/retrysafe/retrysafe/idempotency"
+)
+
+// TestArenaKeepsRecordsThroughCompaction fills slabs, frees most of their records in
+// the ways a store frees them (a completion writing a record anew, a release, a
+// delete, expiry), and checks that every record kept still reads back whole, under its
+// own key, and that the slabs hold at most about twice the live bytes: mostly dead
+// slabs were compacted and dropped, not kept. It runs on the hashed index and on a
+// store where every key is in spill.
+func TestArenaKeepsRecordsThroughCompaction(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		new  func(clock func() time.Time) *Store
+	}{
+		{"index", NewWithClock},
+		{"spill", NewColliding},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := time.Unix(1_700_000_000, 0)
+			s := tc.new(func() time.Time { return now })
+			ctx := context.Background()
+			const n = 6000 // several slabs of records
+			body := bytes.Repeat([]byte("b"), 200)
+			tokens := make(map[string]int64)
+			for i := range n {
+				key := "key-" + strconv.Itoa(i)
+				ttl := time.Hour
+				if i%10 == 0 {
+					ttl = 48 * time.Hour // outlives the expiry below
+				}
+				res, err := s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: "fp-" + key, Lease: time.Minute, TTL: ttl})
+				if err != nil || !res.Claimed {
+					t.Fatalf("claim %s: %v %+v", key, err, res)
+				}
+				tokens[key] = res.Token
+				switch i % 4 {
+				case 0, 1: // done: the claim's bytes die, the completion's live
+					err = s.Complete(ctx, idempotency.Completion{Key: key, Token: res.Token, TTL: ttl,
+						Response: idempotency.Response{Status: 201, Header: http.Header{"X-Key": {key}}, Body: body}})
+				case 2:
+					err = s.Release(ctx, "", key, res.Token)
+				case 3:
+					err = s.Delete(ctx, "", key)
+				}
+				if err != nil {
+					t.Fatalf("key %s: %v", key, err)
+				}
+			}
+			if got := s.arena.bytes(); got < 4*slabSize {
+				t.Fatalf("the test fills %d bytes of slabs, want several slabs", got)
+			}
+			now = now.Add(2 * time.Hour) // every record of a 1-hour TTL expires
+			if _, err := s.DeleteExpired(ctx, n); err != nil {
+				t.Fatal(err)
+			}
+			kept := 0
+			for i := range n {
+				key := "key-" + strconv.Itoa(i)
+				rec, err := s.Get(ctx, "", key)
+				if i%10 != 0 || i%4 > 1 {
+					if err == nil {
+						t.Fatalf("%s: found %+v, want it gone", key, rec)
+					}
+					continue
+				}
+				kept++
+				if err != nil {
+					t.Fatalf("%s: %v", key, err)
+				}
+				if rec.Key != key || rec.Fingerprint != "fp-"+key || rec.Token != tokens[key] || rec.State != idempotency.StateDone ||
+					rec.Response == nil || rec.Response.Header.Get("X-Key") != key || !bytes.Equal(rec.Response.Body, body) {
+					t.Fatalf("%s after compaction: %+v", key, rec)
+				}
+			}
+			live := 0
+			for _, sl := range s.arena.slabs {
+				live += sl.live
+			}
+			if got, bound := s.arena.bytes(), 2*live+2*slabSize; got > bound {
+				t.Fatalf("%d records kept, %d live bytes: slabs hold %d bytes, want at most %d", kept, live, got, bound)
+			}
+		})
+	}
+}
+
+// TestArenaBigRecord stores responses too big to share a slab, each in a slab of its
+// own, and checks that its slab is dropped when the record is.
+func TestArenaBigRecord(t *testing.T) {
+	s := New()
+	ctx := context.Background()
+	body := bytes.Repeat([]byte("x"), 3*slabSize)
+	for i := range 3 {
+		key := fmt.Sprint("big-", i)
+		res, err := s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
+		if err != nil || !res.Claimed {
+			t.Fatalf("claim: %v %+v", err, res)
+		}
+		if err := s.Complete(ctx, idempotency.Completion{Key: key, Token: res.Token, TTL: time.Hour,
+			Response: idempotency.Response{Status: 200, Header: http.Header{}, Body: body}}); err != nil {
+			t.Fatal(err)
+		}
+		rec, err := s.Get(ctx, "", key)
+		if err != nil || !bytes.Equal(rec.Response.Body, body) {
+			t.Fatalf("Get %s: %v", key, err)
+		}
+		if err := s.Delete(ctx, "", key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := s.arena.bytes(); got > slabSize {
+		t.Fatalf("after the big records' deletes the slabs hold %d bytes, want at most one slab (%d)", got, slabSize)
+	}
+}
