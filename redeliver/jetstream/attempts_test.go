@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -110,7 +111,16 @@ func lostConsumerState(t *testing.T, restart bool) {
 			}
 			return nil
 		}
-		r := run(t, cfg, handler, nil)
+		secondRetried := make(chan struct{})
+		var once sync.Once
+		watch := func(rc *redeliver.Config) {
+			rc.Source = confirmedRetries{Source: rc.Source.(*Source), retried: func(attempt int) {
+				if attempt == 2 {
+					once.Do(func() { close(secondRetried) })
+				}
+			}}
+		}
+		r := run(t, cfg, handler, watch)
 		nc := connect(t, url)
 		publish(t, nc, cfg, "lost-state-1")
 		next := func() handled {
@@ -127,13 +137,23 @@ func lostConsumerState(t *testing.T, restart bool) {
 		if first.attempt != 1 || second.attempt != 2 || second.first.IsZero() {
 			t.Fatalf("runs %+v then %+v, want attempts 1 and 2, the second with a first failure", first, second)
 		}
-		// The second failure's Retry has reached the server once the message waits for
-		// its delayed redelivery, acknowledgement pending, in the consumer.
+		// The consumer's state is lost only once the second failure's Retry has been
+		// confirmed: the failure bucket then holds attempt 2, and the message waits for
+		// its delayed redelivery. The queue's state (work 1, ack pending 1) cannot tell:
+		// it holds as soon as the second run is delivered, while its handler still runs,
+		// and a loss then makes the server deliver the message anew next to that run,
+		// rightly as attempt 2.
+		select {
+		case <-secondRetried:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the second failure's Retry was not confirmed")
+		}
+		if st := queueState(t, nc, cfg); st != (state{work: 1, ackPending: 1}) {
+			t.Fatalf("the queue's state after the second failure's Retry is %+v, want the message waiting for its redelivery: %+v",
+				st, state{work: 1, ackPending: 1})
+		}
 		c, _ := cfg.withDefaults()
 		j, _ := js.New(nc)
-		eventually(t, 10*time.Second, "the message waiting for its redelivery", func() bool {
-			return queueState(t, nc, cfg) == state{work: 1, ackPending: 1}
-		})
 		if restart {
 			if err := r.stop(); err != nil {
 				t.Fatal(err)
@@ -156,4 +176,34 @@ func lostConsumerState(t *testing.T, restart bool) {
 		eventually(t, 10*time.Second, "an empty queue", func() bool { return queueState(t, nc, cfg) == state{} })
 		_ = r.stop()
 	})
+}
+
+// confirmedRetries is a Source with every method of *Source (the Consumer sees that it
+// keeps attempts, and its Heartbeat), whose deliveries call retried with the attempt of
+// each Retry the server confirmed: a handler's return, and its run's delivery, come
+// before the Retry reaches the server.
+type confirmedRetries struct {
+	*Source
+	retried func(attempt int)
+}
+
+func (s confirmedRetries) Receive(ctx context.Context) (redeliver.Delivery, error) {
+	d, err := s.Source.Receive(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return confirmedRetry{Delivery: d, retried: s.retried}, nil
+}
+
+type confirmedRetry struct {
+	redeliver.Delivery
+	retried func(attempt int)
+}
+
+func (d confirmedRetry) Retry(ctx context.Context, r redeliver.RetryInfo) error {
+	err := d.Delivery.Retry(ctx, r)
+	if err == nil {
+		d.retried(r.Attempt)
+	}
+	return err
 }
