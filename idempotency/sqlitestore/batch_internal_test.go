@@ -2,6 +2,7 @@ package sqlitestore
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -96,5 +97,56 @@ func TestBatchSharesTransactions(t *testing.T) {
 	t.Logf("write transactions: %d for %d claims, %d for %d completions", claimBatches, n+8, len(sizes)-claimBatches, n)
 	if claimBatches > (n+8)/2 || len(sizes)-claimBatches > n/2 {
 		t.Errorf("write transactions %v: batching should need far fewer than one per call", sizes)
+	}
+}
+
+// A batch that waits for another process's write lock gives up when its callers'
+// deadlines have passed, and writes nothing: its statements run under a context that
+// nothing cancels, but its BEGIN, which is what waits, does not.
+func TestBatchGivesUpWaitingForTheLock(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "b.db")
+	s, err := Open(ctx, Config{Path: path, Batch: true, BusyTimeout: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ran := make(chan struct{}, 1)
+	run := s.writes.Run
+	s.writes.Run = func(ops []*writeOp) {
+		run(ops)
+		ran <- struct{}{}
+	}
+	other, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Close() })
+	lock, err := other.BeginTx(ctx, nil) // another process's writer holds the write lock
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed := make(chan error, 1)
+	go func() {
+		short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer cancel()
+		_, err := s.Claim(short, idempotency.ClaimRequest{Key: "gone", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
+		claimed <- err
+	}()
+	select {
+	case err := <-claimed:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("claim behind the lock: %v, want DeadlineExceeded", err)
+		}
+	case <-time.After(time.Minute): // a bound on a hang, not a margin
+		_ = lock.Rollback()
+		t.Fatal("the claim waited for the lock past its deadline (a minute on, and BusyTimeout is 10)")
+	}
+	if err := lock.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	<-ran
+	if rec, err := s.Get(ctx, "", "gone"); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("the given-up claim was written: %v %+v", err, rec)
 	}
 }

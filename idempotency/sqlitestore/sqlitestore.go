@@ -548,7 +548,9 @@ func (s *Store) claimWrite(ctx context.Context, req idempotency.ClaimRequest, ab
 		return idempotency.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	res, err := s.claimTx(ctx, tx, req, absent, &tokenBlock{want: 1})
+	// Under the lock, the statements run under a context nothing cancels (see
+	// writeBatch).
+	res, err := s.claimTx(context.WithoutCancel(ctx), tx, req, absent, &tokenBlock{want: 1})
 	if err != nil || !res.Claimed {
 		return res, err
 	}
