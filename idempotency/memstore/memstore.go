@@ -4,11 +4,11 @@
 // Records live in byte slabs, indexed by a 64-bit hash of their scope and key, all
 // guarded by one mutex, so every operation is atomic. Nothing the store holds per
 // record has a pointer, so a store of many records gives the garbage collector a few
-// hundred slabs to mark and nothing to scan (arena). Nothing survives the process: use it where
-// losing every key on a restart is acceptable (tests, single-process tools), never in
-// front of payments. Fencing tokens come from one counter per Store, so they are never
-// reused, even after Delete or expiry. Inspect (idempotency.Inspector) says so as a
-// warning, for `retrysafe doctor` and the gateway's start.
+// hundred slabs to mark and nothing to scan (arena). Nothing survives the process: use
+// it where losing every key on a restart is acceptable (tests, single-process tools),
+// never in front of payments. Fencing tokens come from one counter per Store, so they
+// are never reused, even after Delete or expiry. Inspect (idempotency.Inspector) says
+// so as a warning, for `retrysafe doctor` and the gateway's start.
 package memstore
 
 import (
@@ -144,7 +144,7 @@ func (s *Store) compact() {
 		a.pending = a.pending[:len(a.pending)-1]
 		a.slabs[i].pending = false
 		if a.hasCur && i == a.cur {
-			continue // current again: its room is still to be filled
+			continue // never queued (check), and its room is still to be filled
 		}
 		buf := a.slabs[i].buf
 		for off := 0; off < len(buf) && a.slabs[i].live > 0; {
