@@ -12,6 +12,16 @@ import (
 	"github.com/retrysafe/retrysafe/idempotency"
 )
 
+// layouts are the two ways a record is filed: under its hash in the index, and (a
+// store whose keys all share one hash) in spill.
+var layouts = []struct {
+	name string
+	new  func(clock func() time.Time) *Store
+}{
+	{"index", NewWithClock},
+	{"spill", NewColliding},
+}
+
 // TestArenaKeepsRecordsThroughCompaction fills slabs, frees most of their records in
 // the ways a store frees them (a completion writing a record anew, a release, a
 // delete, expiry), and checks that every record kept still reads back whole, under its
@@ -19,13 +29,7 @@ import (
 // slabs were compacted and dropped, not kept. It runs on the hashed index and on a
 // store where every key is in spill.
 func TestArenaKeepsRecordsThroughCompaction(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		new  func(clock func() time.Time) *Store
-	}{
-		{"index", NewWithClock},
-		{"spill", NewColliding},
-	} {
+	for _, tc := range layouts {
 		t.Run(tc.name, func(t *testing.T) {
 			now := time.Unix(1_700_000_000, 0)
 			s := tc.new(func() time.Time { return now })

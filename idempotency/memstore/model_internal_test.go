@@ -20,13 +20,7 @@ import (
 // and every so often each key must read back as the model has it, and each slab's live
 // count must be the sum of the records filed in it.
 func TestArenaAgainstModel(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		new  func(clock func() time.Time) *Store
-	}{
-		{"index", NewWithClock},
-		{"spill", NewColliding},
-	} {
+	for _, tc := range layouts {
 		t.Run(tc.name, func(t *testing.T) {
 			runModel(t, tc.new, 100_000)
 		})
