@@ -2,6 +2,7 @@ package grpcidem_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/retrysafe/retrysafe/gateway"
@@ -19,7 +20,8 @@ import (
 func TestMetricsAndSpans(t *testing.T) {
 	t.Parallel()
 	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	ended := &serverEnds{SpanProcessor: rec, ch: make(chan struct{}, 16)}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(ended))
 	reg := prometheus.NewRegistry()
 	s := newSvc()
 	addr, _ := serve(t, s, grpcidem.Config{
@@ -66,6 +68,15 @@ func TestMetricsAndSpans(t *testing.T) {
 		t.Errorf("store calls observed: %d, want a claim and a completion at least, and the claims of the others", storeCalls)
 	}
 
+	// gRPC ends a call's server span after it has sent the call's status, so a client
+	// can have its answer before the span has ended: wait for the three.
+	for i := range 3 {
+		select {
+		case <-ended.ch:
+		case <-time.After(time.Minute): // a bound on a hang, not a margin
+			t.Fatalf("%d of 3 server spans ended", i)
+		}
+	}
 	if err := tp.ForceFlush(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -94,5 +105,19 @@ func TestMetricsAndSpans(t *testing.T) {
 	}
 	if storeSpans < 3 {
 		t.Errorf("store spans under the server spans: %d, want 3 or more", storeSpans)
+	}
+}
+
+// serverEnds is the test's span processor: it records through SpanProcessor and signals
+// ch as each server span ends.
+type serverEnds struct {
+	sdktrace.SpanProcessor
+	ch chan struct{}
+}
+
+func (e *serverEnds) OnEnd(s sdktrace.ReadOnlySpan) {
+	e.SpanProcessor.OnEnd(s)
+	if s.SpanKind().String() == "server" {
+		e.ch <- struct{}{}
 	}
 }
