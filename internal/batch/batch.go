@@ -1,12 +1,24 @@
 // Package batch groups concurrent calls of one kind so that a store runs them as one
 // statement or one transaction: group commit done by the application.
 //
-// Nothing waits for a batch to fill. A call that finds fewer than Group.InFlight
-// batches running starts one at once with whatever is pending, so a lone call is
-// delayed by nothing; calls that arrive while every slot is busy go together in the
-// next batch. A batch never holds two calls with the same ID (the later runs alone, or
-// waits for the next batch), and its calls are sorted by ID, so that stores taking row
-// locks in that order cannot deadlock one batch against another.
+// A call that finds fewer than Group.InFlight batches running starts one with whatever
+// is pending; calls that arrive while every slot is busy go together in the next batch.
+// A batch never holds two calls with the same ID (the later runs alone, or waits for the
+// next batch), and its calls are sorted by ID, so that stores taking row locks in that
+// order cannot deadlock one batch against another.
+//
+// Gathering (Group.Gather). A batch's cost to the server is mostly fixed: a round trip,
+// a statement's start, a commit and its flush. With one batch in flight, under a
+// steady load, batches come one after another as fast as the server turns them round,
+// and each takes what arrived while the one before it ran: at a few dozen concurrent
+// requests that is a few calls, and every third batch or so holds one (the first call
+// after a batch is taken finds no batch running and starts its own). So a leader may
+// wait, up to Gather, until GatherTo calls are pending, but only while calls come from
+// several callers at once (the latest batch held more than one) and fast enough that
+// two or more are due within Gather (a moving average of the time between calls). A
+// lone caller, one after another, is never held: each of its batches holds one call.
+// On a server that the load keeps busy the wait pays for itself: the batches are
+// larger and fewer, the server spends less per call, and it answers sooner.
 package batch
 
 import (
@@ -62,10 +74,23 @@ type Group[C Item] struct {
 	// for a later batch, so that a thousand calls on one ID (a storm of retries of one
 	// request) would run one batch after another.
 	Alone func(c C)
+	// Gather is the longest a leader waits for more calls before it runs its batch (see
+	// the package doc); 0: a batch runs at once with what is pending.
+	Gather time.Duration
+	// GatherTo is the number of pending calls at which a gathering leader stops
+	// waiting. Default 16.
+	GatherTo int
 
 	mu       sync.Mutex
 	pending  []C
 	inFlight int
+
+	// Gathering's view of the load, under mu.
+	calls int           // calls made, up to 2: gap means something from 2 on
+	last  time.Time     // when the latest call was made
+	gap   time.Duration // moving average of the time between calls
+	lastN int           // calls in the latest batch taken
+	full  chan struct{} // a gathering leader's: closed when GatherTo calls are pending
 }
 
 // Do runs c in a batch (or alone, see Group.Alone) and returns when its result is set,
@@ -76,6 +101,9 @@ func (g *Group[C]) Do(ctx context.Context, c C) error {
 	b.ctx, b.id, b.done = ctx, c.ID(), make(chan struct{})
 	g.mu.Lock()
 	g.pending = append(g.pending, c)
+	if g.Gather > 0 {
+		g.arrived()
+	}
 	lead := g.inFlight < max(g.InFlight, 1)
 	if lead {
 		g.inFlight++
@@ -103,7 +131,21 @@ func (g *Group[C]) Pending() int {
 // goroutine when calls are waiting, or gives it back.
 func (g *Group[C]) lead() {
 	g.mu.Lock()
+	if g.gathers() {
+		full := make(chan struct{})
+		g.full = full
+		g.mu.Unlock()
+		t := time.NewTimer(g.Gather)
+		select {
+		case <-full:
+		case <-t.C:
+		}
+		t.Stop()
+		g.mu.Lock()
+		g.full = nil
+	}
 	batch, dups := g.take()
+	g.lastN = len(batch)
 	g.mu.Unlock()
 	for _, c := range dups {
 		go func() {
@@ -125,6 +167,38 @@ func (g *Group[C]) lead() {
 	}
 	g.inFlight--
 	g.mu.Unlock()
+}
+
+// arrived notes a call's arrival, just appended to pending, for gathering: the
+// moving average of the time between calls, and the wake-up of a gathering leader
+// whose batch is full. g.mu is held.
+func (g *Group[C]) arrived() {
+	now := time.Now()
+	if g.calls > 0 {
+		g.gap += (now.Sub(g.last) - g.gap) / 8
+	}
+	g.calls = min(g.calls+1, 2)
+	g.last = now
+	if g.full != nil && len(g.pending) >= g.gatherTo() {
+		close(g.full)
+		g.full = nil
+	}
+}
+
+// gathers reports whether a leader about to take a batch waits for more calls first:
+// when fewer than GatherTo are pending, the latest batch held more than one (calls
+// come from several callers), and calls come fast enough that two are due within
+// Gather. One leader gathers at a time. g.mu is held.
+func (g *Group[C]) gathers() bool {
+	return g.Gather > 0 && g.full == nil && g.lastN > 1 && g.calls == 2 &&
+		2*g.gap <= g.Gather && len(g.pending) < g.gatherTo()
+}
+
+func (g *Group[C]) gatherTo() int {
+	if g.GatherTo <= 0 {
+		return 16
+	}
+	return g.GatherTo
 }
 
 // take removes from pending up to Max calls with distinct IDs, sorted by ID, and,

@@ -322,3 +322,140 @@ func TestAloneRunsDuplicates(t *testing.T) {
 		}
 	})
 }
+
+// gated is a Run that records its batches and holds each until a value is sent on
+// gate (one per batch); without gate, batches run at once.
+type gated struct {
+	mu      sync.Mutex
+	batches [][]string
+	at      []time.Time // when each batch ran
+	gate    chan struct{}
+}
+
+func (r *gated) run(calls []*item) {
+	ids := make([]string, len(calls))
+	for i, c := range calls {
+		ids[i] = c.id
+		c.result = strings.ToUpper(c.id)
+	}
+	r.mu.Lock()
+	r.batches = append(r.batches, ids)
+	r.at = append(r.at, time.Now())
+	r.mu.Unlock()
+	if r.gate != nil {
+		<-r.gate
+	}
+}
+
+func (r *gated) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.batches)
+}
+
+// concurrent makes g's latest batch one of two calls, as under a load of several
+// callers: a lone call runs, two arrive meanwhile and run together next.
+func concurrent(t *testing.T, g *batch.Group[*item], r *gated, wg *sync.WaitGroup) {
+	t.Helper()
+	wg.Go(func() { _ = g.Do(t.Context(), &item{id: "a"}) })
+	settled(t, func() bool { return r.count() == 1 })
+	wg.Go(func() { _ = g.Do(t.Context(), &item{id: "b"}) })
+	wg.Go(func() { _ = g.Do(t.Context(), &item{id: "c"}) })
+	settled(t, func() bool { return g.Pending() == 2 })
+	r.gate <- struct{}{}
+	settled(t, func() bool { return r.count() == 2 })
+	r.gate <- struct{}{}
+	wg.Wait()
+}
+
+// Under a load of several callers, a leader that finds fewer than GatherTo calls
+// waits for more, and runs as soon as there are GatherTo, before Gather has passed.
+func TestGatherFillsTheBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := &gated{gate: make(chan struct{})}
+		g := &batch.Group[*item]{Run: r.run, InFlight: 1, Gather: 2 * time.Millisecond, GatherTo: 4}
+		var wg sync.WaitGroup
+		concurrent(t, g, r, &wg)
+		start := time.Now()
+		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "d"}) })
+		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "e"}) })
+		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "f"}) })
+		settled(t, func() bool { return r.count() == 2 && g.Pending() == 3 })
+		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "g"}) })
+		settled(t, func() bool { return r.count() == 3 })
+		if waited := time.Since(start); waited != 0 {
+			t.Errorf("the full batch ran after %v, want at once", waited)
+		}
+		r.gate <- struct{}{}
+		wg.Wait()
+		if got := r.batches[2]; !slices.Equal(got, []string{"d", "e", "f", "g"}) {
+			t.Errorf("batches %v: want [d e f g] third", r.batches)
+		}
+	})
+}
+
+// A gathering leader waits no longer than Gather; and once a batch has held one call
+// (the load is gone), the next call runs at once.
+func TestGatherWaitsAtMostGather(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := &gated{gate: make(chan struct{})}
+		g := &batch.Group[*item]{Run: r.run, InFlight: 1, Gather: 2 * time.Millisecond, GatherTo: 4}
+		var wg sync.WaitGroup
+		concurrent(t, g, r, &wg)
+		start := time.Now()
+		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "d"}) })
+		settled(t, func() bool { return r.count() == 2 })
+		time.Sleep(time.Second)
+		settled(t, func() bool { return r.count() == 3 })
+		if waited := r.at[2].Sub(start); waited != g.Gather {
+			t.Errorf("a lone call under load ran after %v, want %v", waited, g.Gather)
+		}
+		r.gate <- struct{}{}
+		wg.Wait()
+		start = time.Now()
+		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "e"}) })
+		settled(t, func() bool { return r.count() == 4 })
+		if waited := time.Since(start); waited != 0 {
+			t.Errorf("the call after a batch of one ran after %v, want at once", waited)
+		}
+		r.gate <- struct{}{}
+		wg.Wait()
+	})
+}
+
+// One caller's calls, one after another, never wait: each batch holds one call.
+func TestGatherNeverHoldsALoneCaller(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := &gated{}
+		g := &batch.Group[*item]{Run: r.run, InFlight: 1, Gather: 2 * time.Millisecond}
+		start := time.Now()
+		for i := range 50 {
+			if err := g.Do(t.Context(), &item{id: fmt.Sprint(i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if waited := time.Since(start); waited != 0 {
+			t.Errorf("50 calls one after another took %v, want no wait", waited)
+		}
+	})
+}
+
+// Calls that come slower than two within Gather are not waited for, even from
+// several callers.
+func TestGatherSkipsSlowCalls(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := &gated{gate: make(chan struct{})}
+		g := &batch.Group[*item]{Run: r.run, InFlight: 1, Gather: 2 * time.Millisecond, GatherTo: 4}
+		var wg sync.WaitGroup
+		concurrent(t, g, r, &wg)
+		time.Sleep(10 * time.Millisecond) // the average time between calls: 1.25 ms
+		start := time.Now()
+		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "d"}) })
+		settled(t, func() bool { return r.count() == 3 })
+		if waited := time.Since(start); waited != 0 {
+			t.Errorf("a call after a pause ran after %v, want at once", waited)
+		}
+		r.gate <- struct{}{}
+		wg.Wait()
+	})
+}
