@@ -4,6 +4,7 @@ import (
 	"os"
 	"regexp"
 	"testing"
+	"time"
 )
 
 // TestParamsAreTheParsers: every query parameter the parser reads by name is listed by
@@ -63,6 +64,17 @@ func TestParamsAreTheParsers(t *testing.T) {
 		case "sqlite batch", "postgres batch":
 			if sp.batch {
 				t.Errorf("%q: batching still on", dsn)
+			}
+		case "sqlite gather":
+			if sp.gather >= 0 {
+				t.Errorf("%q: gather %v, want none (negative)", dsn, sp.gather)
+			}
+		case "postgres gather":
+			if sp.gather != time.Millisecond {
+				t.Errorf("%q: gather %v, want 1ms", dsn, sp.gather)
+			}
+			if _, ok := sp.pg.ConnConfig.RuntimeParams["gather"]; ok {
+				t.Errorf("%q: gather would reach the server as a run-time parameter", dsn)
 			}
 		case "postgres schema":
 			if sp.schema != p.Example {

@@ -7,16 +7,20 @@
 //	                            sqlite:retrysafe.db. sqlite:///abs/path is /abs/path.
 //	                            Concurrent writes share transactions (sqlitestore's
 //	                            Config.Batch: group commit); sqlite:PATH?batch=false turns
-//	                            that off (a '?' always starts parameters).
+//	                            that off (a '?' always starts parameters), and gather=DUR
+//	                            sets how long, under concurrent load, a transaction waits
+//	                            for more writes (Config.Gather; 0: never; default 2ms).
 //	postgres://…, postgresql://…
 //	                            PostgreSQL through a pgxpool. Every pgx and pgxpool parameter
-//	                            works (sslmode, connect_timeout, pool_max_conns, …). One more,
-//	                            schema=NAME, puts the table in that schema (default public),
-//	                            and batch=false turns off pgstore's batching of concurrent
-//	                            claims and completions (group commit; on by default); both are
-//	                            removed from the URL before connecting, because PostgreSQL
-//	                            would take them for run-time parameters and refuse the
-//	                            connection.
+//	                            works (sslmode, connect_timeout, pool_max_conns, …). Three
+//	                            more: schema=NAME puts the table in that schema (default
+//	                            public), batch=false turns off pgstore's batching of
+//	                            concurrent claims and completions (group commit; on by
+//	                            default), and gather=DUR sets how long, under concurrent
+//	                            load, a batch waits for more calls (Config.Gather; 0: never;
+//	                            default 2ms). They are removed from the URL before
+//	                            connecting, because PostgreSQL would take them for run-time
+//	                            parameters and refuse the connection.
 //	redis://…, rediss://…       Redis through go-redis (redis.ParseURL: user, password, db
 //	                            number in the path, client options as query parameters).
 //	                            With master_name=NAME it is Redis Sentinel: the host is
@@ -241,9 +245,10 @@ type spec struct {
 	kind string // one of the Kind constants
 	name string // Opened.Name: the DSN without its password
 
-	path   string // sqlite
-	batch  bool   // sqlite, postgres
-	schema string // postgres
+	path   string        // sqlite
+	batch  bool          // sqlite, postgres
+	gather time.Duration // sqlite, postgres: the stores' Config.Gather (negative: none)
+	schema string        // postgres
 	pg     *pgxpool.Config
 	prefix string // redis
 	redis  *redis.Options
@@ -312,18 +317,26 @@ func parseSQLite(path string) (*spec, error) {
 		path = path[2:]
 	}
 	batch := true
+	var gather time.Duration
 	if p, query, ok := strings.Cut(path, "?"); ok {
 		q, err := url.ParseQuery(query)
 		if err != nil {
 			return nil, fmt.Errorf("%w: sqlite parameters %q: %s", ErrInvalid, query, oneLine(err.Error()))
 		}
 		for _, k := range slices.Sorted(maps.Keys(q)) { // the same error every time
-			v := q[k]
-			b, err := strconv.ParseBool(v[len(v)-1])
-			if k != "batch" || err != nil {
-				return nil, fmt.Errorf("%w: sqlite parameter %q: the only one is batch=true|false", ErrInvalid, k+"="+v[len(v)-1])
+			v := q[k][len(q[k])-1]
+			switch k {
+			case "batch":
+				if batch, err = strconv.ParseBool(v); err != nil {
+					return nil, fmt.Errorf("%w: sqlite parameter batch=%q: want true or false", ErrInvalid, v)
+				}
+			case "gather":
+				if gather, err = parseGather(v); err != nil {
+					return nil, fmt.Errorf("%w: sqlite parameter %w", ErrInvalid, err)
+				}
+			default:
+				return nil, fmt.Errorf("%w: sqlite parameter %q: want batch=true|false or gather=DURATION", ErrInvalid, k+"="+v)
 			}
-			batch = b
 		}
 		path = p
 	}
@@ -334,13 +347,29 @@ func parseSQLite(path string) (*spec, error) {
 		// It would break the one-line errors and the logs that name the store.
 		return nil, fmt.Errorf("%w: sqlite path %q holds a control character", ErrInvalid, path)
 	}
-	return &spec{kind: KindSQLite, name: "sqlite:" + path, path: path, batch: batch}, nil
+	return &spec{kind: KindSQLite, name: "sqlite:" + path, path: path, batch: batch, gather: gather}, nil
+}
+
+// parseGather reads a gather parameter: a duration, 0 for none. It returns the stores'
+// Config.Gather, where 0 is the default and a negative value none.
+func parseGather(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if v == "0" {
+		d, err = 0, nil
+	}
+	switch {
+	case err != nil || d < 0:
+		return 0, fmt.Errorf("gather=%q: want a duration such as 2ms, or 0 for none", v)
+	case d == 0:
+		return -1, nil
+	}
+	return d, nil
 }
 
 func openSQLite(ctx context.Context, sp *spec) (*Opened, error) {
 	pctx, cancel := context.WithTimeout(ctx, PingTimeout)
 	defer cancel()
-	s, err := sqlitestore.Open(pctx, sqlitestore.Config{Path: sp.path, Batch: sp.batch})
+	s, err := sqlitestore.Open(pctx, sqlitestore.Config{Path: sp.path, Batch: sp.batch, Gather: sp.gather})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, sp.name, err)
 	}
@@ -362,8 +391,15 @@ func parsePostgres(dsn string) (*spec, error) {
 		}
 		batch = b
 	}
+	var gather time.Duration
+	if q.Has("gather") {
+		if gather, err = parseGather(q.Get("gather")); err != nil {
+			return nil, fmt.Errorf("%w: postgres URL: %w", ErrInvalid, err)
+		}
+	}
 	q.Del("schema")
 	q.Del("batch")
+	q.Del("gather")
 	// Several hosts: the store must write, so it connects to the one that accepts writes
 	// (the primary, which a promotion may change), unless told otherwise.
 	if (strings.Contains(u.Host, ",") || strings.Contains(q.Get("host"), ",")) && !q.Has("target_session_attrs") &&
@@ -392,7 +428,7 @@ func parsePostgres(dsn string) (*spec, error) {
 		return nil, fmt.Errorf("%w %s: pool_min_conns=%d is more than pool_max_conns=%d", ErrInvalid, name, cfg.MinConns, cfg.MaxConns)
 	}
 	pgstore.ConfigurePool(cfg)
-	return &spec{kind: KindPostgres, name: name, schema: schema, batch: batch, pg: cfg}, nil
+	return &spec{kind: KindPostgres, name: name, schema: schema, batch: batch, gather: gather, pg: cfg}, nil
 }
 
 func openPostgres(ctx context.Context, sp *spec) (*Opened, error) {
@@ -401,7 +437,7 @@ func openPostgres(ctx context.Context, sp *spec) (*Opened, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w %s: %w", ErrInvalid, name, err)
 	}
-	s, err := pgstore.New(pgstore.Config{Pool: pool, Schema: sp.schema, Batch: sp.batch})
+	s, err := pgstore.New(pgstore.Config{Pool: pool, Schema: sp.schema, Batch: sp.batch, Gather: sp.gather})
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("%w %s: %w", ErrInvalid, name, err)

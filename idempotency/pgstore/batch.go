@@ -41,6 +41,13 @@ import (
 // (bench/README.md, "PostgreSQL CPU per new key").
 const batchInFlight = 1
 
+// DefaultGather is Config.Gather's default: under concurrent load, the longest a batch
+// waits for more calls (see "Batching" in the package doc). It is short beside a
+// request's own time at the loads where it applies (a thousand store calls a second
+// and more), and long enough to gather what arrives at them; bench/README.md gives
+// what it saved.
+const DefaultGather = 2 * time.Millisecond
+
 // The batched statements join their arrays to the table, and PostgreSQL plans a
 // prepared statement once for all its executions (a generic plan) after its first
 // few: the join it then chose stays, however the table changes, until the table's

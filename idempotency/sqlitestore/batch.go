@@ -4,10 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/batch"
 )
+
+// DefaultGather is Config.Gather's default: under concurrent load, the longest a write
+// transaction waits for more writes before it begins (see "Batching" in the package
+// doc).
+const DefaultGather = 2 * time.Millisecond
 
 // writeOp is the write of one Claim or one Complete, batched (Config.Batch).
 type writeOp struct {

@@ -122,6 +122,13 @@
 // back and each call runs again alone. Extend, Abandon, Release and WithTx are never
 // batched.
 //
+// Under a load of several concurrent requests a transaction also waits, up to
+// Config.Gather (DefaultGather), for more writes before it begins, and begins as soon
+// as 16 are waiting: the writer otherwise takes what arrived during the previous
+// commit, and about three transactions in ten held a single write at 32 clients
+// through the gateway, each with its own fsync. A lone request, one write after
+// another, never waits (see internal/batch).
+//
 // # Transaction mode
 //
 // WithTx runs a function in a write transaction and, when the context carries the
@@ -189,6 +196,11 @@ type Config struct {
 	// together in the next (see "Batching" in the package doc). Results and guarantees
 	// are the same as without it. Default false.
 	Batch bool
+	// Gather is the longest a transaction waits for more writes before it begins,
+	// while writes come from several requests at once (see "Batching" in the package
+	// doc). Zero: DefaultGather; negative: a transaction begins at once with what is
+	// pending. Only with Batch.
+	Gather time.Duration
 	// Clock is the clock of every lease and expiry decision and instant: ClaimResult.Now,
 	// LeaseUntil, ExpiresAt, and what DeleteExpired deletes. Default (nil) time.Now, the
 	// process clock. SQLite is a one-host store, so the processes sharing a file read one
@@ -276,7 +288,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("sqlitestore: open %s: %w", path, err)
 	}
-	if err := s.init(ctx, table, cfg.Batch); err != nil {
+	if err := s.init(ctx, table, cfg.Batch, cfg.Gather); err != nil {
 		_ = s.Close()
 		return nil, err
 	}
@@ -314,7 +326,7 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{write: db, read: db, now: cfg.Clock}
-	if err := s.init(ctx, table, cfg.Batch); err != nil {
+	if err := s.init(ctx, table, cfg.Batch, cfg.Gather); err != nil {
 		_ = s.Close()
 		return nil, err
 	}
@@ -334,14 +346,17 @@ func tableName(table string) (string, error) {
 }
 
 // init applies the schema for table, prepares the statements and, when batched, sets up
-// the batching of writes.
-func (s *Store) init(ctx context.Context, table string, batched bool) error {
+// the batching of writes, gathering for up to gather (Config.Gather).
+func (s *Store) init(ctx context.Context, table string, batched bool, gather time.Duration) error {
 	if s.now == nil {
 		s.now = time.Now
 	}
 	s.seen = newSeenKeys()
 	if batched {
-		s.writes = &batch.Group[*writeOp]{Run: s.runWrites, InFlight: 1, Alone: s.writeAlone}
+		if gather == 0 {
+			gather = DefaultGather
+		}
+		s.writes = &batch.Group[*writeOp]{Run: s.runWrites, InFlight: 1, Alone: s.writeAlone, Gather: max(gather, 0)}
 	}
 	s.table = table
 	s.schema = strings.ReplaceAll(schema, defaultTable, table)
