@@ -142,16 +142,17 @@
 //
 // With Config.Batch, Claim and Complete calls that arrive together share one statement
 // of each kind (the arrays of their parameters, unnest-ed): group commit by the
-// application. A call that finds no statement of its kind in flight starts one at once,
-// so a lone request waits for nothing, and a batch of one runs the single-key
-// statement, so it costs what it would without batching; under load, the calls that
-// arrive during a statement go together in the next (at most 128), so that batches
-// grow with the load, and a second call on a key already in the batch runs alone at
-// once. Each call learns its own outcome, exactly as without batching: the batched
-// statements apply the same rules, each call with its own clock reading (NULL, the
-// server's clock, without Config.Clock). When the server rejects a batch, each of its
-// calls is run alone, so one bad request fails only itself. Rows are taken in (scope,
-// key) order in every batch, so batches of several replicas cannot deadlock.
+// application. A call that finds no statement of its kind in flight starts one (at
+// once, unless it gathers under load, below), so a lone request waits for nothing, and
+// a batch of one runs the single-key statement, so it costs what it would without
+// batching; under load, the calls that arrive during a statement go together in the
+// next (at most 128), so that batches grow with the load, and a second call on a key
+// already in the batch runs alone at once. Each call learns its own outcome, exactly as
+// without batching: the batched statements apply the same rules, each call with its own
+// clock reading (NULL, the server's clock, without Config.Clock). When the server
+// rejects a batch, each of its calls is run alone, so one bad request fails only
+// itself. Rows are taken in (scope, key) order in every batch, so batches of several
+// replicas cannot deadlock.
 // Takeovers, Extend, Abandon, Release and completions inside WithTx are never batched.
 //
 // Under a load of several concurrent requests a batch also waits, up to Config.Gather

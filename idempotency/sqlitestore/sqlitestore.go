@@ -113,14 +113,14 @@
 //
 // With Config.Batch, the writes of concurrent Claim and Complete calls (after Claim's
 // lock-free read, when it runs one) share one BEGIN IMMEDIATE transaction and one
-// commit: group commit, on internal/batch. With Synchronous FULL every commit is an fsync, which is what
-// limits a SQLite store's write rate; under load a batch pays one for all its calls. A
-// call that finds the writer idle starts a transaction at once, so a lone request waits
-// for nothing. Each call is decided and answered as without batching, on the clock read
-// when its own statement runs. When a statement of the batch fails (other than a
-// completion that finds its claim gone) or its commit does, the transaction is rolled
-// back and each call runs again alone. Extend, Abandon, Release and WithTx are never
-// batched.
+// commit: group commit, on internal/batch. With Synchronous FULL every commit is an
+// fsync, which is what limits a SQLite store's write rate; under load a batch pays one
+// for all its calls. A call that finds the writer idle starts a transaction (at once,
+// unless it gathers under load, below), so a lone request waits for nothing. Each call
+// is decided and answered as without batching, on the clock read when its own statement
+// runs. When a statement of the batch fails (other than a completion that finds its
+// claim gone) or its commit does, the transaction is rolled back and each call runs
+// again alone. Extend, Abandon, Release and WithTx are never batched.
 //
 // Under a load of several concurrent requests a transaction also waits, up to
 // Config.Gather (DefaultGather), for more writes before it begins, and begins as soon
