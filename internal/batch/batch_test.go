@@ -353,10 +353,14 @@ func (r *gated) count() int {
 	return len(r.batches)
 }
 
-// concurrent makes g's latest batch one of two calls, as under a load of several
-// callers: a lone call runs, two arrive meanwhile and run together next.
-func concurrent(t *testing.T, g *batch.Group[*item], r *gated, wg *sync.WaitGroup) {
+// underLoad returns a gathering Group (Gather 2ms, GatherTo 4) on a gated Run, whose
+// latest batch held two calls, as under a load of several callers: a lone call ran,
+// two arrived meanwhile and ran together next.
+func underLoad(t *testing.T) (*batch.Group[*item], *gated, *sync.WaitGroup) {
 	t.Helper()
+	r := &gated{gate: make(chan struct{})}
+	g := &batch.Group[*item]{Run: r.run, InFlight: 1, Gather: 2 * time.Millisecond, GatherTo: 4}
+	wg := &sync.WaitGroup{}
 	wg.Go(func() { _ = g.Do(t.Context(), &item{id: "a"}) })
 	settled(t, func() bool { return r.count() == 1 })
 	wg.Go(func() { _ = g.Do(t.Context(), &item{id: "b"}) })
@@ -366,16 +370,14 @@ func concurrent(t *testing.T, g *batch.Group[*item], r *gated, wg *sync.WaitGrou
 	settled(t, func() bool { return r.count() == 2 })
 	r.gate <- struct{}{}
 	wg.Wait()
+	return g, r, wg
 }
 
 // Under a load of several callers, a leader that finds fewer than GatherTo calls
 // waits for more, and runs as soon as there are GatherTo, before Gather has passed.
 func TestGatherFillsTheBatch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := &gated{gate: make(chan struct{})}
-		g := &batch.Group[*item]{Run: r.run, InFlight: 1, Gather: 2 * time.Millisecond, GatherTo: 4}
-		var wg sync.WaitGroup
-		concurrent(t, g, r, &wg)
+		g, r, wg := underLoad(t)
 		start := time.Now()
 		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "d"}) })
 		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "e"}) })
@@ -398,10 +400,7 @@ func TestGatherFillsTheBatch(t *testing.T) {
 // (the load is gone), the next call runs at once.
 func TestGatherWaitsAtMostGather(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := &gated{gate: make(chan struct{})}
-		g := &batch.Group[*item]{Run: r.run, InFlight: 1, Gather: 2 * time.Millisecond, GatherTo: 4}
-		var wg sync.WaitGroup
-		concurrent(t, g, r, &wg)
+		g, r, wg := underLoad(t)
 		start := time.Now()
 		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "d"}) })
 		settled(t, func() bool { return r.count() == 2 })
@@ -444,10 +443,7 @@ func TestGatherNeverHoldsALoneCaller(t *testing.T) {
 // several callers.
 func TestGatherSkipsSlowCalls(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := &gated{gate: make(chan struct{})}
-		g := &batch.Group[*item]{Run: r.run, InFlight: 1, Gather: 2 * time.Millisecond, GatherTo: 4}
-		var wg sync.WaitGroup
-		concurrent(t, g, r, &wg)
+		g, r, wg := underLoad(t)
 		time.Sleep(10 * time.Millisecond) // the average time between calls: 1.25 ms
 		start := time.Now()
 		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "d"}) })
