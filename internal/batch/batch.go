@@ -142,7 +142,9 @@ func (g *Group[C]) lead() {
 		}
 		t.Stop()
 		g.mu.Lock()
-		g.full = nil
+		if g.full == full { // not closed by a call, nor another leader's since
+			g.full = nil
+		}
 	}
 	batch, dups := g.take()
 	g.lastN = len(batch)
