@@ -565,11 +565,7 @@ RETURNING u.ord`),
 	s.names.claimBatch, s.names.completeBatch = batchName("claim", s.sql.claimBatch), batchName("complete", s.sql.completeBatch)
 	s.replan.Store(int64(replanAfter))
 	if cfg.Batch {
-		gather := cfg.Gather
-		if gather == 0 {
-			gather = DefaultGather
-		}
-		gather = max(gather, 0)
+		gather := cmp.Or(cfg.Gather, DefaultGather) // negative: none (batch.Group.Gather)
 		// Duplicates of a key in a batch (a storm of retries of one request) run alone,
 		// as they would without batching.
 		s.claims = &batch.Group[*claimCall]{Run: s.runClaims, InFlight: batchInFlight, Gather: gather,

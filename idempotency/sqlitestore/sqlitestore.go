@@ -138,6 +138,7 @@
 package sqlitestore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	_ "embed"
@@ -353,10 +354,9 @@ func (s *Store) init(ctx context.Context, table string, batched bool, gather tim
 	}
 	s.seen = newSeenKeys()
 	if batched {
-		if gather == 0 {
-			gather = DefaultGather
-		}
-		s.writes = &batch.Group[*writeOp]{Run: s.runWrites, InFlight: 1, Alone: s.writeAlone, Gather: max(gather, 0)}
+		// Negative: none (batch.Group.Gather).
+		s.writes = &batch.Group[*writeOp]{Run: s.runWrites, InFlight: 1, Alone: s.writeAlone,
+			Gather: cmp.Or(gather, DefaultGather)}
 	}
 	s.table = table
 	s.schema = strings.ReplaceAll(schema, defaultTable, table)

@@ -75,7 +75,7 @@ type Group[C Item] struct {
 	// request) would run one batch after another.
 	Alone func(c C)
 	// Gather is the longest a leader waits for more calls before it runs its batch (see
-	// the package doc); 0: a batch runs at once with what is pending.
+	// the package doc); 0 or negative: a batch runs at once with what is pending.
 	Gather time.Duration
 	// GatherTo is the number of pending calls at which a gathering leader stops
 	// waiting. Default 16.
