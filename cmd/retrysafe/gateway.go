@@ -25,6 +25,7 @@ import (
 	"github.com/retrysafe/retrysafe/idempotency/redisstore"
 	"github.com/retrysafe/retrysafe/internal/bytesize"
 	"github.com/retrysafe/retrysafe/internal/durfmt"
+	"github.com/retrysafe/retrysafe/internal/gcfloor"
 	"github.com/retrysafe/retrysafe/storedsn"
 )
 
@@ -306,7 +307,9 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		attrs = append(attrs, "config", f.config, "routes", len(cfg.Routes))
 	}
 	memLimit := setMemoryLimit(os.Getenv("GOMEMLIMIT") != "", store.Kind, cfg)
-	logger.Info("retrysafe gateway listening", append(attrs, "store", store.Name, "memory_limit", memLimit, "version", version())...)
+	floor, gcFloor := startGCFloor(os.Getenv("GOGC") != "")
+	defer floor.Stop()
+	logger.Info("retrysafe gateway listening", append(attrs, "store", store.Name, "memory_limit", memLimit, "gc_floor", gcFloor, "version", version())...)
 
 	runCtx, stopReloads := context.WithCancel(ctx)
 	reloaded := make(chan struct{})
@@ -697,6 +700,28 @@ func splitList(s string) []string {
 // process beyond its bodies: its connections, their buffers and goroutines, the store's
 // client, the metrics.
 const memoryLimitBase = 64 << 20
+
+// gcFloorBytes is how much the heap may grow between two garbage collections at the
+// least (see startGCFloor).
+const gcFloorBytes = 32 << 20
+
+// startGCFloor keeps the garbage collector from running before the heap has grown by
+// about gcFloorBytes since the last cycle, unless the environment sets GOGC (which then
+// wins), and returns what it did, for the start-up line. The gateway's live heap is a
+// few MiB (buffers, connections) while it allocates tens of KiB per request, so with
+// GOGC=100 alone it collects some twenty times a second at a few thousand requests a
+// second, and each cycle's fixed work costs several percent of its CPU: the floor
+// saves most of it for at most gcFloorBytes more memory. Past a live heap of
+// gcFloorBytes it changes nothing, and the soft memory limit still wins (see
+// internal/gcfloor).
+func startGCFloor(fromEnv bool) (*gcfloor.Floor, string) {
+	f := &gcfloor.Floor{Bytes: gcFloorBytes}
+	if fromEnv {
+		return f, "GOGC"
+	}
+	f.Start()
+	return f, bytesize.Format(gcFloorBytes)
+}
 
 // softMemoryLimit is the soft memory limit the gateway sets itself (see
 // setMemoryLimit): the ceiling on bodies in memory, a quarter more for the garbage they
