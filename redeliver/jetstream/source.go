@@ -537,11 +537,17 @@ func (s *Source) bucket() js.KeyValue {
 }
 
 // failure reads the failure record of the message at seq; found is false when there is
-// none (or it cannot be read, which it logs).
+// none (or it cannot be read, which it logs). Each try is bounded (untilAnswered): a read
+// sent to a node that died, while the bucket's stream elects a new leader, is sent again
+// to the next, instead of reading as "no record" and delivering a failed message as a
+// first attempt.
 func (s *Source) failure(ctx context.Context, seq uint64) (f failure, found bool) {
-	ctx, cancel := withTimeout(ctx)
-	defer cancel()
-	e, err := s.bucket().Get(ctx, failureKey(seq))
+	var e js.KeyValueEntry
+	err := untilAnswered(ctx, func(ctx context.Context) error {
+		var err error
+		e, err = s.bucket().Get(ctx, failureKey(seq))
+		return err
+	})
 	if err != nil {
 		if !errors.Is(err, js.ErrKeyNotFound) && ctx.Err() == nil {
 			s.log.Warn("jetstream: reading a failure record failed", slog.Uint64("stream_seq", seq), slog.Any("error", err))
