@@ -1,15 +1,12 @@
 package jetstream
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	neturl "net/url"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,7 +14,6 @@ import (
 	js "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retrysafe/retrysafe/harness/natsserver"
-	"github.com/retrysafe/retrysafe/harness/tcpproxy"
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/redeliver"
 	"github.com/retrysafe/retrysafe/retry"
@@ -243,30 +239,8 @@ func TestNoServer(t *testing.T) {
 func TestDeclareResendsLostRequest(t *testing.T) {
 	t.Parallel()
 	forEach(t, func(t *testing.T, target string) {
-		u, err := neturl.Parse(target)
-		if err != nil {
-			t.Fatal(err)
-		}
-		proxy, err := tcpproxy.New(u.Host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = proxy.Close() })
-		// sent is closed once a JetStream API request reached the stalled proxy: the
-		// client has written it, and it is lost when Restore resets the connection.
-		var mu sync.Mutex
-		var held []byte
-		var once sync.Once
-		sent := make(chan struct{})
-		proxy.OnHold(func(b []byte) {
-			mu.Lock()
-			held = append(held, b...)
-			found := bytes.Contains(held, []byte("$JS.API."))
-			mu.Unlock()
-			if found {
-				once.Do(func() { close(sent) })
-			}
-		})
+		// sent is closed once a JetStream API request reached the stalled proxy.
+		proxy, sent := proxyTo(t, target, []byte("$JS.API."))
 
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()

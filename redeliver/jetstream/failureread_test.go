@@ -1,14 +1,9 @@
 package jetstream
 
 import (
-	"bytes"
 	"context"
-	neturl "net/url"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/retrysafe/retrysafe/harness/tcpproxy"
 )
 
 // A read of a failure record lost with its connection (sent into a partition that then
@@ -18,15 +13,9 @@ import (
 func TestFailureReadSentAgainAfterALostRead(t *testing.T) {
 	t.Parallel()
 	forEach(t, func(t *testing.T, target string) {
-		u, err := neturl.Parse(target)
-		if err != nil {
-			t.Fatal(err)
-		}
-		proxy, err := tcpproxy.New(u.Host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = proxy.Close() })
+		const seq = 987654321
+		// sent is closed once the read of the record has reached the stalled proxy.
+		proxy, sent := proxyTo(t, target, []byte(failureKey(seq)))
 
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -43,26 +32,11 @@ func TestFailureReadSentAgainAfterALostRead(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = s.Close(context.Background()) })
 
-		const seq = 987654321
 		first := time.Date(2026, 12, 6, 2, 0, 0, 0, time.UTC)
 		if err := s.recordFailure(ctx, seq, failure{attempts: 2, first: first}); err != nil {
 			t.Fatal(err)
 		}
 
-		// sent is closed once the read of the record has reached the stalled proxy.
-		var mu sync.Mutex
-		var held []byte
-		var once sync.Once
-		sent := make(chan struct{})
-		proxy.OnHold(func(b []byte) {
-			mu.Lock()
-			held = append(held, b...)
-			found := bytes.Contains(held, []byte(failureKey(seq)))
-			mu.Unlock()
-			if found {
-				once.Do(func() { close(sent) })
-			}
-		})
 		proxy.Stall()
 		type result struct {
 			f     failure

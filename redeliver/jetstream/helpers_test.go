@@ -1,10 +1,12 @@
 package jetstream
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	neturl "net/url"
 	"os"
 	"sync"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/retrysafe/retrysafe/harness/natsserver"
+	"github.com/retrysafe/retrysafe/harness/tcpproxy"
 	"github.com/retrysafe/retrysafe/harness/testenv"
 	"github.com/retrysafe/retrysafe/redeliver"
 	"github.com/retrysafe/retrysafe/retry"
@@ -315,4 +318,35 @@ func (r *recorder) totalSuccesses() int {
 		n += c
 	}
 	return n
+}
+
+// proxyTo returns a TCP proxy to the NATS server at url, closed when t ends, and a
+// channel closed once bytes holding marker have reached it during a Stall: the client
+// has written the request they belong to, and it is lost when Restore resets the
+// connection.
+func proxyTo(t testing.TB, url string, marker []byte) (*tcpproxy.Proxy, <-chan struct{}) {
+	t.Helper()
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := tcpproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	var mu sync.Mutex
+	var held []byte
+	var once sync.Once
+	sent := make(chan struct{})
+	proxy.OnHold(func(b []byte) {
+		mu.Lock()
+		held = append(held, b...)
+		found := bytes.Contains(held, marker)
+		mu.Unlock()
+		if found {
+			once.Do(func() { close(sent) })
+		}
+	})
+	return proxy, sent
 }
