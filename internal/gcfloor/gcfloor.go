@@ -6,11 +6,14 @@
 // MiB of buffers and connections, while it allocates tens of KiB per request: at a few
 // thousand requests a second it collects twenty times a second, and each cycle's fixed
 // work (scanning every goroutine's stack, the globals, sweeping) costs it several
-// percent of its CPU. A Floor lets the heap grow by at least Floor bytes between two
+// percent of its CPU. A Floor lets the heap grow by about Floor.Bytes between two
 // cycles: after every cycle it sets the collector's percentage (runtime/debug
-// SetGCPercent) to whatever puts the next cycle Floor above the live heap, or to the
-// base percentage when that is later. Once the live heap is Floor or more it changes
-// nothing; below, the process holds up to Floor more memory than it would otherwise.
+// SetGCPercent) to whatever puts the next cycle Floor.Bytes above the live heap, or to
+// the base percentage when that is later. Once the live heap is Floor.Bytes or more it
+// changes nothing; below, the process holds up to Floor.Bytes more memory than it would
+// otherwise. It learns that a cycle ended from the cleanup (runtime.AddCleanup) of an
+// object it drops after each: the runtime may keep such an object a cycle longer (a
+// stack slot scanned conservatively), and the percentage then waits a cycle.
 // A soft memory limit (GOMEMLIMIT, runtime/debug.SetMemoryLimit) still wins: the
 // collector runs sooner when the heap nears it.
 package gcfloor
