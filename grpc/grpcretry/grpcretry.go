@@ -134,7 +134,7 @@ func retryable(err error) bool {
 // metadata, fromServer whether the status is known to be the server's (trailers
 // arrived), sent whether the attempt got a stream on a connection.
 func classify(ctx context.Context, err error, keyed bool, trailer metadata.MD, fromServer, sent bool) error {
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || deadlinePassed(ctx) {
 		return err // the caller's time is up or it gave up: never retried
 	}
 	st := status.Convert(err)
@@ -170,6 +170,15 @@ func classify(ctx context.Context, err error, keyed bool, trailer metadata.MD, f
 		a.delay, a.asked = max(a.delay, time.Duration(ms)*time.Millisecond), true
 	}
 	return a
+}
+
+// deadlinePassed reports whether ctx's deadline is at or before now. An attempt can end
+// on the caller's deadline before ctx says so: the server's end of the stream (its
+// deadline is the one the call sent) or the transport's own timer may fire before
+// ctx's, and until ctx's has run, ctx.Err is nil.
+func deadlinePassed(ctx context.Context) bool {
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // stopError is an attempt after which the server asked not to retry.
