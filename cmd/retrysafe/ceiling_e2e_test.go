@@ -66,21 +66,31 @@ func (u *echoUpstream) of(key string) int {
 	return u.runs[key]
 }
 
-// bodyMemory reads the gateway's body_memory_bytes gauge from its /metrics.
-func bodyMemory(t *testing.T, gw *proc) float64 {
+// metricValue reads an unlabelled metric from the gateway's /metrics; ok is false when
+// it is not there.
+func metricValue(t *testing.T, gw *proc, name string) (float64, bool) {
 	t.Helper()
 	_, metrics := adminGet(t, gw.admin+"/metrics", "")
 	for line := range strings.SplitSeq(metrics, "\n") {
-		if v, ok := strings.CutPrefix(line, "retrysafe_gateway_body_memory_bytes "); ok {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				t.Fatal(err)
 			}
-			return f
+			return f, true
 		}
 	}
-	t.Fatal("/metrics has no retrysafe_gateway_body_memory_bytes")
-	return 0
+	return 0, false
+}
+
+// bodyMemory reads the gateway's body_memory_bytes gauge from its /metrics.
+func bodyMemory(t *testing.T, gw *proc) float64 {
+	t.Helper()
+	v, ok := metricValue(t, gw, "retrysafe_gateway_body_memory_bytes")
+	if !ok {
+		t.Fatal("/metrics has no retrysafe_gateway_body_memory_bytes")
+	}
+	return v
 }
 
 // TestE2EAnswersUnderTheCeiling: the answers coming in from the upstream count against

@@ -5,30 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/retrysafe/retrysafe/harness/testenv"
 )
-
-// metricValue reads an unlabelled metric from the gateway's /metrics; ok is false when
-// it is not there.
-func metricValue(t *testing.T, gw *proc, name string) (float64, bool) {
-	t.Helper()
-	_, metrics := adminGet(t, gw.admin+"/metrics", "")
-	for line := range strings.SplitSeq(metrics, "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return f, true
-		}
-	}
-	return 0, false
-}
 
 // TestE2EGCFloor: the gateway raises the garbage collector's percentage (exported as
 // go_gc_gogc_percent) once a collection has measured its small live heap, so that the

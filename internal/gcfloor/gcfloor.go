@@ -45,8 +45,7 @@ func Percent(live, floor uint64, base int) int {
 	if live == 0 {
 		return base
 	}
-	unit := max(live, minHeap)
-	return max(base, int(min(floor/unit*100+floor%unit*100/unit, MaxPercent)))
+	return max(base, int(min(floor*100/max(live, minHeap), MaxPercent)))
 }
 
 // Floor keeps the heap's growth between two cycles at least Bytes (see the package
