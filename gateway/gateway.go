@@ -651,7 +651,11 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, out *http.Request, err er
 // finish logs the request and counts it, under the outcome the middleware returned (or
 // the gateway's own: hop-by-hop, budget-exhausted, error).
 func (g *Gateway) finish(r *http.Request, ex *exchange) {
-	d := time.Since(ex.start)
+	// One instant ends the request for its latency, its span and its line: the line's
+	// time less its latency is when the request began, however long what follows takes
+	// (a tool that matches lines to what the upstream saw relies on it).
+	end := time.Now()
+	d := end.Sub(ex.start)
 	ex.mu.Lock()
 	outcome, f, uerr, udur, upstreamSt := ex.outcome, ex.failure, ex.upstreamErr, ex.upstreamDur, ex.upstreamSt
 	ex.mu.Unlock()
@@ -695,7 +699,7 @@ func (g *Gateway) finish(r *http.Request, ex *exchange) {
 		g.metrics.requestDur.WithLabelValues(label, outcome).Observe(d.Seconds())
 	}
 	if ex.tr != nil {
-		g.tracing.end(ex, outcome, traced)
+		g.tracing.end(ex, outcome, traced, end)
 	}
 
 	level := slog.LevelInfo
@@ -741,7 +745,9 @@ func (g *Gateway) finish(r *http.Request, ex *exchange) {
 		attrs = append(attrs, slog.Bool("client_gone", true))
 	}
 	attrs = append(attrs, slog.String("remote", r.RemoteAddr))
-	g.cfg.Logger.LogAttrs(ctx, level, "request", attrs...)
+	rec := slog.NewRecord(end, level, "request", 0)
+	rec.AddAttrs(attrs...)
+	_ = g.cfg.Logger.Handler().Handle(ctx, rec)
 }
 
 // clientWriter is the client's ResponseWriter as the gateway's layers see it. It

@@ -5,12 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/retrysafe/retrysafe/gateway"
 	"github.com/retrysafe/retrysafe/harness/testenv"
@@ -154,5 +157,75 @@ func TestLogBodyTimeoutNamesItsStatus(t *testing.T) {
 	line := f.requestLine(key)
 	if line["outcome"] != "body-timeout" || line["status"] != float64(http.StatusRequestTimeout) || line["client_gone"] != nil {
 		t.Errorf("%v, want outcome body-timeout, status 408, no client_gone", line)
+	}
+}
+
+// heldEnd is a span processor that holds the end of the gateway's server span (the one
+// without a parent): it says when it holds it, and lets it go when released.
+type heldEnd struct {
+	held, release chan struct{}
+}
+
+func (h heldEnd) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+func (h heldEnd) OnEnd(s sdktrace.ReadOnlySpan) {
+	if !s.Parent().IsValid() {
+		close(h.held)
+		<-h.release
+	}
+}
+func (h heldEnd) Shutdown(context.Context) error   { return nil }
+func (h heldEnd) ForceFlush(context.Context) error { return nil }
+
+// onRequestLine closes logged once it has handled a request line.
+type onRequestLine struct {
+	slog.Handler
+	logged chan struct{}
+}
+
+func (o onRequestLine) Handle(ctx context.Context, r slog.Record) error {
+	err := o.Handler.Handle(ctx, r)
+	if r.Message == "request" {
+		close(o.logged)
+	}
+	return err
+}
+
+// A request's line carries the instant its latency ends, not when the line is written:
+// its time less latency_ms is when the request began, however long the work after
+// the request's end takes (here its span's end, held until the test has read the
+// clock). What matches lines against what the upstream saw relies on it.
+func TestLogTimeIsTheRequestsEnd(t *testing.T) {
+	t.Parallel()
+	h := heldEnd{held: make(chan struct{}), release: make(chan struct{})}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(h))
+	logged := make(chan struct{})
+	f := newFixture(t, memstore.New(), nil, func(c *gateway.Config) {
+		c.TracerProvider = tp
+		c.Logger = slog.New(onRequestLine{Handler: c.Logger.Handler(), logged: logged})
+	})
+	key := testenv.Name("end")
+	var whileHeld time.Time
+	go func() {
+		<-h.held
+		whileHeld = time.Now()
+		close(h.release)
+	}()
+	sent := time.Now()
+	if r := f.do("POST", "/pay", key, `{}`); r.status != http.StatusCreated {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	<-logged // after the release: whileHeld is set
+	line := f.requestLine(key)
+	at, err := time.Parse(time.RFC3339Nano, fmt.Sprint(line["time"]))
+	if err != nil {
+		t.Fatalf("time %v: %v", line["time"], err)
+	}
+	if at.After(whileHeld) {
+		t.Errorf("the line's time %s is after the request's end was held (%s): it was taken when the line was written",
+			at.Format(time.RFC3339Nano), whileHeld.Format(time.RFC3339Nano))
+	}
+	ms, _ := line["latency_ms"].(float64)
+	if began := at.Add(-time.Duration(ms * float64(time.Millisecond))); began.Before(sent.Add(-time.Millisecond)) {
+		t.Errorf("time less latency_ms is %s, before the request was sent at %s", began.Format(time.RFC3339Nano), sent.Format(time.RFC3339Nano))
 	}
 }

@@ -232,11 +232,10 @@ func answerSpan(outcome string) string {
 	return ""
 }
 
-// end ends the request's server span, with its outcome and status; a request answered
-// from the store gets its answer's span first, from the end of its claim.
-func (t *tracing) end(ex *exchange, outcome string, status int) {
+// end ends the request's server span at now, with its outcome and status; a request
+// answered from the store gets its answer's span first, from the end of its claim.
+func (t *tracing) end(ex *exchange, outcome string, status int, now time.Time) {
 	tr := ex.tr
-	now := time.Now()
 	hash := tr.answer(t.tracer, ex.start, outcome, status, now)
 	span := tr.span
 	attrs := make([]attribute.KeyValue, 0, 4)
