@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -148,5 +150,145 @@ func TestBatchGivesUpWaitingForTheLock(t *testing.T) {
 	<-ran
 	if rec, err := s.Get(ctx, "", "gone"); !errors.Is(err, idempotency.ErrNotFound) {
 		t.Fatalf("the given-up claim was written: %v %+v", err, rec)
+	}
+}
+
+// A write transaction of many claims and completions decides every call as it is
+// decided alone. The same calls on two copies of the same records, in one transaction
+// and one by one, give the same results and leave the same records: new keys, a
+// replay, a request in flight, the claimer's own record, a takeover, an expired record
+// replaced; completions made, one with another's token, one of a missing record, one
+// sent again.
+func TestBatchDecidesAsAlone(t *testing.T) {
+	ctx := context.Background()
+	now := time.UnixMilli(1_700_000_000_000).UTC()
+	var clock atomic.Int64
+	clock.Store(now.UnixMilli())
+	setup := func() (*Store, map[string]int64) {
+		s, err := Open(ctx, Config{Path: filepath.Join(t.TempDir(), "b.db"), Batch: true,
+			Clock: func() time.Time { return time.UnixMilli(clock.Load()) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		tokens := map[string]int64{}
+		for _, c := range []struct {
+			key      string
+			ttl      time.Duration
+			complete bool
+		}{
+			{"done", time.Hour, true}, {"running", time.Hour, false}, {"mine", time.Hour, false},
+			{"stale", time.Hour, false}, {"expired", time.Minute + time.Second, true},
+			{"c-ok1", time.Hour, false}, {"c-ok2", time.Hour, false}, {"c-other", time.Hour, false},
+			{"c-again", time.Hour, true},
+		} {
+			res, err := s.Claim(ctx, idempotency.ClaimRequest{Scope: "s", Key: c.key, Fingerprint: "fp", ID: c.key + "-id",
+				Lease: time.Minute, TTL: c.ttl})
+			if err != nil || !res.Claimed {
+				t.Fatalf("claim %s: %+v, %v", c.key, res, err)
+			}
+			tokens[c.key] = res.Token
+			if c.complete {
+				if err := s.Complete(ctx, idempotency.Completion{Scope: "s", Key: c.key, Token: res.Token, TTL: c.ttl,
+					Response: idempotency.Response{Status: 201, Body: []byte(c.key)}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := s.Extend(ctx, "s", "running", tokens["running"], 10*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Extend(ctx, "s", "mine", tokens["mine"], 10*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		return s, tokens
+	}
+	clock.Store(now.UnixMilli())
+	batched, tokens := setup()
+	clock.Store(now.UnixMilli())
+	alone, _ := setup()
+	clock.Store(now.Add(2 * time.Minute).UnixMilli()) // the leases of stale and the c-* keys have run out, expired has expired
+
+	ops := func() []*writeOp {
+		claim := func(key, fp, id string) *writeOp {
+			return &writeOp{absent: true, claim: &idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: fp, ID: id,
+				Lease: time.Minute, TTL: time.Hour, Route: "r"}}
+		}
+		complete := func(key string, token int64) *writeOp {
+			return &writeOp{complete: &idempotency.Completion{Scope: "s", Key: key, Token: token, TTL: time.Hour,
+				Response: idempotency.Response{Status: 200, Header: map[string][]string{"X-Key": {key}}, Body: []byte(key)}}}
+		}
+		return []*writeOp{
+			claim("new1", "fp", "a"), claim("new2", "fp", "b"), claim("done", "fp", "c"), claim("running", "other", "d"),
+			claim("mine", "fp", "mine-id"), claim("stale", "fp", "e"), claim("expired", "other", "f"), claim("new3", "fp", "g"),
+			complete("c-ok1", tokens["c-ok1"]), complete("c-ok2", tokens["c-ok2"]), complete("c-other", tokens["c-ok1"]),
+			complete("c-gone", tokens["c-ok2"]), complete("c-again", tokens["c-again"]),
+		}
+	}
+	inBatch, oneByOne := ops(), ops()
+	if err := batched.writeBatch(ctx, inBatch); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range oneByOne {
+		alone.writeOne(ctx, op)
+	}
+	// Tokens are compared apart: a transaction of several claims reserves one for each,
+	// and those of the claims that lose are never issued (tokens may skip values), while
+	// a claim alone that loses rolls its reservation back.
+	kind := func(err error) error {
+		for _, e := range []error{idempotency.ErrRecordGone, idempotency.ErrLeaseLost} {
+			if errors.Is(err, e) {
+				return e
+			}
+		}
+		return err
+	}
+	issued := map[int64]string{}
+	for i, op := range inBatch {
+		want := oneByOne[i]
+		var name string
+		if op.claim != nil {
+			name = op.claim.Key
+		} else {
+			name = "completion of " + op.complete.Key
+		}
+		if kind(op.err) != kind(want.err) {
+			t.Errorf("%s: error %v, alone %v", name, op.err, want.err)
+		}
+		got, alone := op.res, want.res
+		if got.Claimed && alone.Claimed && name != "mine" {
+			if got.Token <= tokens["c-again"] || issued[got.Token] != "" {
+				t.Errorf("%s: token %d, want a new one above %d (issued: %v)", name, got.Token, tokens["c-again"], issued)
+			}
+			issued[got.Token] = name
+			got.Token, alone.Token = 0, 0
+		}
+		if !reflect.DeepEqual(got, alone) {
+			t.Errorf("%s: %+v, alone %+v", name, op.res, want.res)
+		}
+	}
+	for _, key := range []string{"new1", "new2", "new3", "done", "running", "mine", "stale", "expired", "c-ok1", "c-ok2", "c-other", "c-gone", "c-again"} {
+		got, gotErr := batched.Get(ctx, "s", key)
+		want, wantErr := alone.Get(ctx, "s", key)
+		if got != nil && want != nil && issued[got.Token] == key {
+			got.Token, want.Token = 0, 0
+		}
+		if kind(gotErr) != kind(wantErr) || !reflect.DeepEqual(got, want) {
+			t.Errorf("record %s: %+v, %v; alone %+v, %v", key, got, gotErr, want, wantErr)
+		}
+	}
+	// What the calls above are, beside being the same.
+	if r := inBatch[0].res; !r.Claimed {
+		t.Errorf("new1: %+v", r)
+	}
+	if !errors.Is(inBatch[10].err, idempotency.ErrLeaseLost) || !errors.Is(inBatch[11].err, idempotency.ErrRecordGone) || inBatch[12].err != nil {
+		t.Errorf("completions with another's token, of a missing record, sent again: %v, %v, %v",
+			inBatch[10].err, inBatch[11].err, inBatch[12].err)
+	}
+	if r := inBatch[5].res; !r.Claimed || !r.TookOver {
+		t.Errorf("stale: %+v, want taken over", r)
+	}
+	if r := inBatch[4].res; !r.Claimed || r.Token != tokens["mine"] {
+		t.Errorf("mine: %+v, want its own token %d granted again", r, tokens["mine"])
 	}
 }
