@@ -203,7 +203,6 @@ func TestBatchDecidesAsAlone(t *testing.T) {
 		}
 		return s, tokens
 	}
-	clock.Store(now.UnixMilli())
 	batched, tokens := setup()
 	clock.Store(now.UnixMilli())
 	alone, _ := setup()
