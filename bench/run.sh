@@ -30,6 +30,9 @@
 #                     store) before reverse_proxy: the Caddy module's cost
 #   *-nobatch         payments-tx, gw-sqlite and gw-postgres with the stores' batching
 #                     (group commit) off: what it gains (matrix, 8 clients and more)
+#   gw-<store>-base   the same gateway built from the commit BASE_REV names (memory,
+#                     sqlite, postgres store): a change and the code before it, measured
+#                     in the same interleaved rounds (matrix)
 #   express           bench/baselines/express: the common hand-written Express +
 #                     node-postgres idempotency handler, one node process
 #   express-cluster2  the same under node's cluster module, 2 workers
@@ -73,8 +76,8 @@
 # otherwise), OWN_PG, SUBJECTS, PHASES, DURATION (3s), WARMUP (1s), ROUNDS (3), CONCURRENCY
 # ("1 8 32 128"), BODIES ("1024 65536"), BODY_CLIENTS (32), POOL (16: connections per
 # pool, for every server alike), PGBENCH_DURATION (3), IDLE (1s), REV (build the
-# subjects from this commit, not the working tree), OUT (a new directory under /tmp),
-# BASE_PORT (18500).
+# subjects from this commit, not the working tree), BASE_REV (the commit the -base
+# subjects are built from), OUT (a new directory under /tmp), BASE_PORT (18500).
 set -euo pipefail
 # The whole script is one group, which bash reads to its end before running any of
 # it: a file edited or checked out while a run is going cannot change that run.
@@ -114,7 +117,8 @@ die() { log "run.sh: $*"; exit 1; }
 
 # ---- what to run -------------------------------------------------------------------
 ALL_SUBJECTS=(direct nginx bareproxy payments-tx payments-mw payments-tx-nobatch gw-memory gw-sqlite gw-postgres gw-redis
-	gw-sqlite-nobatch gw-postgres-nobatch caddy caddy-sqlite caddy-postgres express express-cluster2 express-autocommit)
+	gw-sqlite-nobatch gw-postgres-nobatch gw-memory-base gw-sqlite-base gw-postgres-base caddy caddy-sqlite caddy-postgres
+	express express-cluster2 express-autocommit)
 if [ -n "${SUBJECTS:-}" ]; then
 	SEL=(direct)
 	for s in $SUBJECTS; do
@@ -324,6 +328,13 @@ if [ -n "${REV:-}" ]; then
 	log "building the subjects from $REV = $(git -C "$ROOT" rev-parse --short "$REV")"
 fi
 (cd "$SRC" && go build -o "$BIN/payments" ./examples/payments && go build -o "$BIN/retrysafe" ./cmd/retrysafe)
+if want gw-memory-base || want gw-sqlite-base || want gw-postgres-base; then
+	[ -n "${BASE_REV:-}" ] || die "the -base subjects need BASE_REV, the commit to build them from"
+	mkdir -p "$WORK/base"
+	git -C "$ROOT" archive --format=tar "$BASE_REV" | tar -x -C "$WORK/base" || die "BASE_REV=$BASE_REV: git archive failed"
+	log "building the -base subjects from $BASE_REV = $(git -C "$ROOT" rev-parse --short "$BASE_REV")"
+	(cd "$WORK/base" && go build -o "$BIN/retrysafe-base" ./cmd/retrysafe)
+fi
 # loadgen, benchreport and bareproxy belong to the bench module (bench/go.mod), so they
 # are built from inside it; the subjects belong to the root module.
 (cd bench && go build -o "$BIN/loadgen" ./cmd/loadgen && go build -o "$BIN/benchreport" ./cmd/benchreport &&
@@ -448,14 +459,19 @@ gwstore() { # SUBJECT PAD: the --store of that gateway
 	gw-redis) url_with "$REDIS_URL" "prefix=${REDIS_PREFIX}$l:" ;;
 	gw-sqlite-nobatch) printf 'sqlite:%s?batch=false' "$WORK/gateway-nobatch.db" ;;
 	gw-postgres-nobatch) url_with "$PG_POOLED" "schema=${RUN}_gwn&batch=false" ;;
+	gw-memory-base) printf 'memory:' ;;
+	gw-sqlite-base) printf 'sqlite:%s' "$WORK/gateway-base.db" ;;
+	gw-postgres-base) url_with "$PG_POOLED" "schema=${RUN}_gwb" ;;
 	esac
 }
-for gw in gw-memory gw-sqlite gw-postgres gw-redis gw-sqlite-nobatch gw-postgres-nobatch; do
+for gw in gw-memory gw-sqlite gw-postgres gw-redis gw-sqlite-nobatch gw-postgres-nobatch gw-memory-base gw-sqlite-base gw-postgres-base; do
 	want $gw || continue
+	gwbin=$BIN/retrysafe
+	[[ $gw == *-base ]] && gwbin=$BIN/retrysafe-base
 	for pad in $(subject_pads $gw); do
 		i=$(inst $gw "$pad")
 		assign_port "$i"
-		start "$i" "$BIN/retrysafe" gateway --upstream "http://127.0.0.1:${PORT[$(inst direct "$pad")]}" \
+		start "$i" "$gwbin" gateway --upstream "http://127.0.0.1:${PORT[$(inst direct "$pad")]}" \
 			--listen "127.0.0.1:${PORT[$i]}" --admin off --store "$(gwstore $gw "$pad")" --log-level warn
 		proxied $gw "$pad" "$LASTPID"
 	done
@@ -698,7 +714,7 @@ rotate() {
 # ---- 1. matrix ---------------------------------------------------------------------
 if phase matrix; then
 	MATRIX=$(in_sel direct nginx bareproxy payments-tx payments-mw payments-tx-nobatch gw-memory gw-sqlite gw-postgres gw-redis \
-		gw-sqlite-nobatch gw-postgres-nobatch caddy caddy-sqlite caddy-postgres express express-cluster2)
+		gw-sqlite-nobatch gw-postgres-nobatch gw-memory-base gw-sqlite-base gw-postgres-base caddy caddy-sqlite caddy-postgres express express-cluster2)
 	log "phase matrix: $CONCURRENCY clients, $ROUNDS rounds, $DURATION after $WARMUP warm-up$(phase pgbench && echo "; pgbench ${PGBENCH_DURATION}s")"
 	ci=0
 	for c in $CONCURRENCY; do

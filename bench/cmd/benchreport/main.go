@@ -60,6 +60,7 @@ func (r *record) clients() int {
 var subjectOrder = []string{
 	"direct", "nginx", "bareproxy", "payments-tx", "payments-mw", "payments-tx-nobatch",
 	"gw-memory", "gw-sqlite", "gw-postgres", "gw-redis", "gw-sqlite-nobatch", "gw-postgres-nobatch",
+	"gw-memory-base", "gw-sqlite-base", "gw-postgres-base",
 	"express", "express-cluster2", "express-autocommit",
 }
 
