@@ -17,6 +17,9 @@
 // several callers at once (the latest batch held more than one) and fast enough that
 // two or more are due within Gather (a moving average of the time between calls). A
 // lone caller, one after another, is never held: each of its batches holds one call.
+// When the Group can count its callers (Group.Callers), it waits for half of them at
+// most: with eight callers, sixteen calls never come, and every batch would otherwise
+// wait the whole of Gather, twice per request where a request makes two kinds of call.
 // On a server that the load keeps busy the wait pays for itself: the batches are
 // larger and fewer, the server spends less per call, and it answers sooner.
 package batch
@@ -80,6 +83,12 @@ type Group[C Item] struct {
 	// GatherTo is the number of pending calls at which a gathering leader stops
 	// waiting. Default 16.
 	GatherTo int
+	// Callers, when set, returns how many callers may make a call soon (for a store:
+	// its requests between their claim and their completion). A gathering leader
+	// then stops waiting once half of them are pending (at least 2, at most GatherTo):
+	// with a few callers, GatherTo calls never come, and each batch would wait the
+	// whole of Gather for them.
+	Callers func() int
 
 	mu       sync.Mutex
 	pending  []C
@@ -197,10 +206,14 @@ func (g *Group[C]) gathers() bool {
 }
 
 func (g *Group[C]) gatherTo() int {
-	if g.GatherTo <= 0 {
-		return 16
+	to := g.GatherTo
+	if to <= 0 {
+		to = 16
 	}
-	return g.GatherTo
+	if g.Callers != nil {
+		to = min(to, max(2, g.Callers()/2))
+	}
+	return to
 }
 
 // take removes from pending up to Max calls with distinct IDs, sorted by ID, and,

@@ -353,13 +353,13 @@ func (r *gated) count() int {
 	return len(r.batches)
 }
 
-// underLoad returns a gathering Group (Gather 2ms, GatherTo 4) on a gated Run, whose
-// latest batch held two calls, as under a load of several callers: a lone call ran,
-// two arrived meanwhile and ran together next.
-func underLoad(t *testing.T) (*batch.Group[*item], *gated, *sync.WaitGroup) {
+// underLoad returns a gathering Group (Gather 2ms, GatherTo 4, and callers as its
+// Callers) on a gated Run, whose latest batch held two calls, as under a load of
+// several callers: a lone call ran, two arrived meanwhile and ran together next.
+func underLoad(t *testing.T, callers func() int) (*batch.Group[*item], *gated, *sync.WaitGroup) {
 	t.Helper()
 	r := &gated{gate: make(chan struct{})}
-	g := &batch.Group[*item]{Run: r.run, InFlight: 1, Gather: 2 * time.Millisecond, GatherTo: 4}
+	g := &batch.Group[*item]{Run: r.run, InFlight: 1, Gather: 2 * time.Millisecond, GatherTo: 4, Callers: callers}
 	wg := &sync.WaitGroup{}
 	wg.Go(func() { _ = g.Do(t.Context(), &item{id: "a"}) })
 	settled(t, func() bool { return r.count() == 1 })
@@ -377,7 +377,7 @@ func underLoad(t *testing.T) (*batch.Group[*item], *gated, *sync.WaitGroup) {
 // waits for more, and runs as soon as there are GatherTo, before Gather has passed.
 func TestGatherFillsTheBatch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g, r, wg := underLoad(t)
+		g, r, wg := underLoad(t, nil)
 		start := time.Now()
 		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "d"}) })
 		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "e"}) })
@@ -400,7 +400,7 @@ func TestGatherFillsTheBatch(t *testing.T) {
 // (the load is gone), the next call runs at once.
 func TestGatherWaitsAtMostGather(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g, r, wg := underLoad(t)
+		g, r, wg := underLoad(t, nil)
 		start := time.Now()
 		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "d"}) })
 		settled(t, func() bool { return r.count() == 2 })
@@ -443,7 +443,7 @@ func TestGatherNeverHoldsALoneCaller(t *testing.T) {
 // several callers.
 func TestGatherSkipsSlowCalls(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g, r, wg := underLoad(t)
+		g, r, wg := underLoad(t, nil)
 		time.Sleep(10 * time.Millisecond) // the average time between calls: 1.25 ms
 		start := time.Now()
 		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "d"}) })
@@ -454,4 +454,41 @@ func TestGatherSkipsSlowCalls(t *testing.T) {
 		r.gate <- struct{}{}
 		wg.Wait()
 	})
+}
+
+// With Callers set, a gathering leader waits for half the callers, at least two and
+// at most GatherTo: with few callers it does not wait for calls that cannot come.
+func TestGatherWaitsForHalfTheCallers(t *testing.T) {
+	for _, tc := range []struct {
+		callers int
+		wait    bool // whether a batch of two waits for more
+	}{
+		{callers: 0, wait: false},  // at least two
+		{callers: 5, wait: false},  // half of 5: 2
+		{callers: 6, wait: true},   // half: 3
+		{callers: 100, wait: true}, // at most GatherTo (4)
+	} {
+		t.Run(fmt.Sprint(tc.callers), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g, r, wg := underLoad(t, func() int { return tc.callers })
+				start := time.Now()
+				wg.Go(func() { _ = g.Do(t.Context(), &item{id: "d"}) })
+				wg.Go(func() { _ = g.Do(t.Context(), &item{id: "e"}) })
+				time.Sleep(time.Second)
+				settled(t, func() bool { return r.count() == 3 })
+				want := time.Duration(0)
+				if tc.wait {
+					want = g.Gather
+				}
+				if waited := r.at[2].Sub(start); waited != want {
+					t.Errorf("with %d callers a batch of two ran after %v, want %v", tc.callers, waited, want)
+				}
+				r.gate <- struct{}{}
+				wg.Wait()
+				if got := r.batches[2]; !slices.Equal(got, []string{"d", "e"}) {
+					t.Errorf("batches %v: want [d e] third", r.batches)
+				}
+			})
+		})
+	}
 }
