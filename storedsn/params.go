@@ -31,7 +31,7 @@ func Params() []Param {
 
 		{KindPostgres, "schema", "a schema name", "public", "the schema of the records table; removed from the URL before connecting", "retrysafe"},
 		{KindPostgres, "batch", "true or false", "true", "concurrent claims and completions share statements (group commit); removed from the URL before connecting", "false"},
-		{KindPostgres, "gather", "a duration, or 0 for none", dur(pgstore.DefaultGather), "while calls come from several requests at once, the longest a batch waits for more (at most 16) before it is sent: fewer, larger batches cost PostgreSQL less per request; a lone request never waits; removed from the URL before connecting", "1ms"},
+		{KindPostgres, "gather", "a duration, or 0 for none", dur(pgstore.DefaultGather), "while calls come from several requests at once, the longest a batch waits for more (half the requests open, at most 16) before it is sent: fewer, larger batches cost PostgreSQL less per request; a lone request never waits; removed from the URL before connecting", "1ms"},
 		{KindPostgres, "host", "HOST[,HOST…] (pgx's)", "the URL's host part", "the servers; several hosts, here or in the URL, make target_session_attrs default to read-write", "h3,h4"},
 		{KindPostgres, "target_session_attrs", "pgx's: read-write, any, …", "read-write when the URL names several hosts", "which host to connect to: with read-write, the one that accepts writes, so that the store follows a promotion", "read-write"},
 		{KindPostgres, "pool_max_conns", "a whole number", strconv.Itoa(DefaultPoolMaxConns), "the most connections the pool opens; size max_connections for it times the gateway replicas, plus the other clients", "8"},

@@ -18,7 +18,7 @@
 //	                            concurrent claims and completions (group commit; on by
 //	                            default), and gather=DUR sets how long, under concurrent
 //	                            load, a batch waits for more calls (Config.Gather; 0: never;
-//	                            default 2ms). They are removed from the URL before
+//	                            default 5ms). They are removed from the URL before
 //	                            connecting, because PostgreSQL would take them for run-time
 //	                            parameters and refuse the connection.
 //	redis://…, rediss://…       Redis through go-redis (redis.ParseURL: user, password, db

@@ -27,3 +27,7 @@ const BatchPrefix = batchPrefix
 // SetReplanAfter sets how old a connection's batched statements may be before the next
 // batch prepares them again (0: at every batch).
 func (s *Store) SetReplanAfter(d time.Duration) { s.replan.Store(int64(d)) }
+
+// Open returns the number of requests the store counts open: claimed, or claiming, and
+// not yet completed, released or abandoned (what its batches gather for).
+func (s *Store) Open() int { return s.open.count() }

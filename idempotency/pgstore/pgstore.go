@@ -156,8 +156,11 @@
 // Takeovers, Extend, Abandon, Release and completions inside WithTx are never batched.
 //
 // Under a load of several concurrent requests a batch also waits, up to Config.Gather
-// (DefaultGather), for more calls before it is sent, and is sent as soon as 16 are
-// waiting. With one batch of each kind in flight, batches otherwise come as fast as the
+// (DefaultGather), for more calls before it is sent, and is sent as soon as half the
+// store's open requests (claimed, or claiming, and not yet completed, released or
+// abandoned), or 16, are waiting: fewer requests cannot fill a batch of 16, and would
+// otherwise wait the whole window at each call. With one batch of each kind in flight,
+// batches otherwise come as fast as the
 // server turns them round, holding what arrived meanwhile: at 32 clients through the
 // gateway, about 5 calls on average, and three in ten batches held a single call. Each
 // costs PostgreSQL a round trip, an executor start, a commit and a WAL flush, so fewer,
@@ -319,6 +322,7 @@ type Store struct {
 
 	claims    *batch.Group[*claimCall]    // nil without Config.Batch
 	completes *batch.Group[*completeCall] // nil without Config.Batch
+	open      openClaims
 }
 
 type statements struct {
@@ -568,9 +572,9 @@ RETURNING u.ord`),
 		gather := cmp.Or(cfg.Gather, DefaultGather) // negative: none (batch.Group.Gather)
 		// Duplicates of a key in a batch (a storm of retries of one request) run alone,
 		// as they would without batching.
-		s.claims = &batch.Group[*claimCall]{Run: s.runClaims, InFlight: batchInFlight, Gather: gather,
+		s.claims = &batch.Group[*claimCall]{Run: s.runClaims, InFlight: batchInFlight, Gather: gather, Callers: s.open.count,
 			Alone: func(c *claimCall) { s.claimAlone(c.Ctx(), c) }}
-		s.completes = &batch.Group[*completeCall]{Run: s.runCompletes, InFlight: batchInFlight, Gather: gather,
+		s.completes = &batch.Group[*completeCall]{Run: s.runCompletes, InFlight: batchInFlight, Gather: gather, Callers: s.open.count,
 			Alone: func(c *completeCall) { s.completeAlone(c.Ctx(), c) }}
 	}
 	return s, nil
@@ -641,7 +645,13 @@ func (s *Store) now() *time.Time {
 
 // Claim implements idempotency.Store in one statement (see the package doc). The clock
 // is read once, so a takeover decides on the instant the claim statement did.
-func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (res idempotency.ClaimResult, err error) {
+	defer s.open.begin()()
+	defer func() {
+		if err == nil && res.Claimed {
+			s.open.claimed(res.Token, req.Lease)
+		}
+	}()
 	now := s.now()
 	for range claimTries {
 		c := newClaimCall(req, now)
@@ -712,6 +722,7 @@ func (s *Store) claimRow(ctx context.Context, c *claimCall) error {
 // write's acknowledgement confirms the first, and Complete returns nil; otherwise
 // ErrRecordGone or ErrLeaseLost.
 func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
+	defer s.open.settled(c.Token)
 	if s.completes != nil {
 		return s.completeBatched(ctx, c)
 	}
@@ -758,11 +769,13 @@ func completeArgs(c idempotency.Completion, headers []byte, now *time.Time) []an
 
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
+	s.open.extended(token, lease)
 	return s.fenced(ctx, "extend", s.sql.extend, []byte(scope), []byte(key), token, lease, s.now())
 }
 
 // Abandon implements idempotency.Store.
 func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) error {
+	defer s.open.settled(token)
 	return s.fenced(ctx, "abandon", s.sql.abandon, []byte(scope), []byte(key), token)
 }
 
@@ -770,6 +783,7 @@ func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) err
 // after its first attempt deleted the record and the connection broke before the
 // answer, reports ErrRecordGone.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
+	defer s.open.settled(token)
 	return s.fenced(ctx, "release", s.sql.release, []byte(scope), []byte(key), token)
 }
 
