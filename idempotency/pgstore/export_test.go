@@ -30,4 +30,4 @@ func (s *Store) SetReplanAfter(d time.Duration) { s.replan.Store(int64(d)) }
 
 // Open returns the number of requests the store counts open: claimed, or claiming, and
 // not yet completed, released or abandoned (what its batches gather for).
-func (s *Store) Open() int { return s.open.count() }
+func (s *Store) Open() int { return s.inflight.Count() }

@@ -261,6 +261,7 @@ import (
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/batch"
 	"github.com/retrysafe/retrysafe/internal/headercodec"
+	"github.com/retrysafe/retrysafe/internal/inflight"
 	"github.com/retrysafe/retrysafe/internal/listcursor"
 	"github.com/retrysafe/retrysafe/internal/pgddl"
 	"github.com/retrysafe/retrysafe/internal/sqlname"
@@ -322,7 +323,7 @@ type Store struct {
 
 	claims    *batch.Group[*claimCall]    // nil without Config.Batch
 	completes *batch.Group[*completeCall] // nil without Config.Batch
-	open      openClaims
+	inflight  inflight.Claims             // what the batches gather for
 }
 
 type statements struct {
@@ -572,9 +573,9 @@ RETURNING u.ord`),
 		gather := cmp.Or(cfg.Gather, DefaultGather) // negative: none (batch.Group.Gather)
 		// Duplicates of a key in a batch (a storm of retries of one request) run alone,
 		// as they would without batching.
-		s.claims = &batch.Group[*claimCall]{Run: s.runClaims, InFlight: batchInFlight, Gather: gather, Callers: s.open.count,
+		s.claims = &batch.Group[*claimCall]{Run: s.runClaims, InFlight: batchInFlight, Gather: gather, Callers: s.inflight.Count,
 			Alone: func(c *claimCall) { s.claimAlone(c.Ctx(), c) }}
-		s.completes = &batch.Group[*completeCall]{Run: s.runCompletes, InFlight: batchInFlight, Gather: gather, Callers: s.open.count,
+		s.completes = &batch.Group[*completeCall]{Run: s.runCompletes, InFlight: batchInFlight, Gather: gather, Callers: s.inflight.Count,
 			Alone: func(c *completeCall) { s.completeAlone(c.Ctx(), c) }}
 	}
 	return s, nil
@@ -646,10 +647,10 @@ func (s *Store) now() *time.Time {
 // Claim implements idempotency.Store in one statement (see the package doc). The clock
 // is read once, so a takeover decides on the instant the claim statement did.
 func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (res idempotency.ClaimResult, err error) {
-	defer s.open.begin()()
+	defer s.inflight.Begin()()
 	defer func() {
 		if err == nil && res.Claimed {
-			s.open.claimed(res.Token, req.Lease)
+			s.inflight.Claimed(res.Token, req.Lease)
 		}
 	}()
 	now := s.now()
@@ -722,7 +723,7 @@ func (s *Store) claimRow(ctx context.Context, c *claimCall) error {
 // write's acknowledgement confirms the first, and Complete returns nil; otherwise
 // ErrRecordGone or ErrLeaseLost.
 func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
-	defer s.open.settled(c.Token)
+	defer s.inflight.Settled(c.Token)
 	if s.completes != nil {
 		return s.completeBatched(ctx, c)
 	}
@@ -769,13 +770,13 @@ func completeArgs(c idempotency.Completion, headers []byte, now *time.Time) []an
 
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
-	s.open.extended(token, lease)
+	s.inflight.Extended(token, lease)
 	return s.fenced(ctx, "extend", s.sql.extend, []byte(scope), []byte(key), token, lease, s.now())
 }
 
 // Abandon implements idempotency.Store.
 func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) error {
-	defer s.open.settled(token)
+	defer s.inflight.Settled(token)
 	return s.fenced(ctx, "abandon", s.sql.abandon, []byte(scope), []byte(key), token)
 }
 
@@ -783,7 +784,7 @@ func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) err
 // after its first attempt deleted the record and the connection broke before the
 // answer, reports ErrRecordGone.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
-	defer s.open.settled(token)
+	defer s.inflight.Settled(token)
 	return s.fenced(ctx, "release", s.sql.release, []byte(scope), []byte(key), token)
 }
 

@@ -134,7 +134,7 @@ func (s *Store) WithTx(ctx context.Context, fn func(ctx context.Context, tx pgx.
 	switch {
 	case err == nil && (d == nil || !d.warned):
 		claim.MarkCompleted()
-		s.open.settled(claim.Token)
+		s.inflight.Settled(claim.Token)
 		return resp, nil
 	case err == nil:
 		err = errNotDurable // committed on the primary; maybe on no standby
@@ -147,7 +147,7 @@ func (s *Store) WithTx(ctx context.Context, fn func(ctx context.Context, tx pgx.
 	}
 	if s.confirmed(ctx, claim) {
 		claim.MarkCompleted()
-		s.open.settled(claim.Token)
+		s.inflight.Settled(claim.Token)
 		return resp, nil
 	}
 	release() // safe whatever the outcome: see above
