@@ -160,6 +160,7 @@ import (
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/batch"
 	"github.com/retrysafe/retrysafe/internal/headercodec"
+	"github.com/retrysafe/retrysafe/internal/inflight"
 	"github.com/retrysafe/retrysafe/internal/listcursor"
 	"github.com/retrysafe/retrysafe/internal/sqlname"
 )
@@ -218,6 +219,7 @@ type Store struct {
 	schema      string
 	st          statements
 	writes      *batch.Group[*writeOp] // nil without Config.Batch
+	inflight    inflight.Claims        // what the batches gather for
 	now         func() time.Time       // Config.Clock
 	table       string
 	seen        *seenKeys // the keys Claim met recently: where a claim reads first
@@ -356,7 +358,7 @@ func (s *Store) init(ctx context.Context, table string, batched bool, gather tim
 	if batched {
 		// Negative: none (batch.Group.Gather).
 		s.writes = &batch.Group[*writeOp]{Run: s.runWrites, InFlight: 1, Alone: s.writeAlone,
-			Gather: cmp.Or(gather, DefaultGather)}
+			Gather: cmp.Or(gather, DefaultGather), Callers: s.inflight.Count}
 	}
 	s.table = table
 	s.schema = strings.ReplaceAll(schema, defaultTable, table)
@@ -527,7 +529,13 @@ func (s *Store) check(ctx context.Context) error {
 // and the claim decided as by the read above, and the record written with a new token
 // in the same transaction. The hint chooses only which read comes first: every claim is
 // decided on a snapshot or under the write lock, as without it.
-func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (res idempotency.ClaimResult, err error) {
+	defer s.inflight.Begin()()
+	defer func() {
+		if err == nil && res.Claimed {
+			s.inflight.Claimed(res.Token, req.Lease)
+		}
+	}()
 	if err := s.check(ctx); err != nil {
 		return idempotency.ClaimResult{}, err
 	}
@@ -700,6 +708,7 @@ func (s *Store) clock() time.Time { return time.UnixMilli(s.now().UnixMilli()).U
 
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, scope, key string, token int64, lease time.Duration) error {
+	s.inflight.Extended(token, lease)
 	until := s.clock().Add(lease).UnixMilli()
 	return s.owned1(ctx, "extend", nil, s.st.extend, false, scope, key, token, until, until)
 }
@@ -707,11 +716,13 @@ func (s *Store) Extend(ctx context.Context, scope, key string, token int64, leas
 // Abandon implements idempotency.Store: it sets the record's abandoned column and leaves
 // its lease as it is.
 func (s *Store) Abandon(ctx context.Context, scope, key string, token int64) error {
+	defer s.inflight.Settled(token)
 	return s.owned1(ctx, "abandon", nil, s.st.abandon, false, scope, key, token)
 }
 
 // Complete implements idempotency.Store.
 func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
+	defer s.inflight.Settled(c.Token)
 	if s.writes != nil {
 		if err := s.check(ctx); err != nil {
 			return err
@@ -745,6 +756,7 @@ func (s *Store) complete(ctx context.Context, tx *sql.Tx, c idempotency.Completi
 
 // Release implements idempotency.Store.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
+	defer s.inflight.Settled(token)
 	return s.owned1(ctx, "release", nil, s.st.release, false, scope, key, token)
 }
 
@@ -909,6 +921,7 @@ func (s *Store) WithTx(ctx context.Context, fn func(ctx context.Context, tx *sql
 	}
 	if claim != nil {
 		claim.MarkCompleted()
+		s.inflight.Settled(claim.Token)
 	}
 	return resp, nil
 }
