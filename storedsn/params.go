@@ -27,7 +27,7 @@ func Params() []Param {
 	dur := durfmt.Format
 	return []Param{
 		{KindSQLite, "batch", "true or false", "true", "concurrent claims and completions share transactions (group commit: one fsync per batch)", "false"},
-		{KindSQLite, "gather", "a duration, or 0 for none", dur(sqlitestore.DefaultGather), "while writes come from several requests at once, the longest a transaction waits for more (at most 16) before it begins; a lone request never waits", "0"},
+		{KindSQLite, "gather", "a duration, or 0 for none", dur(sqlitestore.DefaultGather), "while writes come from several requests at once, the longest a transaction waits for more (half the requests open, at most 16) before it begins; a lone request never waits", "0"},
 
 		{KindPostgres, "schema", "a schema name", "public", "the schema of the records table; removed from the URL before connecting", "retrysafe"},
 		{KindPostgres, "batch", "true or false", "true", "concurrent claims and completions share statements (group commit); removed from the URL before connecting", "false"},

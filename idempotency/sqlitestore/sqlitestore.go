@@ -124,10 +124,13 @@
 //
 // Under a load of several concurrent requests a transaction also waits, up to
 // Config.Gather (DefaultGather), for more writes before it begins, and begins as soon
-// as 16 are waiting: the writer otherwise takes what arrived during the previous
-// commit, and about three transactions in ten held a single write at 32 clients
-// through the gateway, each with its own fsync. A lone request, one write after
-// another, never waits (see internal/batch).
+// as 16 are waiting, or half the store's requests in flight (claimed, or claiming, and
+// not yet completed, released or abandoned; internal/inflight): the writer otherwise
+// takes what arrived during the previous commit, and about three transactions in ten
+// held a single write at 32 clients through the gateway, each with its own fsync; and
+// fewer requests than 16 could never fill the transaction, and would wait out the
+// window at every write. A lone request, one write after another, never waits (see
+// internal/batch).
 //
 // # Transaction mode
 //
