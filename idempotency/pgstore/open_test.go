@@ -44,8 +44,9 @@ func TestOpenRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	open(4, "a renewal")
-	if err := st.Complete(ctx, idempotency.Completion{Scope: "s", Key: "complete", Token: tokens["complete"],
-		Response: idempotency.Response{Status: 201}, TTL: time.Hour}); err != nil {
+	done := idempotency.Completion{Scope: "s", Key: "complete", Token: tokens["complete"],
+		Response: idempotency.Response{Status: 201}, TTL: time.Hour}
+	if err := st.Complete(ctx, done); err != nil {
 		t.Fatal(err)
 	}
 	open(3, "a completion")
@@ -64,8 +65,7 @@ func TestOpenRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	open(0, "a completion in the handler's transaction")
-	if err := st.Complete(ctx, idempotency.Completion{Scope: "s", Key: "complete", Token: tokens["complete"],
-		Response: idempotency.Response{Status: 201}, TTL: time.Hour}); err != nil {
+	if err := st.Complete(ctx, done); err != nil {
 		t.Fatal(err)
 	}
 	open(0, "a completion sent again")
