@@ -166,6 +166,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/inflight"
 	"github.com/retrysafe/retrysafe/internal/listcursor"
 	"github.com/retrysafe/retrysafe/internal/sqlname"
+	"github.com/retrysafe/retrysafe/internal/walvfs"
 )
 
 //go:embed schema.sql
@@ -274,8 +275,18 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: path %q: %w", cfg.Path, err)
 	}
-	name := dsn(path, cfg.BusyTimeout, synchronous)
-	write, err := sql.Open("sqlite", name)
+	name := dsn(path, cfg.BusyTimeout, synchronous, "")
+	writeName := name
+	if synchronous == "FULL" {
+		// Under FULL every commit ends with a sync of the WAL, which is what lets its
+		// frames be handed to the kernel in one write instead of two per page.
+		vfs, err := walvfs.Register()
+		if err != nil {
+			return nil, fmt.Errorf("sqlitestore: %w", err)
+		}
+		writeName = dsn(path, cfg.BusyTimeout, synchronous, vfs)
+	}
+	write, err := sql.Open("sqlite", writeName)
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: open %s: %w", path, err)
 	}
@@ -301,8 +312,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// dsn returns the modernc.org/sqlite DSN for the file at the absolute path.
-func dsn(path string, busy time.Duration, synchronous string) string {
+// dsn returns the modernc.org/sqlite DSN for the file at the absolute path, opened with
+// the VFS named vfs ("": SQLite's default).
+func dsn(path string, busy time.Duration, synchronous, vfs string) string {
 	// SQLite decodes %HH in a file: URI and ends the path at '?' or '#'.
 	path = strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path)
 	q := url.Values{}
@@ -310,6 +322,9 @@ func dsn(path string, busy time.Duration, synchronous string) string {
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous("+synchronous+")")
 	q.Set("_txlock", "immediate")
+	if vfs != "" {
+		q.Set("vfs", vfs)
+	}
 	return "file:" + path + "?" + q.Encode()
 }
 
