@@ -201,9 +201,9 @@ func TestReadersSeeEveryCommit(t *testing.T) {
 	checkFile(t, path, rows, bytes)
 }
 
-// checkFile opens path with SQLite's default VFS and checks its integrity and that t
-// holds rows rows of bytes bytes.
-func checkFile(t *testing.T, path string, rows, bytes int) {
+// sound opens path with SQLite's default VFS and fails t unless the file passes
+// SQLite's integrity check.
+func sound(t *testing.T, path string) *sql.DB {
 	t.Helper()
 	db := open(t, path, "")
 	var ok string
@@ -213,6 +213,14 @@ func checkFile(t *testing.T, path string, rows, bytes int) {
 	if ok != "ok" {
 		t.Fatalf("integrity_check: %s", ok)
 	}
+	return db
+}
+
+// checkFile checks that the file at path is sound and that its t holds rows rows of
+// bytes bytes.
+func checkFile(t *testing.T, path string, rows, bytes int) {
+	t.Helper()
+	db := sound(t, path)
 	var gotRows, gotBytes int
 	if err := db.QueryRow(`SELECT count(*), coalesce(sum(length(b)), 0) FROM t`).Scan(&gotRows, &gotBytes); err != nil {
 		t.Fatal(err)
@@ -305,14 +313,7 @@ func TestKilledWriterLosesNoCommit(t *testing.T) {
 	if last < 300 {
 		t.Fatalf("the writer stopped after transaction %d", last)
 	}
-	db := open(t, path, "")
-	var ok string
-	if err := db.QueryRow(`PRAGMA integrity_check`).Scan(&ok); err != nil {
-		t.Fatal(err)
-	}
-	if ok != "ok" {
-		t.Fatalf("integrity_check: %s", ok)
-	}
+	db := sound(t, path)
 	rs, err := db.Query(`SELECT tx, count(*) FROM t GROUP BY tx ORDER BY tx`)
 	if err != nil {
 		t.Fatal(err)
