@@ -201,8 +201,19 @@ func (g *Group[C]) arrived() {
 // come from several callers), and calls come fast enough that two are due within
 // Gather. One leader gathers at a time. g.mu is held.
 func (g *Group[C]) gathers() bool {
-	return g.Gather > 0 && g.full == nil && g.lastN > 1 && g.calls == 2 &&
+	return g.Gather > 0 && g.full == nil && g.several() && g.calls == 2 &&
 		2*g.gap <= g.Gather && len(g.pending) < g.gatherTo()
+}
+
+// several reports whether calls come from several callers: the latest batch held more
+// than one call, or more than two callers are counted (Callers). The count keeps a
+// leader gathering after a batch of one, which otherwise begets the next: the call that
+// finds no batch running goes alone, the calls behind it go without waiting, and under a
+// steady load of 32 requests the batches shrink to a few calls. Two callers are not
+// enough: the other one is most often waiting on its upstream, and a claim would wait
+// for its completion.
+func (g *Group[C]) several() bool {
+	return g.lastN > 1 || g.Callers != nil && g.Callers() > 2
 }
 
 func (g *Group[C]) gatherTo() int {

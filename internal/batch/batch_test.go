@@ -367,6 +367,9 @@ func underLoad(t *testing.T, callers func() int) (*batch.Group[*item], *gated, *
 	wg.Go(func() { _ = g.Do(t.Context(), &item{id: "c"}) })
 	settled(t, func() bool { return g.Pending() == 2 })
 	r.gate <- struct{}{}
+	// With more than two callers counted, the leader of b and c gathers after the lone
+	// batch: it waits out Gather for the GatherTo calls that do not come.
+	time.Sleep(g.Gather)
 	settled(t, func() bool { return r.count() == 2 })
 	r.gate <- struct{}{}
 	wg.Wait()
@@ -488,6 +491,51 @@ func TestGatherWaitsForHalfTheCallers(t *testing.T) {
 				if got := r.batches[2]; !slices.Equal(got, []string{"d", "e"}) {
 					t.Errorf("batches %v: want [d e] third", r.batches)
 				}
+			})
+		})
+	}
+}
+
+// A batch of one call does not stop the next leader from gathering while more than two
+// callers are counted: otherwise the call that found no batch running, gone alone, makes
+// the calls behind it go without waiting, and so on. Two callers, or none counted, do
+// not keep it gathering.
+func TestGatherAfterALoneBatch(t *testing.T) {
+	for _, tc := range []struct {
+		callers func() int
+		wait    bool
+	}{
+		{nil, false},
+		{func() int { return 2 }, false},
+		{func() int { return 3 }, true},
+		{func() int { return 32 }, true},
+	} {
+		n := -1
+		if tc.callers != nil {
+			n = tc.callers()
+		}
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := &gated{gate: make(chan struct{})}
+				g := &batch.Group[*item]{Run: r.run, InFlight: 1, Gather: 2 * time.Millisecond, GatherTo: 4, Callers: tc.callers}
+				var wg sync.WaitGroup
+				wg.Go(func() { _ = g.Do(t.Context(), &item{id: "a"}) })
+				settled(t, func() bool { return r.count() == 1 })
+				wg.Go(func() { _ = g.Do(t.Context(), &item{id: "b"}) })
+				settled(t, func() bool { return g.Pending() == 1 })
+				start := time.Now()
+				r.gate <- struct{}{} // the lone batch ends; b's leader decides
+				time.Sleep(time.Second)
+				settled(t, func() bool { return r.count() == 2 })
+				want := time.Duration(0)
+				if tc.wait {
+					want = g.Gather
+				}
+				if waited := r.at[1].Sub(start); waited != want {
+					t.Errorf("after a lone batch, with %d callers, the next ran after %v, want %v", n, waited, want)
+				}
+				r.gate <- struct{}{}
+				wg.Wait()
 			})
 		})
 	}
