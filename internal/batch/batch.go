@@ -14,7 +14,8 @@
 // requests that is a few calls, and every third batch or so holds one (the first call
 // after a batch is taken finds no batch running and starts its own). So a leader may
 // wait, up to Gather, until GatherTo calls are pending, but only while calls come from
-// several callers at once (the latest batch held more than one) and fast enough that
+// several callers at once (the latest batch held more than one, or more than two
+// callers are counted, Group.Callers) and fast enough that
 // two or more are due within Gather (a moving average of the time between calls). A
 // lone caller, one after another, is never held: each of its batches holds one call.
 // When the Group can count its callers (Group.Callers), it waits for half of them at
@@ -197,9 +198,9 @@ func (g *Group[C]) arrived() {
 }
 
 // gathers reports whether a leader about to take a batch waits for more calls first:
-// when fewer than GatherTo are pending, the latest batch held more than one (calls
-// come from several callers), and calls come fast enough that two are due within
-// Gather. One leader gathers at a time. g.mu is held.
+// when fewer than GatherTo are pending, calls come from several callers (several), and
+// they come fast enough that two are due within Gather. One leader gathers at a time.
+// g.mu is held.
 func (g *Group[C]) gathers() bool {
 	return g.Gather > 0 && g.full == nil && g.several() && g.calls == 2 &&
 		2*g.gap <= g.Gather && len(g.pending) < g.gatherTo()
