@@ -1,0 +1,152 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/idempotency/memstore"
+)
+
+// keyed sends one keyed POST through mw to h, under ctx.
+func keyed(t *testing.T, ctx context.Context, mw *idempotency.Middleware, key string, h http.Handler) *httptest.ResponseRecorder {
+	t.Helper()
+	r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/pay", strings.NewReader(`{}`))
+	r.Header.Set("Idempotency-Key", key)
+	w := httptest.NewRecorder()
+	mw.Handler(h).ServeHTTP(w, r)
+	return w
+}
+
+func newCtxMiddleware(t *testing.T, cfg idempotency.Config) *idempotency.Middleware {
+	t.Helper()
+	cfg.Store, cfg.Logger = memstore.New(), slog.New(slog.DiscardHandler)
+	mw, err := idempotency.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = mw.Shutdown(context.Background()) })
+	return mw
+}
+
+// The handler's context ends when the request is over, whichever of its methods a
+// goroutine the handler left behind calls first, and Err, Done and context.Cause agree.
+func TestHandlerContextEndsWithTheRequest(t *testing.T) {
+	t.Parallel()
+	mw := newCtxMiddleware(t, idempotency.Config{})
+	for _, first := range []string{"Err", "Done", "Cause", "Value"} {
+		var kept context.Context
+		w := keyed(t, context.Background(), mw, "k-"+first, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if err := r.Context().Err(); err != nil {
+				t.Errorf("%s: the handler's context has ended while it runs: %v", first, err)
+			}
+			if _, ok := idempotency.ClaimFromContext(r.Context()); !ok {
+				t.Errorf("%s: no claim in the handler's context", first)
+			}
+			kept = r.Context()
+			w.WriteHeader(http.StatusCreated)
+		}))
+		if w.Code != http.StatusCreated {
+			t.Fatalf("%s: status %d", first, w.Code)
+		}
+		switch first {
+		case "Err":
+			if err := kept.Err(); !errors.Is(err, context.Canceled) {
+				t.Errorf("Err after the request: %v, want context.Canceled", err)
+			}
+		case "Done":
+			select {
+			case <-kept.Done():
+			default:
+				t.Errorf("Done after the request: not closed")
+			}
+		case "Cause":
+			if err := context.Cause(kept); !errors.Is(err, context.Canceled) {
+				t.Errorf("Cause after the request: %v, want context.Canceled", err)
+			}
+		case "Value":
+			if _, ok := idempotency.ClaimFromContext(kept); !ok {
+				t.Errorf("no claim in the context after the request")
+			}
+		}
+		select {
+		case <-kept.Done():
+		default:
+			t.Errorf("%s first: Done after the request is not closed", first)
+		}
+		if err := kept.Err(); !errors.Is(err, context.Canceled) {
+			t.Errorf("%s first: Err after the request: %v", first, err)
+		}
+		if err := context.Cause(kept); !errors.Is(err, context.Canceled) {
+			t.Errorf("%s first: Cause after the request: %v", first, err)
+		}
+	}
+}
+
+// The request's own end reaches the handler's context, whether or not the handler has
+// asked for Done before it.
+func TestHandlerContextFollowsTheRequest(t *testing.T) {
+	t.Parallel()
+	mw := newCtxMiddleware(t, idempotency.Config{})
+	for _, doneFirst := range []bool{false, true} {
+		cause := errors.New("client went away")
+		ctx, cancel := context.WithCancelCause(context.Background())
+		keyed(t, ctx, mw, "follow-"+map[bool]string{false: "err", true: "done"}[doneFirst], http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			hctx := r.Context()
+			var done <-chan struct{}
+			if doneFirst {
+				done = hctx.Done()
+			}
+			cancel(cause)
+			if err := hctx.Err(); !errors.Is(err, context.Canceled) {
+				t.Errorf("done first %v: Err after the request's end: %v", doneFirst, err)
+			}
+			if got := context.Cause(hctx); !errors.Is(got, cause) {
+				t.Errorf("done first %v: Cause %v, want the request's", doneFirst, got)
+			}
+			if done == nil {
+				done = hctx.Done()
+			}
+			<-done // closed by the request's end; a context that missed it hangs here
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}))
+	}
+}
+
+// A lost lease ends the handler's context with ErrLeaseLost as its cause, for a handler
+// that only polls Err and never asked for Done.
+func TestHandlerContextLeaseLostWithoutDone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memstore.New()
+		mw, err := idempotency.New(idempotency.Config{Store: store, Logger: slog.New(slog.DiscardHandler), Lease: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = mw.Shutdown(context.Background()) }()
+		var cause error
+		keyed(t, context.Background(), mw, "lost", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			c, _ := idempotency.ClaimFromContext(r.Context())
+			// The record goes: the next renewal finds the lease lost.
+			if err := store.Delete(r.Context(), c.Scope, c.Key); err != nil {
+				t.Error(err)
+			}
+			// The bubble's clock: the renewal is due at 10s; a minute without the end
+			// is a context that missed it.
+			for i := 0; i < 60 && r.Context().Err() == nil; i++ {
+				time.Sleep(time.Second)
+			}
+			cause = context.Cause(r.Context())
+			w.WriteHeader(http.StatusOK)
+		}))
+		if !errors.Is(cause, idempotency.ErrLeaseLost) {
+			t.Fatalf("cause %v, want ErrLeaseLost", cause)
+		}
+	})
+}
