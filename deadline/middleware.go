@@ -276,7 +276,7 @@ func (w *budgetWriter) mark(code int) {
 		h.Set(ExhaustedHeader, "?1")
 		return
 	}
-	h.Del(ExhaustedHeader)
+	delete(h, ExhaustedHeader) // Del, without canonicalizing a name that is canonical
 }
 
 func (w *budgetWriter) Write(p []byte) (int, error) {

@@ -27,12 +27,17 @@ type recorder struct {
 	req      *reqBody // the request's body; nil without one
 	counted  int64    // what the kept body holds of the budget
 
-	status   int
-	header   http.Header // the handler's headers when it wrote the status
-	declared []string    // trailer names the handler declared (the Trailer header)
-	body     []byte
-	omitted  bool // the body passed the limit
-	sent     bool // the status and headers went to the client
+	status int
+	// The handler's headers when it wrote the status, trailers aside, copied: header
+	// holds those a replay carries (the stored Response.Header), sentOnly the others,
+	// which the client is sent too (sentOnlyBuf is its room for the usual few).
+	header      http.Header
+	sentOnly    []headerField
+	sentOnlyBuf [4]headerField
+	declared    []string // trailer names the handler declared (the Trailer header)
+	body        []byte
+	omitted     bool // the body passed the limit
+	sent        bool // the status and headers went to the client
 }
 
 // init readies r to record the answer to w, counting what it keeps in budget.
@@ -75,17 +80,17 @@ func (r *recorder) WriteHeader(code int) {
 		return
 	}
 	r.status = code
-	r.header = r.h.Clone()
-	for _, v := range r.h.Values("Trailer") {
+	for _, v := range r.h["Trailer"] {
 		for name := range strings.SplitSeq(v, ",") {
 			if name = http.CanonicalHeaderKey(strings.TrimSpace(name)); name != "" {
 				r.declared = append(r.declared, name)
 			}
 		}
 	}
+	r.snapshot()
 	// A body announced larger than the limit will not be kept: complete now, and pass
 	// it through without holding any of it.
-	if n, err := strconv.ParseInt(r.h.Get("Content-Length"), 10, 64); err == nil && n > r.limit {
+	if n, err := strconv.ParseInt(first(r.h, "Content-Length"), 10, 64); err == nil && n > r.limit {
 		r.passThrough()
 	}
 }
@@ -103,7 +108,7 @@ func (r *recorder) Write(p []byte) (int, error) {
 	}
 	c := cap(r.body)
 	if r.body == nil {
-		if n, err := strconv.Atoi(r.header.Get("Content-Length")); err == nil && n >= len(p) && int64(n) <= r.limit {
+		if n, err := strconv.Atoi(r.sentValue("Content-Length")); err == nil && n >= len(p) && int64(n) <= r.limit {
 			r.body = make([]byte, 0, n) // one allocation for a body of known length
 		}
 	}
@@ -165,7 +170,7 @@ func (r *recorder) incomplete() bool {
 	if r.omitted || r.status == 0 || !bodyAllowed(r.status) {
 		return false
 	}
-	n, err := strconv.ParseInt(r.header.Get("Content-Length"), 10, 64)
+	n, err := strconv.ParseInt(r.sentValue("Content-Length"), 10, 64)
 	return err == nil && n != int64(len(r.body))
 }
 
@@ -178,13 +183,15 @@ func (r *recorder) sendHead(whole bool) {
 	r.sent = true
 	status := r.status
 	if status == 0 { // the handler returned without writing: net/http sends 200
-		status, r.header = http.StatusOK, r.h.Clone()
+		status = http.StatusOK
+		r.snapshot()
 	}
 	h := r.w.Header()
 	for k, v := range r.header {
-		if !r.isTrailer(k) {
-			h[k] = v
-		}
+		h[k] = v
+	}
+	for _, f := range r.sentOnly {
+		h[f.name] = f.values
 	}
 	switch {
 	case !whole, r.incomplete():
@@ -246,11 +253,12 @@ func hasName(names []string, name string) bool {
 
 // response is what the middleware stores. It shares the recorder's body.
 func (r *recorder) response() Response {
-	status, header := r.status, r.header
+	status := r.status
 	if status == 0 {
-		status, header = http.StatusOK, r.h
+		status = http.StatusOK
+		r.snapshot()
 	}
-	resp := Response{Status: status, Header: storedHeader(header, r.isTrailer), BodyOmitted: r.omitted}
+	resp := Response{Status: status, Header: r.header, BodyOmitted: r.omitted}
 	if !r.omitted {
 		resp.Body = r.body
 		if t := r.trailers(); t != nil {
@@ -258,6 +266,67 @@ func (r *recorder) response() Response {
 		}
 	}
 	return resp
+}
+
+// headerField is one header's name and values.
+type headerField struct {
+	name   string
+	values []string
+}
+
+// snapshot records the handler's headers as they are now, once (a handler that never
+// wrote the status is recorded when its answer is stored or sent): trailers aside,
+// those a replay carries in r.header, which is the stored Response.Header as it is, and
+// the others in r.sentOnly. The values are copied, in one allocation, so that nothing
+// the handler changes in place later reaches either; each is capped, so that an append
+// to it copies. r.header's map is made once, where a copy of every header and then a
+// second map of the stored ones cost two.
+func (r *recorder) snapshot() {
+	if r.header != nil {
+		return
+	}
+	var listed []string // the names the Connection header lists, canonical
+	n := 0
+	for k, v := range r.h {
+		n += len(v)
+		if k == "Connection" {
+			for _, f := range v {
+				for name := range strings.SplitSeq(f, ",") {
+					listed = append(listed, http.CanonicalHeaderKey(strings.TrimSpace(name)))
+				}
+			}
+		}
+	}
+	values := make([]string, n)
+	r.header = make(http.Header, len(r.h))
+	r.sentOnly = r.sentOnlyBuf[:0]
+	for k, v := range r.h {
+		if r.isTrailer(k) {
+			continue
+		}
+		var c []string
+		if len(v) > 0 {
+			c = values[:len(v):len(v)]
+			copy(c, v)
+			values = values[len(v):]
+		}
+		if unstored(k) || slices.Contains(listed, k) {
+			r.sentOnly = append(r.sentOnly, headerField{k, c})
+			continue
+		}
+		r.header[k] = c
+	}
+}
+
+// sentValue returns the first value of the recorded header name (canonical) that the
+// client is sent but a replay does not carry, such as Content-Length.
+func (r *recorder) sentValue(name string) string {
+	for _, f := range r.sentOnly {
+		if f.name == name && len(f.values) > 0 {
+			return f.values[0]
+		}
+	}
+	return ""
 }
 
 // storedHeader returns the headers a replay carries (Response.Header says which): all but
@@ -308,6 +377,16 @@ func setLength(h http.Header, n int) {
 		return
 	}
 	h.Set("Content-Length", strconv.Itoa(n))
+}
+
+// first returns the first value of the header name, which is in canonical form, as
+// Header.Get would without canonicalizing it again: it runs several times for every
+// answer.
+func first(h http.Header, name string) string {
+	if v := h[name]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 func copyHeader(dst, src http.Header) {
