@@ -262,7 +262,7 @@ func (r *recorder) response() Response {
 	if !r.omitted {
 		resp.Body = r.body
 		if t := r.trailers(); t != nil {
-			resp.Trailer = storedHeader(t, nil)
+			resp.Trailer = storedHeader(t)
 		}
 	}
 	return resp
@@ -285,17 +285,10 @@ func (r *recorder) snapshot() {
 	if r.header != nil {
 		return
 	}
-	var listed []string // the names the Connection header lists, canonical
+	listed := connectionListed(r.h)
 	n := 0
-	for k, v := range r.h {
+	for _, v := range r.h {
 		n += len(v)
-		if k == "Connection" {
-			for _, f := range v {
-				for name := range strings.SplitSeq(f, ",") {
-					listed = append(listed, http.CanonicalHeaderKey(strings.TrimSpace(name)))
-				}
-			}
-		}
 	}
 	values := make([]string, n)
 	r.header = make(http.Header, len(r.h))
@@ -318,6 +311,18 @@ func (r *recorder) snapshot() {
 	}
 }
 
+// connectionListed returns the names h's Connection header lists, canonical: they are
+// for this hop alone, and never stored.
+func connectionListed(h http.Header) []string {
+	var listed []string
+	for _, f := range h["Connection"] {
+		for name := range strings.SplitSeq(f, ",") {
+			listed = append(listed, http.CanonicalHeaderKey(strings.TrimSpace(name)))
+		}
+	}
+	return listed
+}
+
 // sentValue returns the first value of the recorded header name (canonical) that the
 // client is sent but a replay does not carry, such as Content-Length.
 func (r *recorder) sentValue(name string) string {
@@ -329,21 +334,14 @@ func (r *recorder) sentValue(name string) string {
 	return ""
 }
 
-// storedHeader returns the headers a replay carries (Response.Header says which): all but
-// those unstored names, the names h's Connection header lists, and the names skip says
-// are trailers. It shares h's value slices, capped so that an append to either copies:
-// h is the recorder's own copy of the handler's headers, which nothing changes in
-// place once they are recorded.
-func storedHeader(h http.Header, skip func(string) bool) http.Header {
-	var listed []string // the names the Connection header lists, canonical
-	for _, f := range h["Connection"] {
-		for name := range strings.SplitSeq(f, ",") {
-			listed = append(listed, http.CanonicalHeaderKey(strings.TrimSpace(name)))
-		}
-	}
+// storedHeader returns the trailers a replay carries: all of h but the unstored names
+// and the names h's Connection header lists. It shares h's value slices, capped so that
+// an append to either copies.
+func storedHeader(h http.Header) http.Header {
+	listed := connectionListed(h)
 	out := make(http.Header, len(h))
 	for k, v := range h {
-		if unstored(k) || skip != nil && skip(k) || slices.Contains(listed, k) {
+		if unstored(k) || slices.Contains(listed, k) {
 			continue
 		}
 		if len(v) == 0 {
