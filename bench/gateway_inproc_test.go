@@ -113,7 +113,11 @@ func BenchmarkGatewayInProcess(b *testing.B) {
 func serveKeyed(b *testing.B, h http.Handler, key func(int) string, extra map[string]string) {
 	w := &reusedWriter{h: make(http.Header)}
 	serve := func(i int) int {
-		r, err := http.NewRequest(http.MethodPost, "http://gateway.invalid/payments", strings.NewReader(paymentBody))
+		// A context of its own per request, canceled when it is over, as net/http's
+		// server gives each: what the layers link into is what they link into there.
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		r, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://gateway.invalid/payments", strings.NewReader(paymentBody))
 		if err != nil {
 			b.Fatal(err)
 		}

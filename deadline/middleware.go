@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/retrysafe/retrysafe/internal/lazyctx"
 	"github.com/retrysafe/retrysafe/internal/problem"
 )
 
@@ -163,25 +164,32 @@ func Middleware(cfg Config) func(http.Handler) http.Handler {
 			if pd, ok := r.Context().Deadline(); ok && pd.Before(dl) {
 				callers = false
 			}
-			var st *hopState
+			// The request's context, its writer and the caller's budget's state, in one
+			// allocation. The context's own cancellation (its timer, its link into the
+			// server's context) is made only if something waits on it or the deadline
+			// passes: most requests end long before their deadline (lazyctx).
+			hs := &hop{}
 			cause := serverCause
 			if callers {
-				st = &hopState{spentBy: callersBudget{header: header, ms: ms}}
-				st.cause = &st.spentBy
-				cause = st.cause
+				hs.st = hopState{spentBy: callersBudget{header: header, ms: ms}}
+				hs.st.cause = &hs.st.spentBy
+				cause = hs.st.cause
+				hs.ctx.st = &hs.st
 			}
-			ctx, cancel := context.WithDeadlineCause(r.Context(), dl, cause)
-			defer cancel()
+			hs.ctx.Init(r.Context(), dl, cause)
+			ctx := &hs.ctx
+			defer ctx.End(nil)
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				logger.DebugContext(r.Context(), "deadline: request deadline already passed, answered 504")
 				writeProblem(w, serverSpent, "the request's deadline has already passed")
 				return
 			}
+			st := ctx.st
 			if st != nil {
 				st.deadline, _ = ctx.Deadline()
-				ctx = context.WithValue(ctx, hopKey{}, st)
 			}
-			bw := &budgetWriter{ResponseWriter: w, ctx: ctx, st: st}
+			hs.w = budgetWriter{ResponseWriter: w, ctx: ctx, st: st}
+			bw := &hs.w
 			next.ServeHTTP(bw, r.WithContext(ctx))
 			if bw.wrote {
 				return
@@ -199,6 +207,27 @@ func Middleware(cfg Config) func(http.Handler) http.Handler {
 			}
 		})
 	}
+}
+
+// hop is the middleware's state of one request, in one allocation.
+type hop struct {
+	ctx budgetContext
+	w   budgetWriter
+	st  hopState // used when the caller's budget sets the deadline
+}
+
+// budgetContext is the request's context under its budget: it carries the caller's
+// budget's state (hopKey), when that budget sets the deadline.
+type budgetContext struct {
+	lazyctx.Context
+	st *hopState // nil: the server's budget sets the deadline
+}
+
+func (c *budgetContext) Value(key any) any {
+	if c.st != nil && key == (hopKey{}) {
+		return c.st
+	}
+	return c.Context.Value(key)
 }
 
 // hopState is what a request's context carries when the caller's budget sets its

@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/retrysafe/retrysafe/internal/problem"
@@ -280,6 +281,58 @@ func TestMiddlewareHandlerGivesUp(t *testing.T) {
 	srv := budgetServer(t, Config{}, func(http.ResponseWriter, *http.Request) {})
 	if a := call(t, srv.URL, "60000"); a.status != http.StatusOK || a.header.Get(ExhaustedHeader) != "" {
 		t.Errorf("a handler that wrote nothing in time: %d %v, want a plain 200", a.status, a.header)
+	}
+}
+
+// A handler that never waits on its context, and only runs past its deadline, finds it
+// ended all the same: its Err and context.Cause say so, a failure it then answers is
+// marked, and nothing answered is a 504. (The context makes no timer of its own until
+// something waits on it.)
+func TestMiddlewareDeadlineWithoutDone(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name   string
+		budget string // the caller's, in ms; "": none, the server's 100 ms sets the deadline
+		write  bool   // the handler answers 503
+		typ    string // the 504's problem type when it does not
+	}{
+		{"a failure after the caller's budget", "50", true, ""},
+		{"nothing after the caller's budget", "50", false, ProblemBudgetExhausted},
+		{"nothing after the server's budget", "", false, ProblemServerBudgetExhausted},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := Middleware(Config{Budget: 100 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})(
+					http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+						if err := r.Context().Err(); err != nil {
+							t.Errorf("Err before the deadline: %v", err)
+						}
+						time.Sleep(time.Second)
+						if err := r.Context().Err(); !errors.Is(err, context.DeadlineExceeded) {
+							t.Errorf("Err after the deadline: %v", err)
+						}
+						if cause := context.Cause(r.Context()); !errors.Is(cause, ErrExhausted) {
+							t.Errorf("Cause after the deadline: %v", cause)
+						}
+						if tt.write {
+							w.WriteHeader(http.StatusServiceUnavailable)
+						}
+					}))
+				r := httptest.NewRequest(http.MethodGet, "/", nil)
+				if tt.budget != "" {
+					r.Header.Set(DefaultHeader, tt.budget)
+				}
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, r)
+				if tt.write {
+					if w.Code != http.StatusServiceUnavailable || w.Header().Get(ExhaustedHeader) != "?1" {
+						t.Errorf("answer %d %v, want the handler's 503 with %s", w.Code, w.Header(), ExhaustedHeader)
+					}
+					return
+				}
+				checkProblem(t, reply{status: w.Code, header: w.Header(), body: w.Body.String()}, tt.typ)
+			})
+		})
 	}
 }
 

@@ -5,8 +5,9 @@ import (
 	"errors"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/retrysafe/retrysafe/internal/lazyctx"
 )
 
 // This file is the owner's side of a keyed request: the Claim the handler holds, and
@@ -214,85 +215,20 @@ type execution struct {
 
 // handlerContext is the handler's context: the claim as its value (ClaimFromContext),
 // over the request's context, ended with ErrLeaseLost when the lease is lost and when
-// the request is over. Its own cancellation (a context.WithCancelCause of the request's
-// context) is made only when something needs it: a call of Done, or its end. Until
-// then it is the request's context itself, as it would report the same: most handlers
-// never wait on it (a proxy's keyed call is detached from it), and a cancellation of
-// its own costs every request a context linked into its parent's, its channel, and the
-// link's removal. Once ended, every method makes it, so that Err and context.Cause
-// agree with Done.
+// the request is over. Its own cancellation is made only when something needs it
+// (lazyctx): most handlers never wait on it (a proxy's keyed call is detached from it),
+// and a cancellation of its own costs every request a context linked into its parent's,
+// its channel, and the link's removal.
 type handlerContext struct {
-	parent context.Context
-	c      *Claim
-	own    atomic.Pointer[ownCancel] // once made
-	ended  atomic.Bool               // set under mu, with cause
-
-	mu    sync.Mutex
-	cause error // end's
+	lazyctx.Context
+	c *Claim
 }
-
-// ownCancel is a handlerContext's own cancellation.
-type ownCancel struct {
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-}
-
-// made returns the context's own cancellation, making it if need be.
-func (h *handlerContext) made() *ownCancel {
-	if o := h.own.Load(); o != nil {
-		return o
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if o := h.own.Load(); o != nil {
-		return o
-	}
-	ctx, cancel := context.WithCancelCause(h.parent)
-	o := &ownCancel{ctx: ctx, cancel: cancel}
-	if h.ended.Load() {
-		cancel(h.cause)
-	}
-	h.own.Store(o)
-	return o
-}
-
-// end ends the context with cause (nil: context.Canceled); the first end wins.
-func (h *handlerContext) end(cause error) {
-	h.mu.Lock()
-	if h.ended.Load() {
-		h.mu.Unlock()
-		return
-	}
-	h.cause = cause
-	h.ended.Store(true)
-	o := h.own.Load()
-	h.mu.Unlock()
-	if o != nil {
-		o.cancel(cause)
-	}
-}
-
-// current is the context that answers for h: its own cancellation once made or needed
-// (ended), the request's before.
-func (h *handlerContext) current() context.Context {
-	if o := h.own.Load(); o != nil {
-		return o.ctx
-	}
-	if h.ended.Load() {
-		return h.made().ctx
-	}
-	return h.parent
-}
-
-func (h *handlerContext) Deadline() (time.Time, bool) { return h.parent.Deadline() }
-func (h *handlerContext) Done() <-chan struct{}       { return h.made().ctx.Done() }
-func (h *handlerContext) Err() error                  { return h.current().Err() }
 
 func (h *handlerContext) Value(key any) any {
 	if key == (claimKey{}) {
 		return h.c
 	}
-	return h.current().Value(key)
+	return h.Context.Value(key)
 }
 
 // execute runs the handler as the owner of the key won with token, then stores, releases
@@ -307,9 +243,10 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, rb *reqBody
 	e.c = c
 	// Requests waiting here for the key (ConflictWait) look again once it is settled.
 	defer m.waiting.wake(scopeKey{c.Scope, c.Key})
-	e.hctx.parent, e.hctx.c = r.Context(), c
+	e.hctx.Init(r.Context(), time.Time{}, nil)
+	e.hctx.c = c
 	e.ctx = &e.hctx
-	defer e.hctx.end(nil)
+	defer e.hctx.End(nil)
 	defer c.end(errRequestOver)
 	e.startHeartbeat()
 	e.rec.init(w, m.cfg.MaxResponse, e.overflowed, &m.bodies, rb)
@@ -441,7 +378,7 @@ func (e *execution) renew() {
 	case errors.Is(err, ErrLeaseLost):
 		m.cfg.Logger.WarnContext(e.ctx, "idempotency: lease lost while the handler ran: "+lostWhy(err), "key", c.Key)
 		c.end(ErrLeaseLost)
-		e.hctx.end(ErrLeaseLost)
+		e.hctx.End(ErrLeaseLost)
 		return
 	case err != nil:
 		m.cfg.Logger.WarnContext(e.ctx, "idempotency: lease renewal failed", "key", c.Key, "err", err)
