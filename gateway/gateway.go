@@ -244,7 +244,7 @@ func (g *Gateway) newRoute(p policy) (*route, error) {
 		// deadline.Transport tells the upstream, in Request-Budget-Ms, how long the
 		// gateway will wait for it: what is left of UpstreamTimeout. It sets the header
 		// on the proxy's outbound request, which is the proxy's own copy.
-		Transport:      deadline.Transport{Base: g.cfg.Transport, InPlace: true},
+		Transport:      traceHooks{deadline.Transport{Base: g.cfg.Transport, InPlace: true}},
 		ModifyResponse: g.modifyResponse,
 		ErrorHandler:   g.upstreamError,
 		// What the proxy logs of a failed round trip or body copy, the request's own
@@ -470,7 +470,9 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 		ex.dropClaim = claim
 		ex.trace.WroteRequest = ex.wroteRequest
 	}
-	ctx := ex.sentTrace(&ex.noServer)
+	// The trace hooks (ex.trace) are set on the outbound request by the proxy's
+	// transport (traceHooks).
+	var ctx context.Context = &ex.noServer
 	if ex.tr != nil {
 		ctx = g.tracing.startUpstream(ctx, ex, r)
 	}
@@ -537,11 +539,32 @@ func (c *withoutServer) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-// sentTrace returns a context whose round trips set ex.sent once a request's headers
-// have been written.
-func (ex *exchange) sentTrace(ctx context.Context) context.Context {
+// traceHooks is the proxy's transport, over the gateway's: it sets each outbound
+// request's trace hooks (exchange.hook).
+type traceHooks struct{ base http.RoundTripper }
+
+func (t traceHooks) RoundTrip(req *http.Request) (*http.Response, error) {
+	if ex := exchangeFrom(req.Context()); ex != nil {
+		req = ex.hook(req)
+	}
+	return t.base.RoundTrip(req)
+}
+
+// hook returns req with ex's trace hooks set: WroteHeaders, which sets ex.sent once
+// the request's headers have been written, and WroteRequest when forward asked for it.
+// The ReverseProxy gives every outbound request a trace of its own, made for that
+// request, with only its Got1xxResponse hook: the hooks are set on it. A second trace
+// would cost every request httptrace's composition of the two, field by field through
+// reflection, and two more contexts. When the trace has hooks of these kinds already
+// (another trace was composed into it), or there is none, a trace of ex's own is added
+// the usual way.
+func (ex *exchange) hook(req *http.Request) *http.Request {
 	ex.trace.WroteHeaders = ex.markSent
-	return httptrace.WithClientTrace(ctx, &ex.trace)
+	if tr := httptrace.ContextClientTrace(req.Context()); tr != nil && tr.WroteHeaders == nil && tr.WroteRequest == nil {
+		tr.WroteHeaders, tr.WroteRequest = ex.trace.WroteHeaders, ex.trace.WroteRequest
+		return req
+	}
+	return req.WithContext(httptrace.WithClientTrace(req.Context(), &ex.trace))
 }
 
 func (ex *exchange) markSent() { ex.sent.Store(true) }

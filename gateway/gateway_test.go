@@ -150,6 +150,12 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "7")
 		http.Error(w, "upstream says "+strconv.Itoa(code), code)
 		return
+	case r.URL.Path == "/hangup":
+		// Read the request, act on it (counted above), and hang up without a word.
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+		return
 	case r.URL.Path == "/echo":
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"method": r.Method, "path": r.URL.Path, "host": r.Host, "header": r.Header})
@@ -533,6 +539,25 @@ var contractCases = []struct {
 		}
 		if !strings.Contains(g.logs.String(), `"upstream_error":"unreachable"`) {
 			t.Errorf("log: %s", g.logs)
+		}
+	}},
+	{"502 upstream hung up after the request, key kept", func(t *testing.T, f *fixture) {
+		// The upstream read the request and may have acted on it: the outcome is unknown,
+		// so the key stays in progress and a retry is not forwarded again.
+		key := testenv.Name("hangup")
+		r := f.do("POST", "/hangup", key, `{"amount":1}`)
+		if r.status != http.StatusBadGateway || r.problemType() != gateway.ProblemUpstreamFailed {
+			t.Fatalf("first: %d %s", r.status, r.body)
+		}
+		rec, err := f.record(key)
+		if err != nil || rec.State != idempotency.StateInProgress {
+			t.Fatalf("record after the hang-up: %+v %v", rec, err)
+		}
+		if r := f.do("POST", "/hangup", key, `{"amount":1}`); r.status != http.StatusConflict {
+			t.Fatalf("retry: %d %s", r.status, r.body)
+		}
+		if n := f.up.callsFor(key); n != 1 {
+			t.Fatalf("the upstream was called %d times, want once", n)
 		}
 	}},
 	{"504 upstream timeout, key kept until its lease ends", func(t *testing.T, f *fixture) {

@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
+	"net/textproto"
 	"net/url"
 	"os"
 	"runtime"
@@ -118,9 +120,12 @@ func TestClassifyRealRoundTrips(t *testing.T) {
 					}
 				}()
 			}
-			req, _ := http.NewRequestWithContext(ex.sentTrace(ctx), http.MethodPost, "http://"+c.addr+"/x", nil)
+			// As the gateway's proxy sends it: with the ReverseProxy's own trace, on
+			// which the exchange's hooks are set.
+			proxyTrace := &httptrace.ClientTrace{Got1xxResponse: func(int, textproto.MIMEHeader) error { return nil }}
+			req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, proxyTrace), http.MethodPost, "http://"+c.addr+"/x", nil)
 			req.Header.Set("Idempotency-Key", "k") // makes the transport retry what it may
-			res, err := tr.RoundTrip(req)
+			res, err := tr.RoundTrip(ex.hook(req))
 			if err == nil {
 				_ = res.Body.Close()
 				t.Fatal("round trip succeeded")
@@ -129,6 +134,48 @@ func TestClassifyRealRoundTrips(t *testing.T) {
 				t.Fatalf("classify(%v, sent=%v) = %v, want %v", err, sent.Load(), got, c.want)
 			}
 		})
+	}
+}
+
+// hook sets the exchange's hooks on the proxy's own trace when it has none of their
+// kinds, and otherwise adds a trace of the exchange's: either way a round trip's
+// WroteHeaders reaches ex.sent, and another trace's hooks still run.
+func TestHookSetsSent(t *testing.T) {
+	t.Parallel()
+	var otherSaw bool
+	for _, c := range []struct {
+		name  string
+		trace *httptrace.ClientTrace // in the request's context; nil: none
+		same  bool                   // the hooks go on that trace, in place
+	}{
+		{"the proxy's trace", &httptrace.ClientTrace{Got1xxResponse: func(int, textproto.MIMEHeader) error { return nil }}, true},
+		{"no trace", nil, false},
+		{"a trace with a WroteHeaders of its own", &httptrace.ClientTrace{WroteHeaders: func() { otherSaw = true }}, false},
+	} {
+		var ex exchange
+		ctx := context.Background()
+		if c.trace != nil {
+			ctx = httptrace.WithClientTrace(ctx, c.trace)
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://upstream.invalid/x", nil)
+		out := ex.hook(req)
+		if (out == req) != c.same {
+			t.Errorf("%s: hooked in place %v, want %v", c.name, out == req, c.same)
+		}
+		tr := httptrace.ContextClientTrace(out.Context())
+		if tr == nil || tr.WroteHeaders == nil {
+			t.Fatalf("%s: no WroteHeaders hook on the outbound request", c.name)
+		}
+		tr.WroteHeaders()
+		if !ex.sent.Load() {
+			t.Errorf("%s: WroteHeaders did not set sent", c.name)
+		}
+		if c.trace != nil && c.trace.Got1xxResponse != nil && tr.Got1xxResponse == nil {
+			t.Errorf("%s: the proxy's Got1xxResponse hook is lost", c.name)
+		}
+	}
+	if !otherSaw {
+		t.Error("the other trace's WroteHeaders did not run")
 	}
 }
 
