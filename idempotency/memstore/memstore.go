@@ -29,22 +29,51 @@ type id struct{ scope, key string }
 
 // Store is an in-memory idempotency.Store. The zero value is not usable; call New.
 //
-// A record is in index under the hash of its scope and key, unless another key with
-// the same hash held that entry when the record was first filed: then it is in spill,
-// and stays there. A key is never in both. The hash is seeded per Store, so a
-// collision is a matter of chance (about one in 2⁶⁴ per pair of keys) that no client
-// can aim at; spill makes it harmless.
+// A key's record is filed under a handle, in index under the hash of its scope and
+// key, unless another key with the same hash held that entry when the record was first
+// filed: then it is in spill, and stays there. A key is never in both. The hash is
+// seeded per Store, so a collision is a matter of chance (about one in 2⁶⁴ per pair of
+// keys) that no client can aim at; spill makes it harmless.
+//
+// The handle is the record's place in refs, which says where in the arena the record
+// is. It stays the key's while the key is filed: a record written again (a completion,
+// a compaction) changes its entry in refs, not the maps. With hundreds of thousands of
+// keys the maps' memory is mostly out of the processor's caches, and each lookup costs
+// misses; a completion, an extension or a release of a recent claim finds its handle in
+// recent, by its token, and touches neither map.
 type Store struct {
 	now    func() time.Time
 	base   time.Time // the clock's reading at New: records hold times as offsets from it
 	seed   maphash.Seed
 	hash   func(seed maphash.Seed, scope, key string) uint64 // hashID; a test's to force collisions
 	mu     sync.Mutex
-	index  map[uint64]ref
-	spill  map[id]ref
+	index  map[uint64]handle
+	spill  map[id]handle
+	refs   []ref    // by handle: where its record is; noRef for a free handle
+	free   []handle // handles to reuse
+	recent [recentClaims]recentClaim
 	arena  arena
 	token  int64
 	closed bool
+}
+
+// handle is a filed record's place in Store.refs.
+type handle uint32
+
+// noRef is the entry in refs of a free handle.
+const noRef = ^ref(0)
+
+// recentClaims is how many of the latest claims recent holds: far more than a process
+// has requests in flight, so that a completion nearly always finds its claim there.
+const recentClaims = 1024
+
+// recentClaim is the handle and slot of the claim made with token: an entry of
+// Store.recent, at token modulo its length. An entry is a hint: its record is checked
+// to be the key's, under that token, before it is used.
+type recentClaim struct {
+	token int64
+	hd    handle
+	slot  slot
 }
 
 var (
@@ -65,7 +94,7 @@ func NewWithClock(clock func() time.Time) *Store {
 		clock = time.Now
 	}
 	return &Store{now: clock, base: clock(), seed: maphash.MakeSeed(), hash: hashID,
-		index: make(map[uint64]ref), spill: make(map[id]ref)}
+		index: make(map[uint64]handle), spill: make(map[id]handle)}
 }
 
 // hashID hashes a scope and a key: the key's hash, and the scope's turned by half a
@@ -89,10 +118,11 @@ type slot struct {
 	spill bool
 }
 
-// found is a key's record as find returns it: where it is filed, where it is in the
-// arena, and its bytes.
+// found is a key's record as find returns it: where it is filed, its handle, where it
+// is in the arena, and its bytes.
 type found struct {
 	slot
+	hd handle
 	at ref
 	r  record
 }
@@ -100,38 +130,75 @@ type found struct {
 // find returns the record of (scope, key), if there is one.
 func (s *Store) find(scope, key string) (found, bool) {
 	h := s.hash(s.seed, scope, key)
-	at, taken := s.index[h]
+	hd, taken := s.index[h]
 	if taken {
+		at := s.refs[hd]
 		if r := s.arena.get(at); r.is(scope, key) {
-			return found{slot{h: h}, at, r}, true
+			return found{slot{h: h}, hd, at, r}, true
 		}
 	}
 	if len(s.spill) > 0 {
-		if at, ok := s.spill[id{scope, key}]; ok {
-			return found{slot{h: h, spill: true}, at, s.arena.get(at)}, true
+		if hd, ok := s.spill[id{scope, key}]; ok {
+			at := s.refs[hd]
+			return found{slot{h: h, spill: true}, hd, at, s.arena.get(at)}, true
 		}
 	}
 	return found{slot: slot{h: h, spill: taken}}, false
 }
 
-// file files the record at, of (scope, key), in sl, the slot find gave for the key
-// under the same hold of the lock.
-func (s *Store) file(sl slot, scope, key string, at ref) {
-	if sl.spill {
-		s.spill[id{scope, key}] = at
-	} else {
-		s.index[sl.h] = at
+// findClaimed returns the record of (scope, key) if it is the claim made with token:
+// from recent when that claim is there, else as find does. The record is checked to
+// be the key's and to hold token, so a hint whose handle has since gone to another key,
+// or to a later claim of the same key, is not used.
+func (s *Store) findClaimed(scope, key string, token int64) (found, bool) {
+	if e := &s.recent[uint64(token)%recentClaims]; e.token == token && e.token != 0 {
+		if at := s.refs[e.hd]; at != noRef {
+			if r := s.arena.get(at); r.token() == token && r.is(scope, key) {
+				return found{e.slot, e.hd, at, r}, true
+			}
+		}
 	}
+	return s.find(scope, key)
 }
 
-// unfile deletes f, the record of (scope, key), from its slot and frees its bytes.
+// file files at, the record of (scope, key), under a new handle in sl, the slot find
+// gave for the key under the same hold of the lock, and returns the handle.
+func (s *Store) file(sl slot, scope, key string, at ref) handle {
+	var hd handle
+	if n := len(s.free); n > 0 {
+		hd, s.free = s.free[n-1], s.free[:n-1]
+		s.refs[hd] = at
+	} else {
+		hd = handle(len(s.refs))
+		s.refs = append(s.refs, at)
+	}
+	if sl.spill {
+		s.spill[id{scope, key}] = hd
+	} else {
+		s.index[sl.h] = hd
+	}
+	return hd
+}
+
+// refile files at as f's record, in place of f's: a record written again.
+func (s *Store) refile(f found, at ref) { s.refs[f.hd] = at }
+
+// unfile deletes f, the record of (scope, key), from its slot, frees its handle and
+// frees its bytes.
 func (s *Store) unfile(f found, scope, key string) {
 	if f.spill {
 		delete(s.spill, id{scope, key})
 	} else {
 		delete(s.index, f.h)
 	}
+	s.dropHandle(f.hd)
 	s.arena.release(f.at)
+}
+
+// dropHandle frees hd.
+func (s *Store) dropHandle(hd handle) {
+	s.refs[hd] = noRef
+	s.free = append(s.free, hd)
 }
 
 // compact compacts or drops the slabs this operation left mostly dead: it copies each
@@ -158,7 +225,7 @@ func (s *Store) compact() {
 			}
 			moved, room := a.reserve(len(r))
 			a.seal(moved, append(room, r...))
-			s.file(f.slot, string(v.scope), string(v.key), moved)
+			s.refile(f, moved)
 			a.slabs[i].live -= lenSize + len(r)
 		}
 		a.drop(i)
@@ -170,7 +237,7 @@ func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
-	s.index, s.spill, s.arena = nil, nil, arena{}
+	s.index, s.spill, s.refs, s.free, s.arena = nil, nil, nil, nil, arena{}
 	return nil
 }
 
@@ -225,10 +292,14 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 	}
 	at, room := s.arena.reserve(recordSize(&nf))
 	s.arena.seal(at, appendRecord(room, &nf))
-	s.file(f.slot, req.Scope, req.Key, at)
+	hd := f.hd
 	if ok {
+		s.refile(f, at)
 		s.arena.release(f.at)
+	} else {
+		hd = s.file(f.slot, req.Scope, req.Key, at)
 	}
+	s.recent[uint64(s.token)%recentClaims] = recentClaim{token: s.token, hd: hd, slot: f.slot}
 	s.compact()
 	return idempotency.ClaimResult{Claimed: true, Token: s.token, TookOver: takeover, Now: now}, nil
 }
@@ -253,7 +324,7 @@ func (s *Store) update(ctx context.Context, scope, key string, token int64, agai
 		return err
 	}
 	defer s.mu.Unlock()
-	f, ok := s.find(scope, key)
+	f, ok := s.findClaimed(scope, key, token)
 	switch {
 	case !ok:
 		return idempotency.ErrRecordGone
@@ -293,7 +364,7 @@ func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 		v := f.r.view()
 		at, room := s.arena.reserve(f.r.completedSize(v, &c.Response))
 		s.arena.seal(at, f.r.appendCompleted(room, v, &c.Response, s.offset(s.now().Add(c.TTL))))
-		s.file(f.slot, c.Scope, c.Key, at)
+		s.refile(f, at)
 		s.arena.release(f.at)
 	})
 }
@@ -342,22 +413,24 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 		return r.expires() <= t && (r.done() || r.leaseUntil() <= t)
 	}
 	n := 0
-	for k, at := range s.spill {
+	for k, hd := range s.spill {
 		if n >= limit {
 			return n, nil
 		}
-		if gone(at) {
+		if at := s.refs[hd]; gone(at) {
 			delete(s.spill, k)
+			s.dropHandle(hd)
 			s.arena.release(at)
 			n++
 		}
 	}
-	for h, at := range s.index {
+	for h, hd := range s.index {
 		if n >= limit {
 			break
 		}
-		if gone(at) {
+		if at := s.refs[hd]; gone(at) {
 			delete(s.index, h)
+			s.dropHandle(hd)
 			s.arena.release(at)
 			n++
 		}
@@ -397,11 +470,11 @@ func (s *Store) List(ctx context.Context, f idempotency.ListFilter) (idempotency
 			matches = append(matches, listed{k, r, v})
 		}
 	}
-	for _, at := range s.index {
-		add(s.arena.get(at))
+	for _, hd := range s.index {
+		add(s.arena.get(s.refs[hd]))
 	}
-	for _, at := range s.spill {
-		add(s.arena.get(at))
+	for _, hd := range s.spill {
+		add(s.arena.get(s.refs[hd]))
 	}
 	slices.SortFunc(matches, func(a, b listed) int {
 		if c := strings.Compare(a.scope, b.scope); c != 0 {

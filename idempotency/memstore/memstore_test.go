@@ -2,6 +2,7 @@ package memstore_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"runtime"
 	"strconv"
@@ -35,6 +36,58 @@ func TestConformanceColliding(t *testing.T) {
 			return s
 		},
 	})
+}
+
+// A completion finds a recent claim by its token without the index. A claim whose key
+// was deleted meanwhile, its handle now another key's, or its key claimed again, must
+// still be refused as it would be without that shortcut.
+func TestCompleteAfterTheHandleMoved(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		new  func(func() time.Time) *memstore.Store
+	}{{"index", memstore.NewWithClock}, {"spill", memstore.NewColliding}} {
+		s := c.new(nil)
+		claim := func(key string) int64 {
+			t.Helper()
+			res, err := s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
+			if err != nil || !res.Claimed {
+				t.Fatalf("%s: claim %s: %v %+v", c.name, key, err, res)
+			}
+			return res.Token
+		}
+		complete := func(key string, token int64) error {
+			return s.Complete(ctx, idempotency.Completion{Key: key, Token: token, TTL: time.Hour,
+				Response: idempotency.Response{Status: 201, Body: []byte(key)}})
+		}
+		if c.name == "spill" {
+			claim("first") // so that the keys below are filed in spill
+		}
+		a := claim("a")
+		if err := s.Delete(ctx, "", "a"); err != nil {
+			t.Fatal(err)
+		}
+		b := claim("b") // takes a's handle
+		if err := complete("a", a); !errors.Is(err, idempotency.ErrRecordGone) {
+			t.Errorf("%s: completion of a deleted claim whose handle is b's: %v, want ErrRecordGone", c.name, err)
+		}
+		if rec, err := s.Get(ctx, "", "b"); err != nil || rec.State != idempotency.StateInProgress || rec.Token != b {
+			t.Errorf("%s: b after a's refused completion: %+v %v", c.name, rec, err)
+		}
+		if err := s.Delete(ctx, "", "b"); err != nil {
+			t.Fatal(err)
+		}
+		b2 := claim("b") // the same key again, a later token
+		if err := complete("b", b); !errors.Is(err, idempotency.ErrLeaseLost) {
+			t.Errorf("%s: completion under b's earlier token: %v, want ErrLeaseLost", c.name, err)
+		}
+		if err := complete("b", b2); err != nil {
+			t.Errorf("%s: completion under b's token: %v", c.name, err)
+		}
+		if rec, err := s.Get(ctx, "", "b"); err != nil || rec.State != idempotency.StateDone || string(rec.Response.Body) != "b" {
+			t.Errorf("%s: b after its completion: %+v %v", c.name, rec, err)
+		}
+	}
 }
 
 // BenchmarkCollectHeld measures what a store of many done records costs each garbage

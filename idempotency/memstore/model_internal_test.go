@@ -178,11 +178,29 @@ func checkModel(t *testing.T, s *Store, model map[string]*modelRecord, keys int)
 	}
 	live := make(map[uint32]int)
 	count := func(at ref) { live[at.slab()] += lenSize + len(s.arena.get(at)) }
-	for _, at := range s.index {
-		count(at)
+	// Every handle is either filed, once, with a record, or free, once, with none.
+	filed := make(map[handle]bool)
+	file := func(hd handle) {
+		if filed[hd] || s.refs[hd] == noRef {
+			t.Fatalf("handle %d filed twice, or filed without a record", hd)
+		}
+		filed[hd] = true
+		count(s.refs[hd])
 	}
-	for _, at := range s.spill {
-		count(at)
+	for _, hd := range s.index {
+		file(hd)
+	}
+	for _, hd := range s.spill {
+		file(hd)
+	}
+	for _, hd := range s.free {
+		if filed[hd] || s.refs[hd] != noRef {
+			t.Fatalf("free handle %d is filed, or has a record", hd)
+		}
+		filed[hd] = true
+	}
+	if len(filed) != len(s.refs) {
+		t.Fatalf("%d handles filed or free, of %d", len(filed), len(s.refs))
 	}
 	for i, sl := range s.arena.slabs {
 		if sl.live != live[uint32(i)] {
