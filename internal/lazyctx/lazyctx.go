@@ -26,19 +26,30 @@ import (
 // is meant to be embedded in a request's state, made in the same allocation.
 type Context struct {
 	parent   context.Context
-	deadline time.Time // its own, earlier than the parent's; zero: none of its own
-	cause    error     // the deadline's cause
-	own      atomic.Pointer[own]
+	deadline time.Time   // its own, earlier than the parent's; zero: none of its own
+	cause    error       // the deadline's cause
+	made     atomic.Bool // own is set: stored under mu, after own
 	ended    atomic.Bool // set under mu, with endCause
 
 	mu       sync.Mutex
 	endCause error
+	own      own // valid once made
 }
 
-// own is a Context's cancellation, once made.
+// own is a Context's cancellation, once made: a context.WithCancelCause (cancel), or a
+// context.WithDeadlineCause (stop).
 type own struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	stop   context.CancelFunc
+}
+
+func (o *own) end(cause error) {
+	if o.stop != nil {
+		o.stop()
+	} else {
+		o.cancel(cause)
+	}
 }
 
 // Init makes c a context of parent that ends at deadline with cause, as
@@ -68,35 +79,34 @@ func (c *Context) End(cause error) {
 	}
 	c.endCause = cause
 	c.ended.Store(true)
-	o := c.own.Load()
+	made := c.made.Load()
 	c.mu.Unlock()
-	if o != nil {
-		o.cancel(cause)
+	if made {
+		c.own.end(cause)
 	}
 }
 
-// made returns c's own cancellation, making it if need be.
-func (c *Context) made() *own {
-	if o := c.own.Load(); o != nil {
-		return o
+// mine returns c's own cancellation's context, making it if need be.
+func (c *Context) mine() context.Context {
+	if c.made.Load() {
+		return c.own.ctx
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if o := c.own.Load(); o != nil {
-		return o
+	if c.made.Load() {
+		return c.own.ctx
 	}
-	o := &own{}
+	o := &c.own
 	if c.deadline.IsZero() {
 		o.ctx, o.cancel = context.WithCancelCause(c.parent)
 	} else {
-		ctx, stop := context.WithDeadlineCause(c.parent, c.deadline, c.cause)
-		o.ctx, o.cancel = ctx, func(error) { stop() }
+		o.ctx, o.stop = context.WithDeadlineCause(c.parent, c.deadline, c.cause)
 	}
 	if c.ended.Load() {
-		o.cancel(c.endCause)
+		o.end(c.endCause)
 	}
-	c.own.Store(o)
-	return o
+	c.made.Store(true)
+	return o.ctx
 }
 
 // over reports whether c has ended or reached its deadline, and so must answer from
@@ -114,17 +124,17 @@ func (c *Context) Deadline() (time.Time, bool) {
 }
 
 // Done makes c's own cancellation, and returns its channel.
-func (c *Context) Done() <-chan struct{} { return c.made().ctx.Done() }
+func (c *Context) Done() <-chan struct{} { return c.mine().Done() }
 
 // Err returns the error of c's own cancellation once it is made or needed (c is over),
 // and its parent's before: until then c ends only with its parent, and so reports what
 // a context.WithCancelCause of the parent would.
 func (c *Context) Err() error {
-	if o := c.own.Load(); o != nil {
-		return o.ctx.Err()
+	if c.made.Load() {
+		return c.own.ctx.Err()
 	}
 	if c.over() {
-		return c.made().ctx.Err()
+		return c.mine().Err()
 	}
 	return c.parent.Err()
 }
@@ -133,11 +143,11 @@ func (c *Context) Err() error {
 // as its parent does before. context.Cause asks Err first, which makes the
 // cancellation of a c that is over, so its cause is c's own.
 func (c *Context) Value(key any) any {
-	if o := c.own.Load(); o != nil {
-		return o.ctx.Value(key)
+	if c.made.Load() {
+		return c.own.ctx.Value(key)
 	}
 	if c.ended.Load() {
-		return c.made().ctx.Value(key)
+		return c.mine().Value(key)
 	}
 	return c.parent.Value(key)
 }

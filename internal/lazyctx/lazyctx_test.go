@@ -104,11 +104,11 @@ func TestNothingMadeUntilNeeded(t *testing.T) {
 			t.Errorf("Cause: %v", context.Cause(c))
 		}
 		_ = context.WithoutCancel(c)
-		if c.own.Load() != nil {
+		if c.made.Load() {
 			t.Error("a cancellation was made though nothing needed it")
 		}
 		_ = c.Done()
-		if c.own.Load() == nil {
+		if !c.made.Load() {
 			t.Error("Done made no cancellation")
 		}
 	})
