@@ -88,6 +88,13 @@ type Config struct {
 // when it is earlier. When the caller's budget is what ends the request, the context's
 // cause (context.Cause) matches ErrExhausted and names the header.
 //
+// The context reports what context.WithDeadlineCause's would, but makes its timer, its
+// channel and its link into the request's context only when something calls its Done
+// (a select on it, a context derived with a cancellation of its own), or once its
+// deadline has passed: a handler that only polls Err sees the deadline as soon as it
+// has passed, with its cause. Most requests end before their deadline, and one that no
+// code waits on pays for none of that.
+//
 // The header's value is a decimal integer of milliseconds. A malformed value (a unit, a
 // fraction, a sign other than a leading minus, anything but digits) is ignored, logged at
 // debug, and the server's budget applies: a bad header must not fail a request. When the
