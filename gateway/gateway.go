@@ -555,7 +555,7 @@ func (t traceHooks) RoundTrip(req *http.Request) (*http.Response, error) {
 // The ReverseProxy gives every outbound request a trace of its own, made for that
 // request, with only its Got1xxResponse hook: the hooks are set on it. A second trace
 // would cost every request httptrace's composition of the two, field by field through
-// reflection, and two more contexts. When the trace has hooks of these kinds already
+// reflection, and a context more. When the trace has hooks of these kinds already
 // (another trace was composed into it), or there is none, a trace of ex's own is added
 // the usual way.
 func (ex *exchange) hook(req *http.Request) *http.Request {
