@@ -22,6 +22,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/deadline"
 	"github.com/retrysafe/retrysafe/idempotency"
+	"github.com/retrysafe/retrysafe/internal/dueq"
 	"github.com/retrysafe/retrysafe/internal/durfmt"
 	"github.com/retrysafe/retrysafe/internal/promreg"
 	"github.com/retrysafe/retrysafe/retry"
@@ -69,6 +70,9 @@ type route struct {
 	// header, cookie, none or custom ("" for an Off route); httpRoute is the pattern's
 	// path, their http.route.
 	scopeSource, httpRoute string
+	// bounds are the upstream timeouts of the route's calls, one queue for all of them
+	// (they share one timeout): most calls settle long before theirs.
+	bounds dueq.Queue[*upstreamCall]
 }
 
 // New returns a Gateway, or an error when cfg is unusable.
@@ -216,6 +220,7 @@ func (g *Gateway) routeError(ps []policy, i int, err error) error {
 // newRoute makes the middleware, proxy and handlers of p.
 func (g *Gateway) newRoute(p policy) (*route, error) {
 	rt := &route{policy: p, label: p.pattern, keyHeader: p.mw.KeyHeader, scopeSource: scopeSource(p), httpRoute: patternPath(p.pattern)}
+	rt.bounds.Init(p.upstreamTimeout, (*upstreamCall).expire)
 	if !p.off {
 		var mcfg idempotency.Config
 		mcfg, rt.protected = p.middleware()
@@ -320,7 +325,7 @@ func writeHopByHop(w http.ResponseWriter, name string) {
 // hooks (modifyResponse, upstreamError), handed only the request, in the context of the
 // upstream call (exchangeFrom).
 type exchange struct {
-	start   time.Time
+	start   time.Time // read from time.Now: it has the monotonic clock's reading (now)
 	client  clientWriter
 	reqBody clientBody // the client's request body, as the gateway's layers read it
 	rt      *route     // nil: no route matched
@@ -361,6 +366,10 @@ func exchangeFrom(ctx context.Context) *exchange {
 	ex, _ := ctx.Value(exchangeKey{}).(*exchange)
 	return ex
 }
+
+// now returns the time now, read from the monotonic clock only and added to the
+// exchange's start, at half the cost of time.Now: a request reads the clock often.
+func (ex *exchange) now() time.Time { return ex.start.Add(time.Since(ex.start)) }
 
 // exchangeOf returns the exchange whose client's writer w is, or wraps.
 func exchangeOf(w http.ResponseWriter) *exchange {
@@ -454,7 +463,8 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 		settled = claim.Stored()
 	}
 	call := &ex.upstream
-	call.start(parent, ex.rt.upstreamTimeout, settled)
+	start := ex.now()
+	call.start(parent, start, &ex.rt.bounds, settled)
 	defer call.stop()
 	ex.mu.Lock()
 	ex.call = call
@@ -476,12 +486,11 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 	if ex.tr != nil {
 		ctx = g.tracing.startUpstream(ctx, ex, r)
 	}
-	start := time.Now()
 	ex.rt.proxy.ServeHTTP(w, r.WithContext(ctx))
 
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
-	ex.upstreamDur = time.Since(start)
+	ex.upstreamDur = ex.now().Sub(start)
 	if ex.body != nil && ex.failure == failNone {
 		if err := ex.body.failed(); err != nil {
 			// The answer is incomplete: the middleware sends nothing more of it and
@@ -677,7 +686,7 @@ func (g *Gateway) finish(r *http.Request, ex *exchange) {
 	// One instant ends the request for its latency, its span and its line: the line's
 	// time less its latency is when the request began, however long what follows takes
 	// (a tool that matches lines to what the upstream saw relies on it).
-	end := time.Now()
+	end := ex.now()
 	d := end.Sub(ex.start)
 	ex.mu.Lock()
 	outcome, f, uerr, udur, upstreamSt := ex.outcome, ex.failure, ex.upstreamErr, ex.upstreamDur, ex.upstreamSt
@@ -970,23 +979,25 @@ type upstreamCall struct {
 	timeout time.Duration
 	settled <-chan struct{} // nil: settle is called by the gateway
 
-	mu    sync.Mutex
-	total *time.Timer
-	done  bool // settled
+	mu     sync.Mutex
+	bounds *dueq.Queue[*upstreamCall] // the route's: the bound on the whole call
+	total  dueq.Item[*upstreamCall]   // in bounds until settled
+	done   bool                       // settled
 }
 
-// start starts the call's bound, under parent.
-func (c *upstreamCall) start(parent context.Context, timeout time.Duration, settled <-chan struct{}) {
+// start starts the call's bound, on the route's queue of bounds, under parent, at now.
+func (c *upstreamCall) start(parent context.Context, now time.Time, bounds *dueq.Queue[*upstreamCall], settled <-chan struct{}) {
 	ctx, cancel := context.WithCancelCause(parent)
-	deadline := time.Now().Add(timeout)
+	timeout := bounds.Every()
+	deadline := now.Add(timeout)
 	if d, ok := parent.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	c.cancel, c.timeout, c.settled = cancel, timeout, settled
+	c.cancel, c.timeout, c.settled, c.bounds = cancel, timeout, settled, bounds
 	// The deadline the upstream is told of (Request-Budget-Ms): the gateway's wait.
 	c.dctx = deadlineContext{Context: ctx, deadline: deadline}
 	c.ctx = &c.dctx
-	c.total = time.AfterFunc(timeout, c.expire)
+	bounds.Push(&c.total, c)
 }
 
 func (c *upstreamCall) expire() { c.cancel(errUpstreamTimeout) }
@@ -997,7 +1008,7 @@ func (c *upstreamCall) settle() {
 	defer c.mu.Unlock()
 	if !c.done {
 		c.done = true
-		c.total.Stop()
+		c.bounds.Remove(&c.total)
 	}
 }
 
@@ -1023,7 +1034,7 @@ func (c *upstreamCall) read(f func() (int, error)) (int, error) {
 }
 
 func (c *upstreamCall) stop() {
-	c.total.Stop()
+	c.bounds.Remove(&c.total)
 	c.cancel(nil)
 }
 

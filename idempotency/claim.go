@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/retrysafe/retrysafe/internal/dueq"
 	"github.com/retrysafe/retrysafe/internal/lazyctx"
 )
 
@@ -205,12 +206,13 @@ type execution struct {
 	rec   recorder
 	early Outcome // set when the record was completed while the handler wrote
 
-	// The heartbeat renews the lease on a timer: most handlers finish long before the
-	// first renewal is due, and then the heartbeat cost one timer.
+	// The heartbeat renews the lease while the handler runs (heartbeat.go): most
+	// handlers finish long before the first renewal is due.
 	mu      sync.Mutex
 	stopped bool
-	t       *time.Timer
-	renewal sync.WaitGroup // a renewal in flight
+	beat    dueq.Item[*execution] // in the middleware's queue of heartbeats
+	t       *time.Timer           // a renewal sooner than the queue's, after one failed
+	renewal sync.WaitGroup        // a renewal in flight
 }
 
 // handlerContext is the handler's context: the claim as its value (ClaimFromContext),
@@ -348,61 +350,6 @@ func (m *Middleware) finish(r *http.Request, c *Claim, resp Response) Outcome {
 	m.holdPending(c, resp)
 	c.markStored()
 	return OutcomeStoredLater
-}
-
-// startHeartbeat renews the lease every Lease/3 while the handler runs, and sooner after
-// a renewal failed, so that an owner cut off from the store renews as soon as it answers
-// again. When the lease is lost it ends the handler's context with ErrLeaseLost.
-func (e *execution) startHeartbeat() {
-	e.mu.Lock()
-	e.t = time.AfterFunc(e.m.cfg.Lease/3, e.renew)
-	e.mu.Unlock()
-}
-
-func (e *execution) renew() {
-	e.mu.Lock()
-	if e.stopped {
-		e.mu.Unlock()
-		return
-	}
-	e.renewal.Add(1)
-	e.mu.Unlock()
-	defer e.renewal.Done()
-	m, c := e.m, e.c
-	err := m.storeCall(context.WithoutCancel(e.ctx), StoreExtend, func(sctx context.Context) error {
-		return m.cfg.Store.Extend(sctx, c.Scope, c.Key, c.Token, m.cfg.Lease)
-	})
-	every := m.cfg.Lease / 3
-	next := every
-	switch {
-	case errors.Is(err, ErrLeaseLost):
-		m.cfg.Logger.WarnContext(e.ctx, "idempotency: lease lost while the handler ran: "+lostWhy(err), "key", c.Key)
-		c.end(ErrLeaseLost)
-		e.hctx.End(ErrLeaseLost)
-		return
-	case err != nil:
-		m.cfg.Logger.WarnContext(e.ctx, "idempotency: lease renewal failed", "key", c.Key, "err", err)
-		next = min(every, time.Second)
-	}
-	e.mu.Lock()
-	if !e.stopped {
-		e.t.Reset(next)
-	}
-	e.mu.Unlock()
-}
-
-// stopHeartbeat stops the renewals, and waits for one in progress, so that no renewal
-// races the completion.
-func (e *execution) stopHeartbeat() {
-	e.mu.Lock()
-	if e.stopped {
-		e.mu.Unlock()
-		return
-	}
-	e.stopped = true
-	e.t.Stop()
-	e.mu.Unlock()
-	e.renewal.Wait() // a renewal in flight ends before the request is finished
 }
 
 func (m *Middleware) release(r *http.Request, c *Claim, why string) {

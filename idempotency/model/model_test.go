@@ -426,7 +426,7 @@ func TestMappingCatchesChanges(t *testing.T) {
 			t.Errorf("%s: no error naming %s (errors: %v)", c.name, c.wantErrorNaming, errs)
 		}
 	}
-	renamed := strings.Replace(model, "claim.go: execution.startHeartbeat", "claim.go: execution.beginHeartbeat", 1)
+	renamed := strings.Replace(model, "heartbeat.go: execution.startHeartbeat", "heartbeat.go: execution.beginHeartbeat", 1)
 	if errs := checkFunctions(goRoot, renamed); !slices.ContainsFunc(errs, func(err error) bool { return strings.Contains(err.Error(), "beginHeartbeat") }) {
 		t.Errorf("a function missing from the Go code: no error (errors: %v)", errs)
 	}

@@ -59,8 +59,9 @@
  * Attempt: existing     middleware.go: Middleware.existing
  * Attempt: held answer  pending.go: Middleware.pendingFor
  *                       middleware.go: Middleware.answerHeld
- * Attempt: renew        claim.go: execution.startHeartbeat, execution.renew
- * Attempt: returns      claim.go: Middleware.execute, execution.stopHeartbeat
+ * Attempt: renew        heartbeat.go: execution.startHeartbeat, execution.renew
+ * Attempt: returns      claim.go: Middleware.execute
+ *                       heartbeat.go: execution.stopHeartbeat
  * Attempt: finish       claim.go: Middleware.execute, Middleware.finish
  *                       claim.go: Middleware.release, Middleware.abandon
  *                       pending.go: Middleware.holdPending

@@ -112,7 +112,9 @@ func (c *Context) mine() context.Context {
 // over reports whether c has ended or reached its deadline, and so must answer from
 // its own cancellation.
 func (c *Context) over() bool {
-	return c.ended.Load() || !c.deadline.IsZero() && !time.Now().Before(c.deadline)
+	// Until reads only the monotonic clock (the deadline carries a reading of it when
+	// it was made from time.Now), at half the cost of time.Now: Err is asked often.
+	return c.ended.Load() || !c.deadline.IsZero() && time.Until(c.deadline) <= 0
 }
 
 // Deadline returns c's deadline, or its parent's.
