@@ -358,18 +358,34 @@ func TestCrashAfterRepublish(t *testing.T) {
 	}
 
 	var calls, writes atomic.Int32
-	_, stop := consume(t, r.config(), redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
+	var mu sync.Mutex
+	var seen []string          // every delivery, for the failure message
+	copies := map[string]int{} // deliveries by their attempt count header: "" the original, "1" the copy
+	src, stop := consume(t, r.config(), redeliver.Config{Policy: testPolicy(5), Handler: func(ctx context.Context, m *redeliver.Message) error {
 		calls.Add(1)
-		return d.inbox.Handler(func(ctx context.Context, tx pgx.Tx, m *redeliver.Message) error {
+		err := d.inbox.Handler(func(ctx context.Context, tx pgx.Tx, m *redeliver.Message) error {
 			writes.Add(1)
 			return d.write(ctx, tx, m)
 		})(ctx, m)
+		mu.Lock()
+		copies[m.Header[redeliver.DefaultHeader]]++
+		seen = append(seen, fmt.Sprintf("attempt %d (header %q): %v", m.Attempt, m.Header[redeliver.DefaultHeader], err))
+		mu.Unlock()
+		return err
 	}})
 	// The original (redelivered at once) and the copy (after 50ms) both arrive.
 	eventually(t, 10*time.Second, "both copies", func() bool { return calls.Load() >= 2 })
 	r.quiesce(t, stop, 0)
-	if c, w := calls.Load(), writes.Load(); c != 2 || w != 1 {
-		t.Errorf("%d deliveries and %d business writes, want 2 and 1", c, w)
+	mu.Lock()
+	defer mu.Unlock()
+	// Both copies are processed, and exactly one writes. The broker delivers at least
+	// once: a delivery beyond the two (an ack lost on a loaded broker) is allowed, and
+	// the inbox must absorb it as well.
+	if c, w := calls.Load(), writes.Load(); copies[""] == 0 || copies["1"] == 0 || w != 1 {
+		t.Errorf("%d deliveries and %d business writes, want the original and the copy, and 1 write; %d connects; deliveries: %q",
+			c, w, src.Connects(), seen)
+	} else if c > 2 {
+		t.Logf("%d deliveries, more than the two copies (%d connects): %q", c, src.Connects(), seen)
 	}
 	if total, distinct := d.rows(t); total != 1 || distinct != 1 {
 		t.Errorf("business table has %d rows (%d ids), want 1", total, distinct)
