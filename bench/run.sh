@@ -50,6 +50,14 @@
 #   pgbench  inside each matrix round: PostgreSQL's own ceiling (and CPU per
 #            transaction) for the ledger insert, pgstore's claim statement, the whole
 #            SQL of a tx-mode payment and of an Express payment.
+#   split    (only when PHASES names it; needs perf and bareproxy) where in each
+#            process the CPU of a new key goes: bareproxy and each gateway selected
+#            (gw-<store>, not -base), SPLIT_CLIENTS (32) clients, ROUNDS rounds of
+#            DURATION, each recorded with `perf record -g` (SPLIT_HZ, 1,000 samples a second) and
+#            split by bench/cmd/perfsplit into the handler (its ReverseProxy apart), the
+#            server's and the transport's goroutines, the collector and the scheduler,
+#            user and kernel, per request; the leaf functions that differ most from
+#            bareproxy's beside it. $OUT/split.txt, and the summary's end.
 # CPU per request: utime+stime (+ the reaped children's) from /proc/PID/stat of each
 # process tree involved — the subject's proxy (nginx master and workers, bareproxy or
 # gateway), the app server (the upstream, or the subject itself), PostgreSQL, the Redis
@@ -131,8 +139,12 @@ else
 	PHASES=${PHASES:-matrix bodies replay storm pgbench}
 fi
 for p in $PHASES; do
-	case $p in matrix | bodies | replay | storm | pgbench) ;; *) die "PHASES: unknown phase $p" ;; esac
+	case $p in matrix | bodies | replay | storm | pgbench | split) ;; *) die "PHASES: unknown phase $p" ;; esac
 done
+if [[ " $PHASES " == *" split "* ]]; then
+	[[ " ${SEL[*]} " == *" bareproxy "* ]] || die "PHASES: split compares the proxies with bareproxy: add it to SUBJECTS"
+	command -v perf >/dev/null || die "PHASES: split needs perf (Debian: apt-get install linux-perf)"
+fi
 want() { [[ " ${SEL[*]} " == *" $1 "* ]]; }
 phase() { [[ " $PHASES " == *" $1 "* ]]; }
 # in_sel NAMES...: the names that are selected, in the order given.
@@ -335,10 +347,10 @@ if want gw-memory-base || want gw-sqlite-base || want gw-postgres-base; then
 	log "building the -base subjects from $BASE_REV = $(git -C "$ROOT" rev-parse --short "$BASE_REV")"
 	(cd "$WORK/base" && go build -o "$BIN/retrysafe-base" ./cmd/retrysafe)
 fi
-# loadgen, benchreport and bareproxy belong to the bench module (bench/go.mod), so they
-# are built from inside it; the subjects belong to the root module.
+# loadgen, benchreport, bareproxy and perfsplit belong to the bench module (bench/go.mod),
+# so they are built from inside it; the subjects belong to the root module.
 (cd bench && go build -o "$BIN/loadgen" ./cmd/loadgen && go build -o "$BIN/benchreport" ./cmd/benchreport &&
-	go build -o "$BIN/bareproxy" ./cmd/bareproxy)
+	go build -o "$BIN/bareproxy" ./cmd/bareproxy && go build -o "$BIN/perfsplit" ./cmd/perfsplit)
 # Caddy with the idempotency module: the caddy module (caddy/go.mod) of the subjects'
 # source, taking its root module from the same tree (its replace directive).
 if any_caddy; then
@@ -783,6 +795,36 @@ if phase storm; then
 	done
 fi
 
+# ---- 5. where the CPU goes ---------------------------------------------------------
+if phase split; then
+	SPLIT=$(in_sel gw-memory gw-sqlite gw-postgres gw-redis bareproxy)
+	SPLIT_CLIENTS=${SPLIT_CLIENTS:-32}
+	log "phase split: perf record of $SPLIT at $SPLIT_CLIENTS clients, $ROUNDS rounds"
+	declare -A SPLITFILES SPLITREQS
+	# secs D: a Go duration of seconds or milliseconds (3s, 500ms) in seconds, for sleep.
+	secs() { case $1 in *ms) awk "BEGIN { print ${1%ms} / 1000 }" ;; *s) printf '%s' "${1%s}" ;; *) printf '%s' "$1" ;; esac; }
+	for round in $(seq "$ROUNDS"); do
+		for s in $(rotate "$round" 0 $SPLIT); do
+			pid=${CPUARGS[$s]#--cpu proxy=}
+			pid=${pid%% *}
+			data=$WORK/split-$s-$round.data
+			# perf records the load's measured window: it starts once the warm-up is over.
+			lg "$s" split "$SPLIT_CLIENTS" "$round" -d "$DURATION" --warmup "$WARMUP" --users "$SPLIT_CLIENTS" --auth-format 'Bearer 7%d' &
+			lgpid=$!
+			sleep "$(secs "$WARMUP")"
+			perf record -q -F "${SPLIT_HZ:-1000}" -g -p "$pid" -o "$data" -- sleep "$(secs "$DURATION")" 2>>"$LOGS/perf.log" || log "perf record failed for $s"
+			wait "$lgpid"
+			perf script -i "$data" -F period,ip,sym >"$data.txt" 2>>"$LOGS/perf.log" && rm -f "$data"
+			n=$(tail -1 "$RESULTS" | jq -r 'select(.tags.kind == "split") | .responses')
+			SPLITFILES[$s]+=${SPLITFILES[$s]:+,}$data.txt
+			SPLITREQS[$s]=$((${SPLITREQS[$s]:-0} + ${n:-0}))
+		done
+	done
+	args=()
+	for s in $SPLIT; do args+=("$s=${SPLITFILES[$s]}:${SPLITREQS[$s]}"); done
+	"$BIN/perfsplit" --base bareproxy "${args[@]}" >"$OUT/split.txt" 2>>"$LOGS/perf.log" || log "perfsplit failed: $(tail -1 "$LOGS/perf.log")"
+fi
+
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg); run took $((($(date +%s) - STARTED) / 60)) min $((($(date +%s) - STARTED) % 60)) s" | tee -a "$OUT/env.txt" >&2
 "$BIN/benchreport" "$RESULTS" >"$OUT/report.md"
 "$BIN/benchreport" -summary "$RESULTS" >"$OUT/summary.md"
@@ -791,6 +833,11 @@ echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg); run took $((($(date
 	cat "$OUT/env.txt"
 	echo
 	cat "$OUT/summary.md"
+	if [ -s "$OUT/split.txt" ]; then
+		echo
+		echo "where the CPU of a new key goes, per request ($OUT/split.txt):"
+		cat "$OUT/split.txt"
+	fi
 	echo
 	echo "full report: $OUT/report.md (results: $RESULTS, logs: $LOGS)"
 } >&2
