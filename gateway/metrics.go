@@ -3,7 +3,9 @@ package gateway
 import (
 	"context"
 	"errors"
+	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,18 +40,37 @@ type storeSeries struct {
 // series caches the children of metric vectors by one label value, made on first use
 // (a series appears in /metrics once it has been observed, as with WithLabelValues),
 // so that a request finds its own without hashing its labels or taking the vector's
-// lock.
+// lock. The label values are few and all of them are seen early, so the cache is a
+// plain map replaced whole when a value is added: a request's lookup is one read of a
+// small map, with no lock, where a sync.Map would hash an interface and walk a trie.
 type series[T any] struct {
-	m    sync.Map // label value → T
+	m    atomic.Pointer[map[string]T] // label value → T; nil until the first value
+	mu   sync.Mutex                   // held to add a value
 	make func(string) T
 }
 
 func (s *series[T]) of(v string) T {
-	if c, ok := s.m.Load(v); ok {
-		return c.(T)
+	if m := s.m.Load(); m != nil {
+		if c, ok := (*m)[v]; ok {
+			return c
+		}
 	}
-	c, _ := s.m.LoadOrStore(v, s.make(v))
-	return c.(T)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.m.Load()
+	if old != nil {
+		if c, ok := (*old)[v]; ok {
+			return c // added while this one waited
+		}
+	}
+	m := map[string]T{}
+	if old != nil {
+		m = maps.Clone(*old)
+	}
+	c := s.make(v)
+	m[v] = c
+	s.m.Store(&m)
+	return c
 }
 
 // routeSeries are the series of one route: its requests by outcome, its upstream
