@@ -53,11 +53,12 @@
 #   split    (only when PHASES names it; needs perf and bareproxy) where in each
 #            process the CPU of a new key goes: bareproxy and each gateway selected
 #            (gw-<store>, not -base), SPLIT_CLIENTS (32) clients, ROUNDS rounds of
-#            DURATION, each recorded with `perf record -g` (SPLIT_HZ, 1,000 samples a second) and
-#            split by bench/cmd/perfsplit into the handler (its ReverseProxy apart), the
-#            server's and the transport's goroutines, the collector and the scheduler,
-#            user and kernel, per request; the leaf functions that differ most from
-#            bareproxy's beside it. $OUT/split.txt, and the summary's end.
+#            DURATION, each recorded with `perf record -g` at SPLIT_HZ (1000) samples a
+#            second and split by bench/cmd/perfsplit into the handler (its
+#            ReverseProxy apart), the server's and the transport's goroutines, the
+#            collector and the scheduler, user and kernel, per request, with the leaf
+#            functions that differ most from bareproxy's: $OUT/split.txt, also at the
+#            summary's end; the samples as perf script printed them in $OUT/split/.
 # CPU per request: utime+stime (+ the reaped children's) from /proc/PID/stat of each
 # process tree involved — the subject's proxy (nginx master and workers, bareproxy or
 # gateway), the app server (the upstream, or the subject itself), PostgreSQL, the Redis
@@ -807,7 +808,8 @@ if phase split; then
 		for s in $(rotate "$round" 0 $SPLIT); do
 			pid=${CPUARGS[$s]#--cpu proxy=}
 			pid=${pid%% *}
-			data=$WORK/split-$s-$round.data
+			mkdir -p "$OUT/split"
+			data=$OUT/split/$s-$round.data
 			# perf records the load's measured window: it starts once the warm-up is over.
 			lg "$s" split "$SPLIT_CLIENTS" "$round" -d "$DURATION" --warmup "$WARMUP" --users "$SPLIT_CLIENTS" --auth-format 'Bearer 7%d' &
 			lgpid=$!
