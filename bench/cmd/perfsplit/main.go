@@ -3,7 +3,9 @@
 // handler (the ReverseProxy's part of it apart), the server's reading and finishing of
 // requests, the transport's goroutines, the garbage collector and the scheduler, each
 // in user space and in the kernel. Beside the split it lists the leaf functions whose
-// time per request differs most between the first subject and the base.
+// time per request differs most between each subject and the base, and each subject's
+// own functions (--own: the innermost frame of those packages on a sample's stack,
+// with what it called outside them) by their time per request.
 //
 // A subject is NAME=FILE:REQUESTS: the perf script output of one process over a
 // window, and the responses it served in that window. Several files of one subject (a
@@ -42,6 +44,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	top := fs.Int("top", 20, "leaf functions listed by their difference from the base")
 	base := fs.String("base", "", "the subject the others are compared with (default the last)")
+	own := fs.String("own", "github.com/retrysafe/retrysafe/", "the symbol prefix of the subjects' own code")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: perfsplit [flags] NAME=FILE[,FILE...]:REQUESTS ...")
 		fmt.Fprintln(stderr)
@@ -59,7 +62,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	var subjects []*subject
 	for _, a := range fs.Args() {
-		s, err := load(a)
+		s, err := load(a, *own)
 		if err != nil {
 			return err
 		}
@@ -83,11 +86,13 @@ type subject struct {
 	samples  int
 	byBucket map[string]float64 // ns per request
 	byLeaf   map[string]float64
+	byOwn    map[string]float64 // by the innermost frame of the own code, when there is one
+	own      string             // its symbols' prefix
 	total    float64
 }
 
 // load reads the subject arg names: NAME=FILE[,FILE...]:REQUESTS.
-func load(arg string) (*subject, error) {
+func load(arg, own string) (*subject, error) {
 	name, rest, ok := strings.Cut(arg, "=")
 	i := strings.LastIndexByte(rest, ':')
 	if !ok || name == "" || i <= 0 {
@@ -97,7 +102,8 @@ func load(arg string) (*subject, error) {
 	if err != nil || n <= 0 {
 		return nil, fmt.Errorf("subject %q: REQUESTS must be a positive integer", arg)
 	}
-	s := &subject{name: name, requests: n, byBucket: map[string]float64{}, byLeaf: map[string]float64{}}
+	s := &subject{name: name, requests: n, byBucket: map[string]float64{}, byLeaf: map[string]float64{},
+		byOwn: map[string]float64{}, own: own}
 	for _, path := range strings.Split(rest[:i], ",") {
 		f, err := os.Open(path)
 		if err != nil {
@@ -168,6 +174,14 @@ func (s *subject) add(period float64, frames []frame) {
 		leaf = "[kernel] " + leaf
 	}
 	s.byLeaf[leaf] += per
+	if s.own != "" {
+		for _, f := range frames {
+			if strings.HasPrefix(f.sym, s.own) {
+				s.byOwn[f.sym] += per
+				break
+			}
+		}
+	}
 	s.total += per
 }
 
@@ -270,6 +284,34 @@ func report(w io.Writer, subjects []*subject, base *subject, top int) error {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		for _, d := range ds[:min(top, len(ds))] {
 			fmt.Fprintf(tw, "  %+.2f\t%s\n", d.d/1e3, d.leaf)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	for _, s := range subjects {
+		if len(s.byOwn) == 0 {
+			continue
+		}
+		var sum float64
+		names := make([]string, 0, len(s.byOwn))
+		for n, v := range s.byOwn {
+			names = append(names, n)
+			sum += v
+		}
+		slices.SortFunc(names, func(a, b string) int {
+			switch va, vb := s.byOwn[a], s.byOwn[b]; {
+			case va > vb:
+				return -1
+			case va < vb:
+				return 1
+			}
+			return strings.Compare(a, b)
+		})
+		fmt.Fprintf(w, "\n%s: %.1f µs per request under its own functions (%s…), by the innermost:\n", s.name, sum/1e3, s.own)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		for _, n := range names[:min(top, len(names))] {
+			fmt.Fprintf(tw, "  %.2f\t%s\n", s.byOwn[n]/1e3, strings.TrimPrefix(n, s.own))
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -13,6 +13,7 @@ import (
 const gwScript = `    500000 
 	           1000 runtime.mapaccess2_fast64
 	           2000 example.com/gw.(*Store).find
+	           2500 example.com/gw.(*Store).Claim
 	           3000 net/http.serverHandler.ServeHTTP
 	           4000 net/http.(*conn).serve
 
@@ -57,7 +58,7 @@ func TestSplit(t *testing.T) {
 	}
 	var out, errOut bytes.Buffer
 	// 10 requests each: gw's 2.5 ms of samples are 250 µs per request, bare's 1 ms 100.
-	if err := run([]string{"-top", "3", "gw=" + gw + ":10", "bare=" + bare + ":10"}, &out, &errOut); err != nil {
+	if err := run([]string{"-top", "3", "-own", "example.com/gw.", "gw=" + gw + ":10", "bare=" + bare + ":10"}, &out, &errOut); err != nil {
 		t.Fatalf("run: %v (%s)", err, errOut.String())
 	}
 	got := out.String()
@@ -71,6 +72,7 @@ func TestSplit(t *testing.T) {
 		"+50.00 [kernel] pvm_irq_enable",
 		"+50.00 runtime.mapaccess2_fast64",
 		"+50.00 runtime.memclrNoHeapPointers",
+		"gw: 50.0 µs per request under its own functions (example.com/gw.…), by the innermost:\n50.00 (*Store).find\n",
 	} {
 		if !strings.Contains(squeeze(got), want) {
 			t.Errorf("output lacks %q:\n%s", want, got)
