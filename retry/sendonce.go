@@ -102,10 +102,13 @@ func hideKey(h http.Header, canonical, lower string) {
 	if !ok {
 		return
 	}
+	// The canonical entry goes before the lower-case one is added, so that a map at the
+	// size where one more entry makes it grow (a proxy's outbound headers often are)
+	// does not grow for an entry that only changes its name.
+	delete(h, canonical)
 	// HTTP/1.1 writes the map keys sorted, the canonical one before the lower-case one:
 	// its values keep their place before those of a lower-case entry of the caller's own.
 	h[lower] = append(vv[:len(vv):len(vv)], h[lower]...)
-	delete(h, canonical)
 }
 
 // CloseIdleConnections closes the idle connections of the base, when it can.
