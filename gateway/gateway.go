@@ -236,6 +236,12 @@ func (g *Gateway) newRoute(p policy) (*route, error) {
 	rt.series = g.metrics.forRoute(rt.label, upstream.Host)
 	rt.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
+			// http.Transport (and HTTP/2's) sends the request's ContentLength and ignores
+			// the Content-Length in its header map: the copy of it there only takes room.
+			// Without it a client's few headers, the forwarding headers and
+			// Request-Budget-Ms fit in the smallest map, where one more entry makes the
+			// map grow into a table of its own, for every request.
+			delete(pr.Out.Header, "Content-Length")
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
 			inMemoryBody(pr.Out)

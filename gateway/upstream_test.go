@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -320,5 +321,55 @@ func TestWaitingGauge(t *testing.T) {
 	}
 	if g := gauge(); g != 0 {
 		t.Errorf("requests_waiting = %v after both answered, want 0", g)
+	}
+}
+
+// TestUpstreamContentLength: the upstream is told each body's length, keyed (the body
+// read into memory) or not (streamed), though the outbound header map no longer carries
+// the client's Content-Length.
+func TestUpstreamContentLength(t *testing.T) {
+	t.Parallel()
+	type seen struct {
+		length   int64
+		header   string
+		encoding []string
+		body     string
+	}
+	got := make(chan seen, 4)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- seen{r.ContentLength, r.Header.Get("Content-Length"), r.TransferEncoding, string(b)}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	g, err := New(Config{Upstream: u, Logger: slog.New(slog.DiscardHandler), Idempotency: idempotency.Config{Store: memstore.New(), KeyOptional: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Shutdown(context.Background()) })
+	front := httptest.NewServer(g)
+	t.Cleanup(front.Close)
+	const body = `{"amount":1250}`
+	for _, key := range []string{"k1", ""} {
+		req, _ := http.NewRequest(http.MethodPost, front.URL+"/pay", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		res, err := front.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = res.Body.Close()
+		if res.StatusCode != http.StatusCreated {
+			t.Fatalf("key %q: status %d", key, res.StatusCode)
+		}
+		s := <-got
+		want := strconv.Itoa(len(body))
+		if s.length != int64(len(body)) || s.header != want || len(s.encoding) != 0 || s.body != body {
+			t.Errorf("key %q: the upstream saw length %d, Content-Length %q, Transfer-Encoding %q, body %q; want %s, %q, none, %q",
+				key, s.length, s.header, s.encoding, s.body, want, want, body)
+		}
 	}
 }
