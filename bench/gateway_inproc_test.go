@@ -108,8 +108,9 @@ func BenchmarkGatewayInProcess(b *testing.B) {
 }
 
 // serveKeyed runs b's loop: keyed POSTs of paymentBody to h, the key of the i-th from
-// key, with the extra headers set, each answered 201 into one reused writer. It reports
-// allocations and the process's CPU per request (cpu-ns/op).
+// key, with a load generator's headers and the extra ones set, each answered 201 into
+// one reused writer. It reports allocations and the process's CPU per request
+// (cpu-ns/op).
 func serveKeyed(b *testing.B, h http.Handler, key func(int) string, extra map[string]string) {
 	w := &reusedWriter{h: make(http.Header)}
 	serve := func(i int) int {
@@ -122,6 +123,11 @@ func serveKeyed(b *testing.B, h http.Handler, key func(int) string, extra map[st
 			b.Fatal(err)
 		}
 		r.RemoteAddr = "192.0.2.1:1234"
+		// The headers of run.sh's requests as a server reads them: a Go client's, the
+		// load generator's user and the payment's.
+		r.Header.Set("User-Agent", "Go-http-client/1.1")
+		r.Header.Set("Content-Length", strconv.Itoa(len(paymentBody)))
+		r.Header.Set("Authorization", "Bearer 1")
 		r.Header.Set("Content-Type", "application/json")
 		r.Header.Set("Idempotency-Key", key(i))
 		for k, v := range extra {
