@@ -81,6 +81,8 @@ type Config struct {
 	// resends a request by itself: one forward per claim. A Transport that speaks
 	// HTTP/2 keeps one way to resend: Go's HTTP/2 client sends a request again when the
 	// server resets its stream with PROTOCOL_ERROR, whether or not the server acted.
+	// A request's length is its ContentLength, as the standard transports read it: the
+	// header map it is handed holds no Content-Length.
 	Transport http.RoundTripper
 
 	// Routes give the requests that match their patterns a policy of their own, the
