@@ -15,6 +15,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"math/bits"
 	"slices"
 	"strings"
@@ -55,6 +56,11 @@ type Store struct {
 	arena  arena
 	token  int64
 	closed bool
+	// soonest is at or before the expiry (an offset) of every record filed: every write
+	// of an expiry lowers it to that expiry, and a sweep that went through every record
+	// sets it to the soonest of those it left. Until then no record can be swept, and
+	// DeleteExpired does not walk them all under the lock to find that out.
+	soonest int64
 }
 
 // handle is a filed record's place in Store.refs.
@@ -97,7 +103,7 @@ func NewWithClock(clock func() time.Time) *Store {
 		clock = func() time.Time { return base.Add(time.Since(base)) }
 	}
 	return &Store{now: clock, base: clock(), seed: maphash.MakeSeed(), hash: hashID,
-		index: make(map[uint64]handle), spill: make(map[id]handle)}
+		index: make(map[uint64]handle), spill: make(map[id]handle), soonest: math.MaxInt64}
 }
 
 // hashID hashes a scope and a key: the key's hash, and the scope's turned by half a
@@ -293,6 +299,7 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 	if takeover {
 		nf.created = old.created()
 	}
+	s.soonest = min(s.soonest, nf.expires)
 	at, room := s.arena.reserve(recordSize(&nf))
 	s.arena.seal(at, appendRecord(room, &nf))
 	hd := f.hd
@@ -349,7 +356,7 @@ func (s *Store) Extend(ctx context.Context, scope, key string, token int64, leas
 		until := s.offset(s.now().Add(lease))
 		f.r.setLeaseUntil(until)
 		if f.r.expires() < until {
-			f.r.setExpires(until)
+			f.r.setExpires(until) // later than before: soonest still holds
 		}
 	})
 }
@@ -365,8 +372,10 @@ func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 	// they return, so there is nothing to write again.
 	return s.update(ctx, c.Scope, c.Key, c.Token, true, func(f found) {
 		v := f.r.view()
+		expires := s.offset(s.now().Add(c.TTL))
+		s.soonest = min(s.soonest, expires)
 		at, room := s.arena.reserve(f.r.completedSize(v, &c.Response))
-		s.arena.seal(at, f.r.appendCompleted(room, v, &c.Response, s.offset(s.now().Add(c.TTL))))
+		s.arena.seal(at, f.r.appendCompleted(room, v, &c.Response, expires))
 		s.refile(f, at)
 		s.arena.release(f.at)
 	})
@@ -410,10 +419,19 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	}
 	defer s.mu.Unlock()
 	t := s.offset(s.now())
+	if t < s.soonest {
+		return 0, nil
+	}
 	defer s.compact()
+	// left is the soonest expiry of the records the sweep leaves.
+	left := int64(math.MaxInt64)
 	gone := func(at ref) bool {
 		r := s.arena.get(at)
-		return r.expires() <= t && (r.done() || r.leaseUntil() <= t)
+		if r.expires() <= t && (r.done() || r.leaseUntil() <= t) {
+			return true
+		}
+		left = min(left, r.expires())
+		return false
 	}
 	n := 0
 	for k, hd := range s.spill {
@@ -429,7 +447,7 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	}
 	for h, hd := range s.index {
 		if n >= limit {
-			break
+			return n, nil
 		}
 		if at := s.refs[hd]; gone(at) {
 			delete(s.index, h)
@@ -438,6 +456,7 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 			n++
 		}
 	}
+	s.soonest = left // every record was seen
 	return n, nil
 }
 

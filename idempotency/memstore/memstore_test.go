@@ -118,3 +118,66 @@ func BenchmarkCollectHeld(b *testing.B) {
 	}
 	runtime.KeepAlive(s)
 }
+
+// TestSweepAfterShorterRetention: records are swept once their expiry passes, whichever
+// write set it: a completion whose retention is shorter than its claim's, and a sweep
+// cut short by its limit, which leaves the rest for the next.
+func TestSweepAfterShorterRetention(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		new  func(func() time.Time) *memstore.Store
+	}{{"index", memstore.NewWithClock}, {"spill", memstore.NewColliding}} {
+		now := time.Unix(1_700_000_000, 0)
+		s := c.new(func() time.Time { return now })
+		for i := range 3 {
+			key := "k" + strconv.Itoa(i)
+			res, err := s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: "fp", Lease: time.Hour, TTL: time.Hour})
+			if err != nil || !res.Claimed {
+				t.Fatalf("%s: claim %s: %v %+v", c.name, key, err, res)
+			}
+			if err := s.Complete(ctx, idempotency.Completion{Key: key, Token: res.Token, TTL: time.Second,
+				Response: idempotency.Response{Status: http.StatusCreated}}); err != nil {
+				t.Fatalf("%s: complete %s: %v", c.name, key, err)
+			}
+		}
+		if n, err := s.DeleteExpired(ctx, 10); err != nil || n != 0 {
+			t.Fatalf("%s: a sweep before any expiry: %d, %v; want 0", c.name, n, err)
+		}
+		now = now.Add(2 * time.Second)
+		for i, want := range []int{1, 1, 1, 0} {
+			if n, err := s.DeleteExpired(ctx, 1); err != nil || n != want {
+				t.Fatalf("%s: sweep %d of one record each, 2 s on: %d, %v; want %d", c.name, i, n, err, want)
+			}
+		}
+		for i := range 3 {
+			if _, err := s.Get(ctx, "", "k"+strconv.Itoa(i)); !errors.Is(err, idempotency.ErrNotFound) {
+				t.Errorf("%s: k%d after the sweeps: %v, want ErrNotFound", c.name, i, err)
+			}
+		}
+	}
+}
+
+// BenchmarkSweepNothingDue: the janitor's sweep of a store of 200,000 completed records
+// none of which has expired, as every sweep is for a retention's length after a process
+// starts. It holds the store's lock throughout.
+func BenchmarkSweepNothingDue(b *testing.B) {
+	ctx := context.Background()
+	s := memstore.New()
+	for i := range 200_000 {
+		key := "k" + strconv.Itoa(i)
+		res, err := s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
+		if err != nil || !res.Claimed {
+			b.Fatalf("claim %s: %v %+v", key, err, res)
+		}
+		if err := s.Complete(ctx, idempotency.Completion{Key: key, Token: res.Token, TTL: time.Hour,
+			Response: idempotency.Response{Status: http.StatusCreated}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for b.Loop() {
+		if n, err := s.DeleteExpired(ctx, 1000); err != nil || n != 0 {
+			b.Fatalf("swept %d, %v", n, err)
+		}
+	}
+}
