@@ -20,6 +20,10 @@
 #                     ($OUT/nginx.conf)
 #   bareproxy         bench/cmd/bareproxy: httputil.ReverseProxy with the gateway's
 #                     transport, no idempotency, in front of direct
+#   bareproxy-keyed   bareproxy --keyed: the same proxy keeping the Idempotency-Key
+#                     contract in the plainest way (body in memory, SHA-256, a map
+#                     under a mutex, the answer kept; no durability, expiry, lease,
+#                     deadline or metrics): what the contract's own work costs
 #   payments-tx       examples/payments, transaction mode (the default)
 #   payments-mw       examples/payments --tx=false (middleware mode)
 #   gw-<store>        retrysafe gateway (memory, sqlite, postgres, redis store) in front
@@ -125,7 +129,7 @@ log() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "run.sh: $*"; exit 1; }
 
 # ---- what to run -------------------------------------------------------------------
-ALL_SUBJECTS=(direct nginx bareproxy payments-tx payments-mw payments-tx-nobatch gw-memory gw-sqlite gw-postgres gw-redis
+ALL_SUBJECTS=(direct nginx bareproxy bareproxy-keyed payments-tx payments-mw payments-tx-nobatch gw-memory gw-sqlite gw-postgres gw-redis
 	gw-sqlite-nobatch gw-postgres-nobatch gw-memory-base gw-sqlite-base gw-postgres-base caddy caddy-sqlite caddy-postgres
 	express express-cluster2 express-autocommit)
 if [ -n "${SUBJECTS:-}" ]; then
@@ -459,6 +463,12 @@ if want bareproxy; then
 		proxied bareproxy "$pad" "$LASTPID"
 	done
 fi
+if want bareproxy-keyed; then
+	i=bareproxy-keyed
+	assign_port "$i"
+	start "$i" "$BIN/bareproxy" --keyed --listen "127.0.0.1:${PORT[$i]}" --upstream "http://127.0.0.1:${PORT[direct]}"
+	proxied bareproxy-keyed 0 "$LASTPID"
+fi
 
 # The gateways log at warn: their per-request info line (one slog line per request)
 # is left out, as the servers behind them log nothing per request either.
@@ -726,7 +736,7 @@ rotate() {
 
 # ---- 1. matrix ---------------------------------------------------------------------
 if phase matrix; then
-	MATRIX=$(in_sel direct nginx bareproxy payments-tx payments-mw payments-tx-nobatch gw-memory gw-sqlite gw-postgres gw-redis \
+	MATRIX=$(in_sel direct nginx bareproxy bareproxy-keyed payments-tx payments-mw payments-tx-nobatch gw-memory gw-sqlite gw-postgres gw-redis \
 		gw-sqlite-nobatch gw-postgres-nobatch gw-memory-base gw-sqlite-base gw-postgres-base caddy caddy-sqlite caddy-postgres express express-cluster2)
 	log "phase matrix: $CONCURRENCY clients, $ROUNDS rounds, $DURATION after $WARMUP warm-up$(phase pgbench && echo "; pgbench ${PGBENCH_DURATION}s")"
 	ci=0
@@ -772,7 +782,7 @@ if phase replay; then
 	idx=0
 	for c in 1 32; do
 		idle "replay c=$c"
-		for s in $(in_sel payments-tx payments-mw gw-memory gw-sqlite gw-postgres gw-redis caddy-sqlite caddy-postgres express express-cluster2); do
+		for s in $(in_sel bareproxy-keyed payments-tx payments-mw gw-memory gw-sqlite gw-postgres gw-redis caddy-sqlite caddy-postgres express express-cluster2); do
 			idx=$((idx + 1))
 			lg "$s" first "$c" 1 -d 2s --warmup 500ms --users 1 --auth-format "Bearer 8${idx}%d"
 			lg "$s" replay "$c" 1 -d 2s --warmup 500ms --keys shared --key "replay-$RUN-$s-$c" --users 1 --auth-format "Bearer 8${idx}%d"

@@ -4,9 +4,10 @@
 // and the same pool of copy buffers, and no idempotency, deadline, metrics or logs per
 // request. bench/run.sh puts it beside the gateway, in front of the same upstream, so
 // that what the gateway costs on top of net/http's proxying is told apart from what
-// net/http itself costs.
+// net/http itself costs. With --keyed it also keeps the Idempotency-Key contract in the
+// plainest way (keyedProxy): what the contract's own work costs, written plainly.
 //
-//	cd bench && go run ./cmd/bareproxy --listen 127.0.0.1:8082 --upstream http://127.0.0.1:8081
+//	cd bench && go run ./cmd/bareproxy --listen 127.0.0.1:8082 --upstream http://127.0.0.1:8081 [--keyed]
 package main
 
 import (
@@ -45,15 +46,21 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- stri
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:8082", "listen address (port 0 picks one)")
 	upstream := fs.String("upstream", "", "upstream base URL, http:// (required)")
+	keyed := fs.Bool("keyed", false, "keep the Idempotency-Key contract in the plainest way: body in memory, SHA-256 "+
+		"fingerprint, a map under a mutex, the answer kept (a yardstick for the gateway's cost, not a product)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	h, err := newProxy(*upstream)
+	rp, err := newProxy(*upstream)
 	if err != nil {
 		return err
+	}
+	var h http.Handler = rp
+	if *keyed {
+		h = newKeyedProxy(rp)
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -62,7 +69,11 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- stri
 	errLog := log.New(stderr, "bareproxy: ", 0)
 	// The gateway's server settings (gateway/run.go), so that only the handler differs.
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: errLog}
-	fmt.Fprintf(stderr, "bareproxy: serving http://%s -> %s\n", ln.Addr(), *upstream)
+	mode := ""
+	if *keyed {
+		mode = " (keyed)"
+	}
+	fmt.Fprintf(stderr, "bareproxy: serving http://%s -> %s%s\n", ln.Addr(), *upstream, mode)
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}

@@ -71,6 +71,21 @@ func goals(b *strings.Builder, ps points, pg map[pgKey]*pgPoint) {
 			}
 		}
 	}
+	// The same figure with the upstream's INSERT as it costs behind a gateway: the whole
+	// cluster under gw-postgres less under gw-memory, the same gateway in front of the
+	// same upstream with its store elsewhere. Behind any proxy the upstream's requests
+	// arrive more spread out than from the load generator directly, and its INSERTs cost
+	// the cluster more each (fewer commits share a WAL flush): the difference against
+	// direct counts that in the store's cost, this one does not.
+	if p, q := m("gw-postgres"), m("gw-memory"); p != nil && q != nil {
+		v, vok := p.cpuMedian("pgcluster")
+		qv, qok := q.cpuMedian("pgcluster")
+		dv, _ := d.cpuMedian("pgcluster")
+		if vok && qok && dv > 0 {
+			row("1", "PostgreSQL CPU per new key (the whole cluster), gw-postgres less gw-memory (the upstream's INSERT behind the same gateway) ÷ direct's INSERT",
+				fmt.Sprintf("%.2f× (%.0f − %.0f = %.0f µs against %.0f µs)", (v-qv)/dv, v, qv, v-qv, dv), "—", "")
+		}
+	}
 	if in, ok := pg[pgKey{"insert", goalClients}]; ok {
 		for _, s := range []string{"claim", "txmode"} {
 			if q, ok := pg[pgKey{s, goalClients}]; ok && len(in.us) > 0 && len(q.us) > 0 {
@@ -123,6 +138,20 @@ func goals(b *strings.Builder, ps points, pg map[pgKey]*pgPoint) {
 	cpuRow("floor", "gw-memory's own CPU per new key ÷ bareproxy's per proxied request", m("gw-memory"), m("bareproxy"), 1.15)
 	cpuRow("floor", "gw-memory's own CPU per replay ÷ bareproxy's per proxied request", ps.get("replay", 0, goalClients, "gw-memory"),
 		m("bareproxy"), 0.6)
+	// The contract's own work written plainly (bareproxy --keyed), against the bare proxy
+	// and against the gateway: how much of the gateway's cost the contract itself needs.
+	plainRow := func(figure string, p, q *point) {
+		if p == nil || q == nil {
+			return
+		}
+		v, ok := p.cpuMedian("proxy")
+		qv, qok := q.cpuMedian("proxy")
+		if ok && qok && qv > 0 {
+			row("floor", figure, fmt.Sprintf("%.2f× (%.0f against %.0f µs)", v/qv, v, qv), "—", "")
+		}
+	}
+	plainRow("bareproxy-keyed's own CPU per new key (the contract written plainly) ÷ bareproxy's", m("bareproxy-keyed"), m("bareproxy"))
+	plainRow("gw-memory's own CPU per new key ÷ bareproxy-keyed's", m("gw-memory"), m("bareproxy-keyed"))
 
 	// 3. Throughput against direct.
 	for _, s := range []string{"gw-postgres", "gw-sqlite", "gw-memory", "gw-redis", "payments-tx", "payments-mw"} {

@@ -58,7 +58,7 @@ func (r *record) clients() int {
 
 // subjectOrder is the order of the subjects in the tables, as bench/run.sh lists them.
 var subjectOrder = []string{
-	"direct", "nginx", "bareproxy", "payments-tx", "payments-mw", "payments-tx-nobatch",
+	"direct", "nginx", "bareproxy", "bareproxy-keyed", "payments-tx", "payments-mw", "payments-tx-nobatch",
 	"gw-memory", "gw-sqlite", "gw-postgres", "gw-redis", "gw-sqlite-nobatch", "gw-postgres-nobatch",
 	"gw-memory-base", "gw-sqlite-base", "gw-postgres-base",
 	"express", "express-cluster2", "express-autocommit",

@@ -76,7 +76,8 @@ func TestCPU(t *testing.T) {
 	lines := `{"tags":{"kind":"idle","at":"matrix"},"cpu_window_s":1,"cpu":{"postgres":{"seconds":0.1}}}
 {"tags":{"kind":"matrix","subject":"direct","body":"0","clients":"32","round":"1"},"throughput":500,"responses":1000,"latency":{"p50_ms":1,"p99_ms":4},"cpu_window_s":2,"cpu":{"app":{"seconds":0.1},"postgres":{"seconds":0.4},"pgcluster":{"seconds":0.3},"loadgen":{"seconds":0.05}}}
 {"tags":{"kind":"matrix","subject":"nginx","body":"0","clients":"32","round":"1"},"throughput":400,"responses":1000,"latency":{"p50_ms":1,"p99_ms":6},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.02},"app":{"seconds":0.1},"postgres":{"seconds":0.4}}}
-{"tags":{"kind":"matrix","subject":"gw-memory","body":"0","clients":"32","round":"1"},"throughput":200,"responses":1000,"latency":{"p50_ms":3,"p99_ms":8},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.06},"app":{"seconds":0.1},"postgres":{"seconds":0.4}}}
+{"tags":{"kind":"matrix","subject":"gw-memory","body":"0","clients":"32","round":"1"},"throughput":200,"responses":1000,"latency":{"p50_ms":3,"p99_ms":8},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.06},"app":{"seconds":0.1},"postgres":{"seconds":0.4},"pgcluster":{"seconds":0.35}}}
+{"tags":{"kind":"matrix","subject":"bareproxy-keyed","body":"0","clients":"32","round":"1"},"throughput":250,"responses":1000,"latency":{"p50_ms":1,"p99_ms":6},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.055},"app":{"seconds":0.1},"postgres":{"seconds":0.4}}}
 {"tags":{"kind":"matrix","subject":"gw-postgres","body":"0","clients":"32","round":"1"},"throughput":100,"responses":1000,"latency":{"p50_ms":3,"p99_ms":12},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.08},"app":{"seconds":0.1},"postgres":{"seconds":0.9},"pgcluster":{"seconds":0.5},"loadgen":{"seconds":0.07}}}
 {"tags":{"kind":"matrix","subject":"gw-redis","body":"0","clients":"32","round":"1"},"throughput":100,"responses":1000,"latency":{"p50_ms":3,"p99_ms":12},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.08},"app":{"seconds":0.1},"postgres":{"seconds":0.1},"redis":{"seconds":0.03}}}
 {"tags":{"kind":"matrix","subject":"bareproxy","body":"0","clients":"32","round":"1"},"throughput":300,"responses":1000,"latency":{"p50_ms":1,"p99_ms":6},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.05},"app":{"seconds":0.1},"postgres":{"seconds":0.4}}}
@@ -103,7 +104,7 @@ func TestCPU(t *testing.T) {
 		t.Errorf("direct's µs per response: %v", us)
 	}
 	// gw-redis: PostgreSQL's window below its idle rate counts 0, never negative.
-	if us := recs[5].us; us["postgres"] != 0 || us["redis"] != 30 {
+	if us := recs[6].us; us["postgres"] != 0 || us["redis"] != 30 {
 		t.Errorf("gw-redis's µs per response: %v", us)
 	}
 	var b strings.Builder
@@ -115,7 +116,7 @@ func TestCPU(t *testing.T) {
 		// clients, subject, req/s, × direct, × nginx, p50, p99, p99 × direct, proxy, app, postgres, redis, total, loadgen
 		"| 32 | direct | 500 | 1.00× | 1.25× | 1.00 | 4.00 | 1.00× | — | 100 | 200 | — | 300 | 300 | 50 |",
 		"| 32 | nginx | 400 | 0.80× | 1.00× | 1.00 | 6.00 | 1.50× | 20 | 100 | 200 | — | 320 | — | — |",
-		"| 32 | gw-memory | 200 | 0.40× | 0.50× | 3.00 | 8.00 | 2.00× | 60 | 100 | 200 | — | 360 | — | — |",
+		"| 32 | gw-memory | 200 | 0.40× | 0.50× | 3.00 | 8.00 | 2.00× | 60 | 100 | 200 | — | 360 | 350 | — |",
 		"| 32 | gw-redis | 100 | 0.20× | 0.25× | 3.00 | 12.00 | 3.00× | 80 | 100 | 0 | 30 | 210 | — | — |",
 		"| default | 32 | gw-memory | 200 |",
 		"| 64 KiB | 32 | gw-memory | 100 | 0.40× | 0.50× | 2.00 | 10.00 | 2.00× | 200 | 200 | 200 | — | 600 | — | — |",
@@ -131,6 +132,11 @@ func TestCPU(t *testing.T) {
 		"| SQLite | gw-sqlite's own CPU per new key ÷ gw-memory's | 2.00× (120 against 60 µs) | ≤ 1.50× | **no** |",
 		"| floor | gw-memory's own CPU per new key ÷ bareproxy's per proxied request | 1.20× (60 against 50 µs) | ≤ 1.15× | **no** |",
 		"| floor | gw-memory's own CPU per replay ÷ bareproxy's per proxied request | 0.20× (10 against 50 µs) | ≤ 0.60× | **yes** |",
+		// the contract written plainly: 55 µs against the bare proxy's 50 and the gateway's 60
+		"| floor | bareproxy-keyed's own CPU per new key (the contract written plainly) ÷ bareproxy's | 1.10× (55 against 50 µs) | — |",
+		"| floor | gw-memory's own CPU per new key ÷ bareproxy-keyed's | 1.09× (60 against 55 µs) | — |",
+		// the store's PostgreSQL CPU with the upstream's INSERT as it costs behind the gateway
+		"| 1 | PostgreSQL CPU per new key (the whole cluster), gw-postgres less gw-memory (the upstream's INSERT behind the same gateway) ÷ direct's INSERT | 0.50× (500 − 350 = 150 µs against 300 µs) | — |",
 		// direct: 300 + 50 µs; gw-memory: 360 + nothing measured of loadgen, so no figure
 		"| 3 | gw-memory req/s ÷ direct's | 0.40× (200 against 500; rounds 0.40) | — |",
 		"| 3 | gw-postgres req/s ÷ direct's | 0.20× (100 against 500; rounds 0.20); CPU per request: 0.37× (950 against 350 µs, load generator included) | ≥ 0.60× | **no** |",
