@@ -55,8 +55,8 @@
 #            transaction) for the ledger insert, pgstore's claim statement, the whole
 #            SQL of a tx-mode payment and of an Express payment.
 #   split    (only when PHASES names it; needs perf and bareproxy) where in each
-#            process the CPU of a new key goes: bareproxy and each gateway selected
-#            (gw-<store>, not -base), SPLIT_CLIENTS (32) clients, ROUNDS rounds of
+#            process the CPU of a new key goes: bareproxy, bareproxy-keyed and each
+#            gateway selected (gw-<store>, not -base), SPLIT_CLIENTS (32) clients, ROUNDS rounds of
 #            DURATION, each recorded with `perf record -g` at SPLIT_HZ (1000) samples a
 #            second and split by bench/cmd/perfsplit into the handler (its
 #            ReverseProxy apart), the server's and the transport's goroutines, the
@@ -808,7 +808,7 @@ fi
 
 # ---- 5. where the CPU goes ---------------------------------------------------------
 if phase split; then
-	SPLIT=$(in_sel gw-memory gw-sqlite gw-postgres gw-redis bareproxy)
+	SPLIT=$(in_sel gw-memory gw-sqlite gw-postgres gw-redis bareproxy-keyed bareproxy)
 	SPLIT_CLIENTS=${SPLIT_CLIENTS:-32}
 	log "phase split: perf record of $SPLIT at $SPLIT_CLIENTS clients, $ROUNDS rounds"
 	declare -A SPLITFILES SPLITREQS
