@@ -56,9 +56,9 @@
 #            SQL of a tx-mode payment and of an Express payment.
 #   split    (only when PHASES names it; needs perf and bareproxy) where in each
 #            process the CPU of a new key goes: bareproxy, bareproxy-keyed and each
-#            gateway selected (gw-<store>, not -base), SPLIT_CLIENTS (32) clients, ROUNDS rounds of
-#            DURATION, each recorded with `perf record -g` at SPLIT_HZ (1000) samples a
-#            second and split by bench/cmd/perfsplit into the handler (its
+#            gateway selected (gw-<store>, not -base), SPLIT_CLIENTS (32) clients,
+#            ROUNDS rounds of DURATION, each recorded with `perf record -g` at SPLIT_HZ
+#            (1000) samples a second and split by bench/cmd/perfsplit into the handler (its
 #            ReverseProxy apart), the server's and the transport's goroutines, the
 #            collector and the scheduler, user and kernel, per request, with the leaf
 #            functions that differ most from bareproxy's: $OUT/split.txt, also at the

@@ -73,10 +73,10 @@ func goals(b *strings.Builder, ps points, pg map[pgKey]*pgPoint) {
 	}
 	// The same figure with the upstream's INSERT as it costs behind a gateway: the whole
 	// cluster under gw-postgres less under gw-memory, the same gateway in front of the
-	// same upstream with its store elsewhere. Behind any proxy the upstream's requests
-	// arrive more spread out than from the load generator directly, and its INSERTs cost
-	// the cluster more each (fewer commits share a WAL flush): the difference against
-	// direct counts that in the store's cost, this one does not.
+	// same upstream with its store elsewhere, so that only the store differs. The
+	// upstream's INSERT can cost the cluster more behind a gateway than from the load
+	// generator directly; the figure against direct counts that in the store's cost, this
+	// one does not.
 	if p, q := m("gw-postgres"), m("gw-memory"); p != nil && q != nil {
 		v, vok := p.cpuMedian("pgcluster")
 		qv, qok := q.cpuMedian("pgcluster")
