@@ -17,8 +17,8 @@ const maxKeyedBody = 1 << 20
 // process, written plainly on net/http: it reads a keyed request's body into memory,
 // fingerprints it with SHA-256, claims the key (scoped by the Authorization header) in a
 // map under a mutex, forwards the request with its body in memory, copies the answer as
-// it passes and keeps it for the key. A retry of a done key is answered from the map, a
-// key in flight 409, a key reused with another body 422; an answer of 500 or more (the
+// it passes and keeps it for the key. A retry of a done key is answered from the map
+// (with Idempotent-Replayed: true, as the gateway answers it), a key in flight 409, a key reused with another body 422; an answer of 500 or more (the
 // proxy's own 502 among them) releases the key.
 //
 // It is a yardstick, not a product: nothing survives the process, nothing expires, no
@@ -85,9 +85,11 @@ func (p *keyedProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "a request with this idempotency key is in progress", http.StatusConflict)
 		default:
 			// A done entry is never written again: read without the lock.
+			h := w.Header()
 			for k, v := range e.header {
-				w.Header()[k] = v
+				h[k] = v
 			}
+			h.Set("Idempotent-Replayed", "true")
 			w.WriteHeader(e.status)
 			_, _ = w.Write(e.body)
 		}

@@ -29,6 +29,8 @@ func startKeyed(t *testing.T, up *httptest.Server) string {
 	return "http://" + addr
 }
 
+// post sends a keyed POST and returns the status and the body, the body after
+// "replayed " when the answer says it is a replay.
 func post(t *testing.T, url, key, auth, body string) (int, string) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, url+"/payments", strings.NewReader(body))
@@ -44,6 +46,9 @@ func post(t *testing.T, url, key, auth, body string) (int, string) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	if resp.Header.Get("Idempotent-Replayed") == "true" {
+		return resp.StatusCode, "replayed " + string(b)
+	}
 	return resp.StatusCode, string(b)
 }
 
@@ -65,7 +70,7 @@ func TestKeyedRunsOnce(t *testing.T) {
 	if code, body := post(t, url, "k1", "Bearer a", `{"a":1}`); code != 201 || body != `{"a":1}` {
 		t.Fatalf("first: %d %q", code, body)
 	}
-	if code, body := post(t, url, "k1", "Bearer a", `{"a":1}`); code != 201 || body != `{"a":1}` || runs.Load() != 1 {
+	if code, body := post(t, url, "k1", "Bearer a", `{"a":1}`); code != 201 || body != `replayed {"a":1}` || runs.Load() != 1 {
 		t.Errorf("retry: %d %q, the upstream ran %d times, want a replay and 1", code, body, runs.Load())
 	}
 	if code, _ := post(t, url, "k1", "Bearer a", `{"a":2}`); code != http.StatusUnprocessableEntity || runs.Load() != 1 {
