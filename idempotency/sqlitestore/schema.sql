@@ -7,10 +7,9 @@
 -- One row per (scope, key). Times are unix milliseconds of the store's clock. Once the
 -- record is done: status, headers (the response's header and trailer, encoded by
 -- internal/headercodec, byte for byte), body (its bytes) and body_omitted; all NULL
--- while it is in progress. header is the header as JSON text, the encoding earlier
--- schemas had: it is still written, so that a rollback to an earlier binary replays
--- records written since, and read when headers is NULL (a record written before the
--- migration). abandoned is 1 while the owner has given the request up (Store.Abandon).
+-- while it is in progress. header is the header as JSON text, the encoding of the first
+-- schema, which no release had: it is read when headers is NULL (a record written before
+-- the migration, or by a binary of that schema) and no longer written. abandoned is 1 while the owner has given the request up (Store.Abandon).
 -- route is what the record was claimed under, for operators (NULL: none, or claimed
 -- before the column existed). claim_id is the ID of the claim that holds the record
 -- (ClaimRequest.ID), by which a claim sent again recognises its own record. headers, abandoned and route come last, where ALTER TABLE
