@@ -41,13 +41,12 @@
 // NULL is read from header. A completion writes headers alone and leaves header NULL (as
 // every claim sets it): every released binary (0.1.0 on) reads headers, and writing the
 // header a second time, as JSON, with the trigger that write fires, cost a new key some
-// 8% of this store's CPU. A binary
-// that knows only version 1, which no release had, would replay such a record's status
-// and body without its header. Such a binary writes header and leaves the other columns
-// alone; the trigger then clears headers and abandoned on the rows it wrote, so that
-// this store reads them from header, not from what the row held before. Migrating is
-// idempotent, and safe against another process doing it at the same time (the
-// transaction takes the write lock first).
+// 9% of this store's CPU. A binary that knows only version 1, which no release had,
+// would replay such a record's status and body without its header. Such a binary writes
+// header and leaves the other columns alone; the trigger then clears headers and
+// abandoned on the rows it wrote, so that this store reads them from header, not from
+// what the row held before. Migrating is idempotent, and safe against another process
+// doing it at the same time (the transaction takes the write lock first).
 //
 // # Durability
 //
