@@ -161,8 +161,8 @@ func TestMigrateFromPreviousSchema(t *testing.T) {
 		t.Error("a completed record is still abandoned")
 	}
 	// The previous binary, of a schema no release had, reads its status and body; the
-	// header is in headers alone, which every released binary reads: the JSON column is
-	// no longer written.
+	// header is in headers alone, which every released binary reads: this store does not
+	// write the JSON column.
 	status, header, body := v1Record(t, db, "s", "running")
 	if status != 200 || string(body) != "caf\xe9" || header != nil {
 		t.Errorf("previous binary reads status %d body %q header %q; want 200, %q and NULL", status, body, header, "caf\xe9")

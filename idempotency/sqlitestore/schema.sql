@@ -8,8 +8,9 @@
 -- record is done: status, headers (the response's header and trailer, encoded by
 -- internal/headercodec, byte for byte), body (its bytes) and body_omitted; all NULL
 -- while it is in progress. header is the header as JSON text, the encoding of the first
--- schema, which no release had: it is read when headers is NULL (a record written before
--- the migration, or by a binary of that schema) and no longer written. abandoned is 1 while the owner has given the request up (Store.Abandon).
+-- schema, which no release had: this store reads it when headers is NULL (a record
+-- written before the migration, or by a binary of that schema) and does not write it.
+-- abandoned is 1 while the owner has given the request up (Store.Abandon).
 -- route is what the record was claimed under, for operators (NULL: none, or claimed
 -- before the column existed). claim_id is the ID of the claim that holds the record
 -- (ClaimRequest.ID), by which a claim sent again recognises its own record. headers, abandoned and route come last, where ALTER TABLE

@@ -40,8 +40,8 @@
 // it replaced (for a takeover, its own). Nothing is rewritten: a record whose headers is
 // NULL is read from header. A completion writes headers alone and leaves header NULL (as
 // every claim sets it): every released binary (0.1.0 on) reads headers, and writing the
-// header a second time, as JSON, with the trigger that write fires, cost a new key some
-// 9% of this store's CPU. A binary that knows only version 1, which no release had,
+// header a second time, as JSON, with the trigger that write fires, would cost a new key
+// some 9% of this store's CPU. A binary that knows only version 1, which no release had,
 // would replay such a record's status and body without its header. Such a binary writes
 // header and leaves the other columns alone; the trigger then clears headers and
 // abandoned on the rows it wrote, so that this store reads them from header, not from
