@@ -87,11 +87,18 @@ func main() {
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
-	if fs.NArg() != 1 {
-		fmt.Fprintln(os.Stderr, "usage: benchreport [-summary] results.jsonl")
+	if fs.NArg() < 1 {
+		fmt.Fprintln(os.Stderr, "usage: benchreport [-summary] results.jsonl [more.jsonl ...]\n\n"+
+			"Several files are pooled as one run: the rounds of each are kept apart (file n's\n"+
+			"round r is round n.r), so every ratio is still taken within a round, and each\n"+
+			"median is over the rounds of all the files. What some file did not measure (a\n"+
+			"phase, subject and concurrency) is left out, and named on standard error.")
 		os.Exit(2)
 	}
-	recs, err := read(fs.Arg(0))
+	recs, dropped, err := readAll(fs.Args())
+	if len(dropped) > 0 {
+		fmt.Fprintf(os.Stderr, "benchreport: left out, not in every file: %s\n", strings.Join(dropped, "; "))
+	}
 	if err == nil {
 		if *short {
 			var b strings.Builder
@@ -105,6 +112,60 @@ func main() {
 		fmt.Fprintf(os.Stderr, "benchreport: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// readAll reads the records of paths, pooled as one run: with more than one file, each
+// record's round becomes "n.r" (n the file's place, from 1), so that the rounds of two
+// runs, both numbered from 1, stay apart. A record's idle rate is taken within its own
+// file (prepare runs per file). Only what every file measured is pooled: a record whose
+// phase, subject and concurrency some file lacks is left out (and named in dropped), so
+// that no figure sets the medians of some runs' rounds against those of others.
+func readAll(paths []string) (recs []record, dropped []string, err error) {
+	if len(paths) == 1 {
+		recs, err := read(paths[0])
+		return recs, nil, err
+	}
+	files := make([][]record, len(paths))
+	in := map[string]int{} // how many files hold each measurement
+	for i, path := range paths {
+		if files[i], err = read(path); err != nil {
+			return nil, nil, err
+		}
+		seen := map[string]bool{}
+		for j := range files[i] {
+			seen[measurement(&files[i][j])] = true
+		}
+		for m := range seen {
+			in[m]++
+		}
+	}
+	for m, n := range in {
+		if n < len(paths) && m != "" {
+			dropped = append(dropped, m)
+		}
+	}
+	sort.Strings(dropped)
+	for i, file := range files {
+		for _, r := range file {
+			if m := measurement(&r); m != "" && in[m] < len(paths) {
+				continue
+			}
+			if round, ok := r.Tags["round"]; ok {
+				r.Tags["round"] = strconv.Itoa(i+1) + "." + round
+			}
+			recs = append(recs, r)
+		}
+	}
+	return recs, dropped, nil
+}
+
+// measurement names what a record measures, apart from its round: phase, subject and
+// concurrency; "" for the idle records, which every round has.
+func measurement(r *record) string {
+	if r.tag("kind") == "idle" {
+		return ""
+	}
+	return r.tag("kind") + " " + r.subject() + " c=" + r.tag("clients")
 }
 
 func read(path string) ([]record, error) {

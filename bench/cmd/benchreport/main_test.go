@@ -1,8 +1,10 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -160,5 +162,56 @@ func TestCPU(t *testing.T) {
 	}
 	if strings.Contains(sum.String(), "Every point") || strings.Count(sum.String(), "\n") > 60 {
 		t.Errorf("summary is more than a screen:\n%s", sum.String())
+	}
+}
+
+// TestPooledRuns checks that several results files are pooled as one run with their
+// rounds kept apart: each ratio is taken against direct in its own file's round, and the
+// medians are over the rounds of both.
+func TestPooledRuns(t *testing.T) {
+	t.Parallel()
+	run := func(direct, gw float64, bareCPU, gwCPU float64) string {
+		return fmt.Sprintf(`{"tags":{"kind":"matrix","subject":"direct","body":"0","clients":"32","round":"1"},"throughput":%g,"responses":1000,"latency":{"p50_ms":1,"p99_ms":4},"cpu_window_s":2,"cpu":{"app":{"seconds":0.1}}}
+{"tags":{"kind":"matrix","subject":"bareproxy","body":"0","clients":"32","round":"1"},"throughput":%g,"responses":1000,"latency":{"p50_ms":1,"p99_ms":6},"cpu_window_s":2,"cpu":{"proxy":{"seconds":%g},"app":{"seconds":0.1}}}
+{"tags":{"kind":"matrix","subject":"gw-memory","body":"0","clients":"32","round":"1"},"throughput":%g,"responses":1000,"latency":{"p50_ms":3,"p99_ms":8},"cpu_window_s":2,"cpu":{"proxy":{"seconds":%g},"app":{"seconds":0.1}}}
+`, direct, direct, bareCPU, gw, gwCPU)
+	}
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a.jsonl"), filepath.Join(dir, "b.jsonl")
+	if err := os.WriteFile(a, []byte(run(1000, 500, 0.10, 0.11)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The second run also measured gw-sqlite: against the memory store of both runs'
+	// rounds, its one round would make a figure of rounds that do not match.
+	onlyB := `{"tags":{"kind":"matrix","subject":"gw-sqlite","body":"0","clients":"32","round":"1"},"throughput":1000,"responses":1000,"latency":{"p50_ms":3,"p99_ms":8},"cpu_window_s":2,"cpu":{"proxy":{"seconds":0.5}}}
+`
+	if err := os.WriteFile(b, []byte(run(2000, 1600, 0.20, 0.26)+onlyB), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	recs, dropped, err := readAll([]string{a, b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"matrix gw-sqlite c=32"}; !slices.Equal(dropped, want) {
+		t.Errorf("left out %q, want %q", dropped, want)
+	}
+	var sb strings.Builder
+	summary(&sb, recs)
+	out := sb.String()
+	for _, want := range []string{
+		// 500 of 1000 in the first run's round, 1600 of 2000 in the second's.
+		"| 3 | gw-memory req/s ÷ direct's | 0.65× (1050 against 1500; rounds 0.50, 0.80)",
+		// CPU: the medians of both rounds, 185 µs against 150.
+		"| floor | gw-memory's own CPU per new key ÷ bareproxy's per proxied request | 1.23× (185 against 150 µs)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("pooled summary lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "| SQLite |") || strings.Contains(out, "| gw-sqlite |") {
+		t.Errorf("pooled summary has gw-sqlite, which one run lacks:\n%s", out)
+	}
+	if _, _, err := readAll([]string{a, filepath.Join(dir, "missing.jsonl")}); err == nil {
+		t.Error("a missing file among several: no error")
 	}
 }
