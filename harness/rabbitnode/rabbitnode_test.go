@@ -4,6 +4,7 @@ package rabbitnode_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -148,9 +149,25 @@ func TestCluster(t *testing.T) {
 	}
 	c.Nodes[0].Kill()
 	killed := time.Now()
-	msgs, err := channel(c.Nodes[1]).ConsumeWithContext(ctx, "replicated", "", true, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
+	var msgs <-chan amqp.Delivery
+	for {
+		msgs, err = channel(c.Nodes[1]).ConsumeWithContext(ctx, "replicated", "", true, false, false, false, nil)
+		if err == nil {
+			break
+		}
+		// Until the queue's members have elected a leader in place of the killed one, a
+		// consume may fail with a broker error (541 INTERNAL_ERROR), which closes the
+		// connection: a client connects again and retries, and so does the test.
+		var amqpErr *amqp.Error
+		if !errors.As(err, &amqpErr) {
+			t.Fatal(err)
+		}
+		t.Logf("consume %v after the kill: %v; retrying", time.Since(killed), err)
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no consume on %s after the kill: %v", c.Nodes[1].Name, err)
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	select {
 	case d := <-msgs:
