@@ -92,7 +92,8 @@ func main() {
 			"Several files are pooled as one run: the rounds of each are kept apart (file n's\n"+
 			"round r is round n.r), so every ratio is still taken within a round, and each\n"+
 			"median is over the rounds of all the files. What some file did not measure (a\n"+
-			"phase, subject and concurrency) is left out, and named on standard error.")
+			"phase, subject, concurrency and body size) is left out, and named on standard\n"+
+			"error.")
 		os.Exit(2)
 	}
 	recs, dropped, err := readAll(fs.Args())
@@ -118,7 +119,7 @@ func main() {
 // record's round becomes "n.r" (n the file's place, from 1), so that the rounds of two
 // runs, both numbered from 1, stay apart. A record's idle rate is taken within its own
 // file (prepare runs per file). Only what every file measured is pooled: a record whose
-// phase, subject and concurrency some file lacks is left out (and named in dropped), so
+// measurement some file lacks is left out (and named in dropped), so
 // that no figure sets the medians of some runs' rounds against those of others.
 func readAll(paths []string) (recs []record, dropped []string, err error) {
 	if len(paths) == 1 {
@@ -159,13 +160,18 @@ func readAll(paths []string) (recs []record, dropped []string, err error) {
 	return recs, dropped, nil
 }
 
-// measurement names what a record measures, apart from its round: phase, subject and
-// concurrency; "" for the idle records, which every round has.
+// measurement names what a record measures, apart from its round: phase, subject,
+// concurrency and, in the phase of body sizes, the body's size; "" for the idle records,
+// which every round has.
 func measurement(r *record) string {
-	if r.tag("kind") == "idle" {
+	kind := r.tag("kind")
+	switch {
+	case kind == "idle":
 		return ""
+	case r.tag("body") != "" && r.body() > 0:
+		return fmt.Sprintf("%s %s c=%s body=%d", kind, r.subject(), r.tag("clients"), r.body())
 	}
-	return r.tag("kind") + " " + r.subject() + " c=" + r.tag("clients")
+	return kind + " " + r.subject() + " c=" + r.tag("clients")
 }
 
 func read(path string) ([]record, error) {
