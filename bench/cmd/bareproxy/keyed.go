@@ -18,8 +18,9 @@ const maxKeyedBody = 1 << 20
 // fingerprints it with SHA-256, claims the key (scoped by the Authorization header) in a
 // map under a mutex, forwards the request with its body in memory, copies the answer as
 // it passes and keeps it for the key. A retry of a done key is answered from the map
-// (with Idempotent-Replayed: true, as the gateway answers it), a key in flight 409, a key reused with another body 422; an answer of 500 or more (the
-// proxy's own 502 among them) releases the key.
+// (with Idempotent-Replayed: true, as the gateway answers it), a key in flight 409, a
+// key reused with another body 422; an answer of 500 or more (the proxy's own 502 among
+// them) releases the key.
 //
 // It is a yardstick, not a product: nothing survives the process, nothing expires, no
 // lease, no deadline, no metrics. bench/run.sh puts it beside the bare proxy and the
