@@ -100,5 +100,6 @@ func (s *Store) writeBatch(ctx context.Context, ops []*writeOp) error {
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("sqlitestore: commit: %w", err)
 	}
+	s.committed(tokens)
 	return nil
 }

@@ -21,10 +21,17 @@
 //	retrysafe_idempotency_token         one row: the last fencing token issued
 //	retrysafe_idempotency_earlier_write trigger: see Migration
 //
-// The claims of a write transaction reserve their tokens from the token row in one
-// update in that transaction (as many as it holds claims; a claim that loses leaves its
-// token unissued), so tokens grow strictly across the whole table and are never reused,
-// after Delete and expiry included. They may skip values.
+// Tokens are reserved from the token row in ranges: a write transaction that needs one
+// and has none raises the row by as many as it holds claims plus tokenReserve, and the
+// Store issues the rest of the range in its later transactions without writing the row
+// again. Each of those transactions first reads the row under the write lock; a range is
+// issued from only while the row still holds its end, that is while no other process
+// (or Store) has reserved since. A range is issued from only once the transaction that
+// reserved it has committed, so after a crash or a restart the row is past every token
+// issued. Tokens therefore grow strictly across the whole table, in the order they are
+// issued, and are never reused, after Delete and expiry included. They skip values: a
+// claim that loses leaves its token unissued, and what a process had reserved and not
+// issued when it stops is never issued.
 //
 // # Migration
 //
@@ -166,6 +173,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -238,6 +246,29 @@ type Store struct {
 	now         func() time.Time       // Config.Clock
 	table       string
 	seen        *seenKeys // the keys Claim met recently: where a claim reads first
+	reserve     tokenRange
+}
+
+// tokenReserve is how many tokens a reservation takes beyond what its transaction needs,
+// for the Store's later transactions (see the package doc): one write of the token row,
+// and its page, for about that many claims instead of one for every transaction.
+const tokenReserve = 1024
+
+// tokenRange is the committed range of tokens a Store reserved and has not issued.
+type tokenRange struct {
+	mu         sync.Mutex
+	next, last int64 // next through last (none while next is 0 or past last); last is the row's value when reserved
+}
+
+// take issues the next token of r, if it has one.
+func (r *tokenRange) take() (int64, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.next == 0 || r.next > r.last {
+		return 0, false
+	}
+	r.next++
+	return r.next - 1, true
 }
 
 // statements are the store's SQL, each prepared on the pool that runs it.
@@ -245,7 +276,7 @@ type statements struct {
 	all                   []*sql.Stmt // for Close
 	get, lean, list, ping *sql.Stmt   // read pool
 	// write pool
-	lockedLean, nextToken, insert, claim, extend, abandon, complete, release, delete, deleteExpired, owner *sql.Stmt
+	lockedLean, lastToken, nextToken, insert, claim, extend, abandon, complete, release, delete, deleteExpired, owner *sql.Stmt
 }
 
 var (
@@ -412,6 +443,7 @@ func (s *Store) init(ctx context.Context, table string, batched bool, gather tim
 			ORDER BY scope, key LIMIT ?6`},
 		{&s.st.ping, s.read, `SELECT last FROM ` + tokens + ` WHERE id = 1`},
 		{&s.st.lockedLean, s.write, lean},
+		{&s.st.lastToken, s.write, `SELECT last FROM ` + tokens + ` WHERE id = 1`},
 		{&s.st.nextToken, s.write, `UPDATE ` + tokens + ` SET last = last + ? WHERE id = 1 RETURNING last`},
 		// A new key's claim: the record, unless one exists (then nothing changes).
 		{&s.st.insert, s.write, `INSERT INTO ` + t + ` (scope, key, fingerprint, state, token, created_at,
@@ -602,13 +634,15 @@ func (s *Store) claimWrite(ctx context.Context, req idempotency.ClaimRequest, ab
 	defer func() { _ = tx.Rollback() }()
 	// Under the lock, the statements run under a context nothing cancels (see
 	// writeBatch).
-	res, err := s.claimTx(context.WithoutCancel(ctx), tx, req, absent, &tokenBlock{want: 1})
+	tokens := &tokenBlock{want: 1}
+	res, err := s.claimTx(context.WithoutCancel(ctx), tx, req, absent, tokens)
 	if err != nil || !res.Claimed {
 		return res, err
 	}
 	if err := tx.Commit(); err != nil {
 		return idempotency.ClaimResult{}, fmt.Errorf("sqlitestore: claim: %w", err)
 	}
+	s.committed(tokens)
 	return res, nil
 }
 
@@ -662,20 +696,39 @@ func (s *Store) claimTx(ctx context.Context, tx *sql.Tx, req idempotency.ClaimRe
 	return idempotency.ClaimResult{Claimed: true, Token: token, TookOver: takeover, Now: now}, nil
 }
 
-// tokenBlock hands out the fencing tokens of one write transaction's claims. The first
-// claim that needs one reserves as many as the transaction holds claims, in one update
-// of the token row, and each claim takes the next. A claim takes at most one, and one it
-// does not use (it lost) is never issued: tokens grow strictly across the table and are
-// never reused, with gaps.
+// tokenBlock hands out the fencing tokens of one write transaction's claims: from the
+// Store's reserve while the token row shows that no one has reserved since, else from a
+// range the transaction reserves, which becomes the Store's reserve once the transaction
+// commits (see the package doc). A claim takes at most one, and one it does not use (it
+// lost) is never issued: tokens grow strictly across the table and are never reused,
+// with gaps.
 type tokenBlock struct {
-	want       int64 // how many the first take reserves
-	next, last int64 // reserved and not taken: next through last (none while next is 0)
+	want       int64 // how many claims the transaction holds: its reservation takes as many, and tokenReserve more
+	checked    bool  // the token row was read in this transaction
+	shared     bool  // the Store's reserve is valid in this transaction: take from it
+	next, last int64 // reserved by this transaction and not taken: next through last (none while next > last)
 }
 
-// takeToken takes the next token of b, reserving in tx when b has none left.
+// takeToken takes the next token for b's transaction, tx.
 func (s *Store) takeToken(ctx context.Context, tx *sql.Tx, b *tokenBlock) (int64, error) {
+	if !b.checked {
+		b.checked = true
+		var last int64
+		if err := tx.StmtContext(ctx, s.st.lastToken).QueryRowContext(ctx).Scan(&last); err != nil {
+			return 0, fmt.Errorf("sqlitestore: claim: %w", err)
+		}
+		s.reserve.mu.Lock()
+		b.shared = s.reserve.last == last
+		s.reserve.mu.Unlock()
+	}
+	if b.shared {
+		if token, ok := s.reserve.take(); ok {
+			return token, nil
+		}
+		b.shared = false
+	}
 	if b.next == 0 || b.next > b.last {
-		n := max(b.want, 1)
+		n := max(b.want, 1) + tokenReserve
 		b.want = 0
 		var last int64
 		if err := tx.StmtContext(ctx, s.st.nextToken).QueryRowContext(ctx, n).Scan(&last); err != nil {
@@ -685,6 +738,20 @@ func (s *Store) takeToken(ctx context.Context, tx *sql.Tx, b *tokenBlock) (int64
 	}
 	b.next++
 	return b.next - 1, nil
+}
+
+// committed makes what b's transaction reserved and did not issue the Store's reserve,
+// once that transaction has committed. A reserve that ends later stays: it was reserved
+// after b's.
+func (s *Store) committed(b *tokenBlock) {
+	if b.last == 0 {
+		return
+	}
+	s.reserve.mu.Lock()
+	defer s.reserve.mu.Unlock()
+	if b.last > s.reserve.last {
+		s.reserve.next, s.reserve.last = b.next, b.last
+	}
 }
 
 // lean reads the record req would claim as a lost claim returns it (see leanColumns),

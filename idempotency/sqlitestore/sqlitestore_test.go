@@ -306,6 +306,64 @@ func TestTwoStoresOneFile(t *testing.T) {
 	}
 }
 
+// Two Stores on one file, each issuing tokens from a range it reserved: every token is
+// larger than every token issued before it, by either, so that a takeover of a key the
+// other Store held gets a larger token than its holder's; and a reservation in a
+// transaction that did not commit (a lost claim) is never issued.
+func TestTokensGrowAcrossStores(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	var now atomic.Int64
+	now.Store(1_700_000_000_000)
+	clock := func() time.Time { return time.UnixMilli(now.Load()) }
+	a := openConfig(t, sqlitestore.Config{Path: path, Synchronous: "normal", Clock: clock})
+	b := openConfig(t, sqlitestore.Config{Path: path, Synchronous: "normal", Clock: clock})
+
+	var last int64
+	issued := func(who string, res idempotency.ClaimResult, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Claimed {
+			t.Fatalf("%s: claim lost: %+v", who, res)
+		}
+		if res.Token <= last {
+			t.Fatalf("%s: token %d issued after %d", who, res.Token, last)
+		}
+		last = res.Token
+	}
+	// Each takes the key over from the other once its lease has run out.
+	for i := range 6 {
+		s, who := a, "a"
+		if i%2 == 1 {
+			s, who = b, "b"
+		}
+		res, err := s.Claim(ctx, claimReq("x"))
+		issued(who+" takes x over", res, err)
+		if i > 0 && !res.TookOver {
+			t.Fatalf("%s: claim of x after its lease: %+v, want a takeover", who, res)
+		}
+		res, err = s.Claim(ctx, claimReq(fmt.Sprint("new-", i)))
+		issued(who+" claims a new key", res, err)
+		now.Add(time.Minute.Milliseconds())
+	}
+
+	// a's claim of a key b holds loses, and rolls back what it reserved. b then issues
+	// more tokens than a reservation holds, and a after it.
+	res, err := b.Claim(ctx, claimReq("held"))
+	issued("b claims held", res, err)
+	if res := claim(t, a, "held"); res.Claimed {
+		t.Fatalf("a claimed a key b holds: %+v", res)
+	}
+	for i := range 1100 {
+		res, err := b.Claim(ctx, claimReq(fmt.Sprint("b-", i)))
+		issued("b", res, err)
+	}
+	res, err = a.Claim(ctx, claimReq("after"))
+	issued("a, after b's claims", res, err)
+}
+
 // The schema lands under the configured name, and the file is in WAL mode.
 func TestCustomTableAndWAL(t *testing.T) {
 	ctx := context.Background()
