@@ -137,9 +137,26 @@ func (g *Group[C]) Pending() int {
 	return len(g.pending)
 }
 
-// lead runs one batch in a slot the caller holds, then hands the slot to a new
-// goroutine when calls are waiting, or gives it back.
+// lead runs one batch in a slot the caller holds, then, when calls are waiting, hands
+// the slot to a goroutine that leads batch after batch (follow), or gives it back.
 func (g *Group[C]) lead() {
+	if g.runOne() {
+		go g.follow()
+	}
+}
+
+// follow leads batches in a slot it holds for as long as calls are waiting, then gives
+// the slot back. One goroutine leads them all, rather than a new one for each batch:
+// a batch's I/O (SQLite's, above all) runs deep in the stack, and a new goroutine's
+// stack would grow, and be copied, again at every batch.
+func (g *Group[C]) follow() {
+	for g.runOne() {
+	}
+}
+
+// runOne runs one batch in a slot the caller holds. When calls are waiting after it,
+// it reports true and the caller keeps the slot; otherwise it gives the slot back.
+func (g *Group[C]) runOne() bool {
 	g.mu.Lock()
 	if g.gathers() {
 		full := make(chan struct{})
@@ -172,13 +189,12 @@ func (g *Group[C]) lead() {
 		}
 	}
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	if len(g.pending) > 0 {
-		g.mu.Unlock()
-		go g.lead()
-		return
+		return true
 	}
 	g.inFlight--
-	g.mu.Unlock()
+	return false
 }
 
 // arrived notes a call's arrival, just appended to pending, for gathering: the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -187,6 +188,43 @@ func TestCancelledWhileRunning(t *testing.T) {
 		synctest.Wait()
 		if dropped.Taken() {
 			t.Error("a call whose caller left before a batch took it is taken")
+		}
+	})
+}
+
+// The batches that follow a caller's own run one after another in one goroutine, for as
+// long as calls keep waiting: a goroutine's stack, grown by a batch's I/O, serves the
+// next batch instead of growing again in a new one.
+func TestOneGoroutineLeadsTheBatchesThatFollow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		block := make(chan struct{})
+		var mu sync.Mutex
+		var leaders []string // the goroutine that ran each batch, by its stack's first line
+		run := func(calls []*item) {
+			buf := make([]byte, 64)
+			line, _, _ := strings.Cut(string(buf[:runtime.Stack(buf, false)]), "[")
+			mu.Lock()
+			leaders = append(leaders, line)
+			mu.Unlock()
+			<-block
+		}
+		g := &batch.Group[*item]{Run: run, InFlight: 1}
+		batches := func() int { mu.Lock(); defer mu.Unlock(); return len(leaders) }
+		var wg sync.WaitGroup
+		wg.Go(func() { _ = g.Do(t.Context(), &item{id: "0"}) }) // its caller leads
+		settled(t, func() bool { return batches() == 1 })
+		for i := 1; i < 4; i++ {
+			// Each call arrives while the batch before it runs.
+			wg.Go(func() { _ = g.Do(t.Context(), &item{id: fmt.Sprint(i)}) })
+			settled(t, func() bool { return g.Pending() == 1 })
+			block <- struct{}{}
+			settled(t, func() bool { return batches() == i+1 })
+		}
+		close(block)
+		wg.Wait()
+		synctest.Wait()
+		if len(leaders) != 4 || leaders[1] == leaders[0] || leaders[2] != leaders[1] || leaders[3] != leaders[1] {
+			t.Fatalf("batches led by %q: want the caller's, then one goroutine for the rest", leaders)
 		}
 	})
 }
