@@ -308,7 +308,8 @@ func TestTwoStoresOneFile(t *testing.T) {
 
 // Two Stores on one file, each issuing tokens from a range it reserved: every token is
 // larger than every token issued before it, by either, so that a takeover of a key the
-// other Store held gets a larger token than its holder's; and a reservation in a
+// other Store held gets a larger token than its holder's, whether the Store read the
+// record first (a key it met) or inserted first (one it did not); and a reservation in a
 // transaction that did not commit (a lost claim) is never issued.
 func TestTokensGrowAcrossStores(t *testing.T) {
 	ctx := context.Background()
@@ -348,10 +349,17 @@ func TestTokensGrowAcrossStores(t *testing.T) {
 		issued(who+" claims a new key", res, err)
 		now.Add(time.Minute.Milliseconds())
 	}
+	// a takes over a key b claimed last, one a never met, while b's reservation has
+	// overtaken a's.
+	res, err := a.Claim(ctx, claimReq("new-5"))
+	issued("a takes over b's key", res, err)
+	if !res.TookOver {
+		t.Fatalf("a: claim of b's key after its lease: %+v, want a takeover", res)
+	}
 
 	// a's claim of a key b holds loses, and rolls back what it reserved. b then issues
 	// more tokens than a reservation holds, and a after it.
-	res, err := b.Claim(ctx, claimReq("held"))
+	res, err = b.Claim(ctx, claimReq("held"))
 	issued("b claims held", res, err)
 	if res := claim(t, a, "held"); res.Claimed {
 		t.Fatalf("a claimed a key b holds: %+v", res)
