@@ -22,9 +22,9 @@
 //	retrysafe_idempotency_earlier_write trigger: see Migration
 //
 // Tokens are reserved from the token row in ranges: a write transaction that needs one
-// and has none raises the row by as many as it holds claims plus tokenReserve, and the
-// Store issues the rest of the range in its later transactions without writing the row
-// again. Each of those transactions first reads the row under the write lock; a range is
+// and has none raises the row by as many as it holds claims plus 1,024, and the Store
+// issues the rest of the range in its later transactions without writing the row again.
+// Each of those transactions first reads the row under the write lock: a range is
 // issued from only while the row still holds its end, that is while no other process
 // (or Store) has reserved since. A range is issued from only once the transaction that
 // reserved it has committed, so after a crash or a restart the row is past every token
