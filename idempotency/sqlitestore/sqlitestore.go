@@ -271,6 +271,23 @@ func (r *tokenRange) take() (int64, bool) {
 	return r.next - 1, true
 }
 
+// endsAt reports whether r was reserved up to last, the token row's value: read under
+// the write lock, it shows that no one has reserved since r was.
+func (r *tokenRange) endsAt(last int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last == last
+}
+
+// replace makes next through last r, unless r ends later: it was reserved after them.
+func (r *tokenRange) replace(next, last int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if last > r.last {
+		r.next, r.last = next, last
+	}
+}
+
 // statements are the store's SQL, each prepared on the pool that runs it.
 type statements struct {
 	all                   []*sql.Stmt // for Close
@@ -717,9 +734,7 @@ func (s *Store) takeToken(ctx context.Context, tx *sql.Tx, b *tokenBlock) (int64
 		if err := tx.StmtContext(ctx, s.st.lastToken).QueryRowContext(ctx).Scan(&last); err != nil {
 			return 0, fmt.Errorf("sqlitestore: claim: %w", err)
 		}
-		s.reserve.mu.Lock()
-		b.shared = s.reserve.last == last
-		s.reserve.mu.Unlock()
+		b.shared = s.reserve.endsAt(last)
 	}
 	if b.shared {
 		if token, ok := s.reserve.take(); ok {
@@ -741,16 +756,10 @@ func (s *Store) takeToken(ctx context.Context, tx *sql.Tx, b *tokenBlock) (int64
 }
 
 // committed makes what b's transaction reserved and did not issue the Store's reserve,
-// once that transaction has committed. A reserve that ends later stays: it was reserved
-// after b's.
+// once that transaction has committed.
 func (s *Store) committed(b *tokenBlock) {
-	if b.last == 0 {
-		return
-	}
-	s.reserve.mu.Lock()
-	defer s.reserve.mu.Unlock()
-	if b.last > s.reserve.last {
-		s.reserve.next, s.reserve.last = b.next, b.last
+	if b.last != 0 {
+		s.reserve.replace(b.next, b.last)
 	}
 }
 
