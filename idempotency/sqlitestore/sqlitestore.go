@@ -723,7 +723,7 @@ type tokenBlock struct {
 	want       int64 // how many claims the transaction holds: its reservation takes as many, and tokenReserve more
 	checked    bool  // the token row was read in this transaction
 	shared     bool  // the Store's reserve is valid in this transaction: take from it
-	next, last int64 // reserved by this transaction and not taken: next through last (none while next > last)
+	next, last int64 // reserved by this transaction and not taken: next through last (none while next is 0 or past last)
 }
 
 // takeToken takes the next token for b's transaction, tx.
