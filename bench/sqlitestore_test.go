@@ -37,45 +37,11 @@ func BenchmarkSQLiteNewKey(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer func() { _ = s.Close() }()
-	body := []byte(`{"id":"pay_7f3a9c2e1b8d4f6a","amount":1250,"currency":"EUR","status":"succeeded","created_at":"2026-12-06T04:00:00Z"}`)
-	header := http.Header{"Content-Type": {"application/json"}, "Date": {"Sun, 06 Dec 2026 04:00:00 GMT"},
-		"Content-Length": {strconv.Itoa(len(body))}}
-	var next atomic.Int64
-	run := func(last int64) {
-		var wg sync.WaitGroup
-		errs := make(chan error, 32)
-		for range 32 {
-			wg.Go(func() {
-				for i := next.Add(1); i <= last; i = next.Add(1) {
-					key := fmt.Sprintf("%08x-4e1f-4a2b-9c3d-%012x", i*2654435761%(1<<32), i)
-					res, err := s.Claim(ctx, idempotency.ClaimRequest{Scope: "POST /payments", Key: key,
-						Fingerprint: "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
-						ID:          key, Lease: time.Minute, TTL: 24 * time.Hour})
-					if err == nil && !res.Claimed {
-						err = fmt.Errorf("claim of the new key %s not granted: %+v", key, res)
-					}
-					if err == nil {
-						err = s.Complete(ctx, idempotency.Completion{Scope: "POST /payments", Key: key, Token: res.Token,
-							TTL: 24 * time.Hour, Response: idempotency.Response{Status: 201, Header: header, Body: body}})
-					}
-					if err != nil {
-						errs <- err
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		if err := <-errs; err != nil {
-			b.Fatal(err)
-		}
-	}
-	run(20_000)
-	next.Store(1 << 40) // keys apart from the table's first 20,000
+	run := newKeys(b, s, 32)
+	run(0, 20_000)
 	b.ResetTimer()
 	cpu0, io0 := processCPU(b), selfIO(b)
-	run(1<<40 + int64(b.N))
+	run(1<<40, b.N) // keys apart from the table's first 20,000
 	cpu, io := processCPU(b)-cpu0, selfIO(b)
 	b.StopTimer()
 	b.ReportMetric(float64(cpu)/1e3/float64(b.N), "cpu-µs/op")
@@ -201,9 +167,9 @@ func walFrames(b *testing.B, clients int) {
 	b.ReportMetric(n/float64(commits), "keys/commit")
 }
 
-// newKeys returns a function that claims n new keys, from the from-th on, with clients
-// goroutines, and completes each with a payment's answer, as BenchmarkSQLiteNewKey's
-// requests do.
+// newKeys returns a function that claims n new keys, those after the from-th, with
+// clients goroutines, and completes each with a payment's answer: a gateway's new keys
+// as the store sees them.
 func newKeys(b *testing.B, s *sqlitestore.Store, clients int) func(from int64, n int) {
 	ctx := context.Background()
 	body := []byte(`{"id":"pay_7f3a9c2e1b8d4f6a","amount":1250,"currency":"EUR","status":"succeeded","created_at":"2026-12-06T04:00:00Z"}`)
