@@ -33,17 +33,32 @@ func (o *writeOp) ID() string {
 	return batch.RowID(o.complete.Scope, o.complete.Key)
 }
 
-// runWrites runs ops in one write transaction and commits it once. When a statement
-// fails (other than a completion that finds its claim gone) or the commit does, the
-// transaction is rolled back and each op runs again alone, so that one bad op cannot
-// fail the others and no op is left half done.
+// runWrites runs ops in one write transaction and commits it once: through the driver
+// when it can (writeRaw), else through database/sql (writeBatch). When a statement fails
+// (other than a completion that finds its claim gone) or the commit does, the
+// transaction is rolled back and each op of a batch of several runs again alone, so
+// that one bad op cannot fail the others and no op is left half done.
 func (s *Store) runWrites(ops []*writeOp) {
 	ctx, cancel := batch.Context(ops)
 	defer cancel()
-	if len(ops) > 1 {
-		if err := s.writeBatch(ctx, ops); err == nil {
-			return
-		}
+	s.writeOps(ctx, ops)
+}
+
+// writeOps is runWrites under ctx.
+func (s *Store) writeOps(ctx context.Context, ops []*writeOp) {
+	err := errNotRaw
+	if s.owned && rawable(ops) {
+		err = s.writeRaw(ctx, ops)
+	}
+	if errors.Is(err, errNotRaw) && len(ops) > 1 {
+		err = s.writeBatch(ctx, ops)
+	}
+	switch {
+	case err == nil:
+		return
+	case len(ops) == 1 && !errors.Is(err, errNotRaw):
+		ops[0].res, ops[0].err = idempotency.ClaimResult{}, err
+		return
 	}
 	for _, op := range ops {
 		s.writeOne(ctx, op)

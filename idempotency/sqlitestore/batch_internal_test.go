@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"reflect"
 	"sync"
@@ -206,6 +207,8 @@ func TestBatchDecidesAsAlone(t *testing.T) {
 	batched, tokens := setup()
 	clock.Store(now.UnixMilli())
 	alone, _ := setup()
+	clock.Store(now.UnixMilli())
+	viaRaw, _ := setup()
 	clock.Store(now.Add(2 * time.Minute).UnixMilli()) // the leases of stale and the c-* keys have run out, expired has expired
 
 	ops := func() []*writeOp {
@@ -224,13 +227,24 @@ func TestBatchDecidesAsAlone(t *testing.T) {
 			complete("c-gone", tokens["c-ok2"]), complete("c-again", tokens["c-again"]),
 		}
 	}
-	inBatch, oneByOne := ops(), ops()
+	inBatch, oneByOne, tried := ops(), ops(), ops()
 	if err := batched.writeBatch(ctx, inBatch); err != nil {
 		t.Fatal(err)
 	}
 	for _, op := range oneByOne {
 		alone.writeOne(ctx, op)
 	}
+	// The driver-level path gives up on this batch (it holds claims of keys that have
+	// records, and completions that change nothing), writes nothing, and leaves it to
+	// database/sql's.
+	if err := viaRaw.writeRaw(ctx, tried); !errors.Is(err, errNotRaw) {
+		t.Fatalf("writeRaw of a batch it does not decide: %v, want errNotRaw", err)
+	}
+	if _, err := viaRaw.Get(ctx, "s", "new1"); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("new1 after a batch given up: %v, want not found", err)
+	}
+	tried = ops()
+	viaRaw.writeOps(ctx, tried)
 	// Tokens are compared apart: a transaction of several claims reserves one for each,
 	// and those of the claims that lose are never issued (tokens may skip values), while
 	// a claim alone that loses rolls its reservation back.
@@ -265,6 +279,11 @@ func TestBatchDecidesAsAlone(t *testing.T) {
 		if !reflect.DeepEqual(got, alone) {
 			t.Errorf("%s: %+v, alone %+v", name, op.res, want.res)
 		}
+		viaTried := tried[i]
+		if kind(viaTried.err) != kind(want.err) || viaTried.res.Claimed != want.res.Claimed ||
+			viaTried.res.TookOver != want.res.TookOver || !reflect.DeepEqual(viaTried.res.Existing, want.res.Existing) {
+			t.Errorf("%s through writeOps: %+v, %v; alone %+v, %v", name, viaTried.res, viaTried.err, want.res, want.err)
+		}
 	}
 	for _, key := range []string{"new1", "new2", "new3", "done", "running", "mine", "stale", "expired", "c-ok1", "c-ok2", "c-other", "c-gone", "c-again"} {
 		got, gotErr := batched.Get(ctx, "s", key)
@@ -289,5 +308,97 @@ func TestBatchDecidesAsAlone(t *testing.T) {
 	}
 	if r := inBatch[4].res; !r.Claimed || r.Token != tokens["mine"] {
 		t.Errorf("mine: %+v, want its own token %d granted again", r, tokens["mine"])
+	}
+}
+
+// A batch of new keys' claims and of completions that find their claims is decided
+// through the driver (writeRaw), and gives the results and leaves the records that
+// each call alone does through database/sql.
+func TestRawBatchDecidesAsAlone(t *testing.T) {
+	ctx := context.Background()
+	now := time.UnixMilli(1_700_000_000_000).UTC()
+	open := func() (*Store, map[string]int64) {
+		s, err := Open(ctx, Config{Path: filepath.Join(t.TempDir(), "r.db"), Batch: true, Clock: func() time.Time { return now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		tokens := map[string]int64{}
+		for _, key := range []string{"c1", "c2"} {
+			res, err := s.Claim(ctx, idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
+			if err != nil || !res.Claimed {
+				t.Fatalf("claim %s: %+v, %v", key, res, err)
+			}
+			tokens[key] = res.Token
+		}
+		return s, tokens
+	}
+	raw, tokens := open()
+	alone, _ := open()
+	ops := func() []*writeOp {
+		claim := func(key, route string) *writeOp {
+			return &writeOp{absent: true, claim: &idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "fp-" + key,
+				ID: key + "-id", Lease: time.Minute, TTL: 2 * time.Hour, Route: route}}
+		}
+		return []*writeOp{
+			claim("new1", "POST /a"), claim("new2", ""),
+			{complete: &idempotency.Completion{Scope: "s", Key: "c1", Token: tokens["c1"], TTL: 3 * time.Hour,
+				Response: idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
+					Trailer: http.Header{"X-Sum": {"1"}}, Body: []byte(`{"id":1}`)}}},
+			{complete: &idempotency.Completion{Scope: "s", Key: "c2", Token: tokens["c2"], TTL: time.Hour,
+				Response: idempotency.Response{Status: 500, Body: []byte("part"), BodyOmitted: true}}},
+		}
+	}
+	viaRaw, oneByOne := ops(), ops()
+	if err := raw.writeRaw(ctx, viaRaw); err != nil {
+		t.Fatalf("writeRaw: %v", err)
+	}
+	for _, op := range oneByOne {
+		alone.writeOne(ctx, op)
+	}
+	for i, op := range viaRaw {
+		want := oneByOne[i]
+		if op.err != nil || want.err != nil {
+			t.Fatalf("op %d: %v, alone %v", i, op.err, want.err)
+		}
+		if op.claim != nil && (!op.res.Claimed || op.res.Token <= tokens["c2"]) {
+			t.Errorf("claim of %s: %+v, want granted with a token above %d", op.claim.Key, op.res, tokens["c2"])
+		}
+		got := op.res
+		got.Token, want.res.Token = 0, 0
+		if !reflect.DeepEqual(got, want.res) {
+			t.Errorf("op %d: %+v, alone %+v", i, op.res, want.res)
+		}
+	}
+	for _, key := range []string{"new1", "new2", "c1", "c2"} {
+		got, err := raw.Get(ctx, "s", key)
+		if err != nil {
+			t.Fatalf("record %s: %v", key, err)
+		}
+		want, err := alone.Get(ctx, "s", key)
+		if err != nil {
+			t.Fatalf("record %s alone: %v", key, err)
+		}
+		if key == "new1" || key == "new2" {
+			got.Token, want.Token = 0, 0
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("record %s: %+v, alone %+v", key, got, want)
+		}
+	}
+	// The claim's ID was written: the same claim made again is granted again, under
+	// the token it was granted.
+	res, err := raw.Claim(ctx, *viaRaw[0].claim)
+	if err != nil || !res.Claimed || res.Token != viaRaw[0].res.Token {
+		t.Errorf("new1's claim again: %+v, %v; want granted again under token %d", res, err, viaRaw[0].res.Token)
+	}
+	if raw.raw == nil {
+		t.Error("no statements prepared on the driver's connection")
+	}
+	if err := raw.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	if raw.raw != nil {
+		t.Error("Close left the driver-level statements open")
 	}
 }
