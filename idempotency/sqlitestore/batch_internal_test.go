@@ -402,3 +402,56 @@ func TestRawBatchDecidesAsAlone(t *testing.T) {
 		t.Error("Close left the driver-level statements open")
 	}
 }
+
+// A driver-level batch whose callers' context has ended by BEGIN writes nothing, keeps
+// its connection, and leaves it out of any transaction: the next batch on it commits.
+func TestRawBatchAfterBeginCut(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, Config{Path: filepath.Join(t.TempDir(), "r.db"), Batch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	claim := func(key string) []*writeOp {
+		return []*writeOp{{absent: true, claim: &idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "fp",
+			Lease: time.Minute, TTL: time.Hour}}}
+	}
+	conn, err := s.write.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	cut, cancel := context.WithCancel(ctx)
+	cancel()
+	var firstErr, cutErr, nextErr error
+	var kept bool
+	if err := conn.Raw(func(dc any) error {
+		firstErr = s.rawBatch(ctx, dc, claim("first"))
+		stmts := s.raw
+		cutErr = s.rawBatch(cut, dc, claim("cut"))
+		kept = s.raw == stmts && stmts != nil // the connection was not given up
+		nextErr = s.rawBatch(ctx, dc, claim("next"))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if firstErr != nil {
+		t.Fatalf("first batch: %v", firstErr)
+	}
+	if !kept {
+		t.Error("a batch cut before BEGIN gave its connection up")
+	}
+	if !errors.Is(cutErr, context.Canceled) {
+		t.Errorf("batch under an ended context: %v, want context.Canceled", cutErr)
+	}
+	if nextErr != nil {
+		t.Errorf("the next batch on the connection: %v", nextErr)
+	}
+	_ = conn.Close()
+	if _, err := s.Get(ctx, "s", "cut"); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Errorf("cut: %v, want not found", err)
+	}
+	if rec, err := s.Get(ctx, "s", "next"); err != nil || rec.State != idempotency.StateInProgress {
+		t.Errorf("next: %+v, %v; want claimed", rec, err)
+	}
+}

@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"io"
 
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/internal/headercodec"
 )
@@ -108,20 +111,26 @@ func (s *Store) rawBatch(ctx context.Context, dc any, ops []*writeOp) (err error
 	if err != nil {
 		return err
 	}
-	if _, err := execRaw(ctx, r.begin); err != nil {
-		return fmt.Errorf("sqlitestore: begin: %w", err)
-	}
 	run := context.WithoutCancel(ctx)
+	if _, err := execRaw(ctx, r.begin); err != nil {
+		err = fmt.Errorf("sqlitestore: begin: %w", err)
+		if ctx.Err() == nil {
+			return err
+		}
+		// The driver can report the callers' deadline as BEGIN takes the lock: end the
+		// transaction it may have begun. With none begun, ROLLBACK fails with
+		// SQLITE_ERROR (no transaction is active).
+		if _, rerr := execRaw(run, r.rollback); rerr != nil && !noTransaction(rerr) {
+			return s.discardRaw(r, err, rerr)
+		}
+		return err
+	}
 	defer func() {
 		if err == nil {
 			return
 		}
 		if _, rerr := execRaw(run, r.rollback); rerr != nil {
-			// The connection may still be in the transaction: database/sql discards it
-			// (ErrBadConn), after its statements are closed here, while it is held.
-			_ = r.close()
-			s.raw = nil
-			err = errors.Join(err, fmt.Errorf("sqlitestore: rollback: %w", rerr), driver.ErrBadConn)
+			err = s.discardRaw(r, err, rerr)
 		}
 	}()
 	tokens := &tokenBlock{}
@@ -168,6 +177,22 @@ func (s *Store) rawBatch(ctx context.Context, dc any, ops []*writeOp) (err error
 	}
 	s.committed(tokens)
 	return nil
+}
+
+// discardRaw closes r, whose connection a failed ROLLBACK (rerr) may have left in a
+// transaction, and returns err with driver.ErrBadConn, for database/sql to discard the
+// connection once it is released.
+func (s *Store) discardRaw(r *rawStmts, err, rerr error) error {
+	_ = r.close()
+	s.raw = nil
+	return errors.Join(err, fmt.Errorf("sqlitestore: rollback: %w", rerr), driver.ErrBadConn)
+}
+
+// noTransaction reports whether err is SQLite's SQLITE_ERROR, which ROLLBACK returns
+// when no transaction is active.
+func noTransaction(err error) bool {
+	var se *sqlite.Error
+	return errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_ERROR
 }
 
 // execRaw runs st with args and returns the rows it changed.
