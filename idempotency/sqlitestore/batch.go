@@ -78,6 +78,18 @@ func (s *Store) writeOne(ctx context.Context, op *writeOp) {
 	}
 }
 
+// batchTokens is the tokenBlock of a transaction of ops: it reserves, when it must, a
+// token for each of their claims.
+func batchTokens(ops []*writeOp) *tokenBlock {
+	b := &tokenBlock{}
+	for _, op := range ops {
+		if op.claim != nil {
+			b.want++
+		}
+	}
+	return b
+}
+
 // writeBatch runs ops in one transaction and commits it.
 //
 // BEGIN takes the write lock under ctx, so that a wait for another process's lock ends
@@ -96,12 +108,7 @@ func (s *Store) writeBatch(ctx context.Context, ops []*writeOp) error {
 	}
 	defer func() { _ = tx.Rollback() }()
 	ctx = context.WithoutCancel(ctx)
-	tokens := &tokenBlock{}
-	for _, op := range ops {
-		if op.claim != nil {
-			tokens.want++
-		}
-	}
+	tokens := batchTokens(ops)
 	for _, op := range ops {
 		if op.claim != nil {
 			op.res, op.err = s.claimTx(ctx, tx, *op.claim, op.absent, tokens)

@@ -133,12 +133,7 @@ func (s *Store) rawBatch(ctx context.Context, dc any, ops []*writeOp) (err error
 			err = s.discardRaw(r, err, rerr)
 		}
 	}()
-	tokens := &tokenBlock{}
-	for _, op := range ops {
-		if op.claim != nil {
-			tokens.want++
-		}
-	}
+	tokens := batchTokens(ops)
 	for _, op := range ops {
 		if op.claim != nil {
 			req := *op.claim

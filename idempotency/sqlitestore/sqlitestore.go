@@ -140,9 +140,9 @@
 // claim gone) or its commit does, the transaction is rolled back and each call runs
 // again alone. Extend, Abandon, Release and WithTx are never batched. A Store made by
 // Open runs a transaction of new keys' claims and completions (the common one) through
-// the driver, on its one write connection, rather than through database/sql: about a sixth
-// less CPU per new key (raw.go); anything else, and any transaction on a database
-// given to New, runs through database/sql.
+// the driver, on its one write connection, rather than through database/sql: about a
+// sixth less CPU per new key (raw.go). Anything else, and every transaction on a
+// database given to New, runs through database/sql.
 //
 // Under a load of several concurrent requests a transaction also waits, up to
 // Config.Gather (DefaultGather), for more writes before it begins, and begins as soon
