@@ -455,3 +455,25 @@ func TestRawBatchAfterBeginCut(t *testing.T) {
 		t.Errorf("next: %+v, %v; want claimed", rec, err)
 	}
 }
+
+// invalidConn is a driver connection that reports itself no longer valid.
+type invalidConn struct{}
+
+func (invalidConn) IsValid() bool { return false }
+
+// The driver-level statements of a connection database/sql will discard are closed
+// while it is still held, and prepared again on the next one.
+func TestRawStatementsLeaveAnInvalidConnection(t *testing.T) {
+	s := &Store{}
+	valid := &rawStmts{conn: "another connection"}
+	s.raw = valid
+	s.keepRawIfValid(valid.conn)
+	if s.raw != valid {
+		t.Fatal("statements of a connection that is not a driver.Validator were dropped")
+	}
+	s.raw = &rawStmts{conn: invalidConn{}}
+	s.keepRawIfValid(invalidConn{})
+	if s.raw != nil {
+		t.Fatal("statements of an invalid connection kept")
+	}
+}

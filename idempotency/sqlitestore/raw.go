@@ -249,12 +249,30 @@ func (s *Store) writeRaw(ctx context.Context, ops []*writeOp) error {
 		return fmt.Errorf("sqlitestore: begin: %w", err)
 	}
 	defer func() { _ = conn.Close() }()
-	return conn.Raw(func(dc any) error { return s.rawBatch(ctx, dc, ops) })
+	return conn.Raw(func(dc any) error {
+		err := s.rawBatch(ctx, dc, ops)
+		s.keepRawIfValid(dc)
+		return err
+	})
+}
+
+// keepRawIfValid closes the statements prepared on dc when dc is no longer valid (the
+// driver's answer for a connection SQLite was interrupted on, as when the callers'
+// deadline cut BEGIN's wait for the lock): database/sql closes such a connection when
+// it is released, and SQLite keeps a closed connection, its page cache included, for as
+// long as one of its statements is open.
+func (s *Store) keepRawIfValid(dc any) {
+	v, ok := dc.(driver.Validator)
+	if !ok || v.IsValid() || s.raw == nil || s.raw.conn != dc {
+		return
+	}
+	_ = s.raw.close()
+	s.raw = nil
 }
 
 // closeRaw closes the statements rawStatements prepared, on the connection they were
-// prepared on, once it is free (a batch running holds it). A Store closed while its
-// connection is broken leaves them to the driver, which frees them with the connection.
+// prepared on, once it is free (a batch running holds it). Those of a connection
+// database/sql gave up were closed before it did (discardRaw, keepRawIfValid).
 func (s *Store) closeRaw() error {
 	conn, err := s.write.Conn(context.Background())
 	if err != nil {
