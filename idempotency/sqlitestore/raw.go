@@ -80,8 +80,8 @@ func (s *Store) rawStatements(ctx context.Context, dc any) (*rawStmts, error) {
 		{&r.begin, `BEGIN IMMEDIATE`},
 		{&r.commit, `COMMIT`},
 		{&r.rollback, `ROLLBACK`},
-		{&r.lastToken, `SELECT last FROM ` + tokens + ` WHERE id = 1`},
-		{&r.nextToken, `UPDATE ` + tokens + ` SET last = last + ? WHERE id = 1 RETURNING last`},
+		{&r.lastToken, lastTokenSQL(tokens)},
+		{&r.nextToken, reserveTokensSQL(tokens)},
 		{&r.insert, insertSQL(t)},
 		{&r.complete, completeSQL(t)},
 	} {

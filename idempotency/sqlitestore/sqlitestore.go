@@ -463,10 +463,10 @@ func (s *Store) init(ctx context.Context, table string, batched bool, gather tim
 			WHERE (?1 = '' OR scope = ?1) AND (?2 = '' OR state = ?2) AND (NOT ?3 OR (scope, key) > (?4, ?5))
 				AND (?7 = '' OR route = ?7)
 			ORDER BY scope, key LIMIT ?6`},
-		{&s.st.ping, s.read, `SELECT last FROM ` + tokens + ` WHERE id = 1`},
+		{&s.st.ping, s.read, lastTokenSQL(tokens)},
 		{&s.st.lockedLean, s.write, lean},
-		{&s.st.lastToken, s.write, `SELECT last FROM ` + tokens + ` WHERE id = 1`},
-		{&s.st.nextToken, s.write, `UPDATE ` + tokens + ` SET last = last + ? WHERE id = 1 RETURNING last`},
+		{&s.st.lastToken, s.write, lastTokenSQL(tokens)},
+		{&s.st.nextToken, s.write, reserveTokensSQL(tokens)},
 		{&s.st.insert, s.write, insertSQL(t)},
 		// A takeover writes the route again: the record is filed under the route the
 		// request now runs under.
@@ -500,6 +500,16 @@ func (s *Store) init(ctx context.Context, table string, batched bool, gather tim
 		s.st.all = append(s.st.all, st)
 	}
 	return nil
+}
+
+// lastTokenSQL reads the token row of the token table tokens (quoted): the last token
+// reserved.
+func lastTokenSQL(tokens string) string { return `SELECT last FROM ` + tokens + ` WHERE id = 1` }
+
+// reserveTokensSQL raises the token row of tokens (quoted) by its parameter and returns
+// its new value.
+func reserveTokensSQL(tokens string) string {
+	return `UPDATE ` + tokens + ` SET last = last + ? WHERE id = 1 RETURNING last`
 }
 
 // insertSQL is a new key's claim on the table t (quoted): the record, unless one
