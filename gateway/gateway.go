@@ -270,7 +270,7 @@ func (g *Gateway) newRoute(p policy) (*route, error) {
 	// answered 504 before anything is claimed, and one whose budget runs out while its
 	// body arrives is answered 504 too; a body slower than BodyTimeout is a 408.
 	budget := p.mw.BodyTimeout + p.upstreamTimeout
-	rt.forwardH = http.HandlerFunc(g.forward)
+	rt.forwardH = forwarder{g}
 	rt.handler = deadline.Middleware(deadline.Config{Budget: budget, Logger: g.cfg.Logger})(http.HandlerFunc(g.serve))
 	return rt, nil
 }
@@ -440,7 +440,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	ex := exchangeOf(w)
 	o, err := idempotency.OutcomePassThrough, error(nil)
 	if ex.rt.mw == nil {
-		g.forward(w, r)
+		g.forward(w, r, nil)
 	} else {
 		o, err = ex.rt.mw.Serve(w, r, ex.rt.forwardH)
 	}
@@ -450,11 +450,22 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	ex.mu.Unlock()
 }
 
-// forward runs as the owner of the key (or for an unkeyed request) and sends the
-// request upstream, once.
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
+// forwarder is forward as the middleware's handler: a keyed request comes to it with
+// its claim (idempotency.ClaimHandler), and one the middleware passes through without.
+type forwarder struct{ g *Gateway }
+
+func (f forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) { f.g.forward(w, r, nil) }
+
+func (f forwarder) ServeClaimed(w http.ResponseWriter, r *http.Request, c *idempotency.Claim) {
+	f.g.forward(w, r, c)
+}
+
+// forward runs as the owner of claim's key (or, claim nil, for an unkeyed request) and
+// sends the request upstream, once. The upstream call's context carries the claim
+// (withoutServer), for the proxy's hooks and the transports under it.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, claim *idempotency.Claim) {
 	ex := exchangeOf(w)
-	claim, keyed := idempotency.ClaimFromContext(r.Context())
+	keyed := claim != nil
 	if keyed {
 		g.metrics.inFlight.Inc()
 		defer g.metrics.inFlight.Dec()
@@ -479,7 +490,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 	// it copies makes it return rather than panic: the break is then handled here, in
 	// the open, and the client's connection cut by ServeHTTP once it is accounted for.
 	// The context carries the exchange, for the proxy's hooks.
-	ex.noServer.Context, ex.noServer.ex = call.ctx, ex
+	ex.noServer.Context, ex.noServer.ex, ex.noServer.claim = call.ctx, ex, claim
 	if keyed && r.ContentLength > 0 {
 		// Once the upstream has the body, its bytes are room for the answer
 		// (Claim.DropBody): the pair then holds the larger of the two in memory, not both.
@@ -538,10 +549,13 @@ func statusClass(code int) string {
 
 // withoutServer hides the http.Server from the context the ReverseProxy sees: under a
 // server the proxy panics with http.ErrAbortHandler when a body copy fails, and the
-// gateway handles that failure itself (forward). It carries the exchange.
+// gateway handles that failure itself (forward). It carries the exchange, and the
+// claim of a keyed request (ClaimFromContext), which the middleware handed forward
+// rather than put in the request's context.
 type withoutServer struct {
 	context.Context
-	ex *exchange
+	ex    *exchange
+	claim *idempotency.Claim // nil: unkeyed
 }
 
 func (c *withoutServer) Value(key any) any {
@@ -550,6 +564,10 @@ func (c *withoutServer) Value(key any) any {
 		return nil
 	case exchangeKey{}:
 		return c.ex
+	case idempotency.ClaimKey{}:
+		if c.claim != nil {
+			return c.claim
+		}
 	}
 	return c.Context.Value(key)
 }

@@ -90,12 +90,20 @@ type reqBody struct {
 	size    int64       // len(b): the budget's bytes reserved for it until the request ends
 	dropped atomic.Bool // set under mu
 
-	mu    sync.Mutex
-	b     []byte
-	body  bytes.Reader    // r.Body's
-	first *bytes.Reader   // the first GetBody made (a proxy's, usually the only one)
-	more  []*bytes.Reader // the others
+	mu     sync.Mutex
+	b      []byte
+	body   bodyReader      // r.Body
+	first  *bytes.Reader   // the first GetBody made (a proxy's, usually the only one): &firstR
+	firstR bodyReader      // its reader, made with the body: most requests' GetBody is called once
+	more   []*bytes.Reader // the others
 }
+
+// bodyReader reads a body held in memory, and its Close does nothing: an
+// io.ReadCloser in the same allocation as the reader. It keeps bytes.Reader's WriteTo,
+// with which a transport copies the body in one write.
+type bodyReader struct{ bytes.Reader }
+
+func (*bodyReader) Close() error { return nil }
 
 // get is r.GetBody: a new reader of the body.
 func (rb *reqBody) get() (io.ReadCloser, error) {
@@ -104,13 +112,15 @@ func (rb *reqBody) get() (io.ReadCloser, error) {
 	if rb.dropped.Load() {
 		return nil, errBodyDropped
 	}
-	rd := bytes.NewReader(rb.b)
 	if rb.first == nil {
-		rb.first = rd
-	} else {
-		rb.more = append(rb.more, rd)
+		rb.firstR.Reset(rb.b)
+		rb.first = &rb.firstR.Reader
+		return &rb.firstR, nil
 	}
-	return io.NopCloser(rd), nil
+	rd := &bodyReader{}
+	rd.Reset(rb.b)
+	rb.more = append(rb.more, &rd.Reader)
+	return rd, nil
 }
 
 // drop lets go of the bytes: r.Body and the readers GetBody made read nothing more, and
@@ -269,7 +279,7 @@ func (m *Middleware) discardBody(w http.ResponseWriter, r *http.Request) {
 func setBody(r *http.Request, body []byte) *reqBody {
 	rb := &reqBody{size: int64(len(body)), b: body}
 	rb.body.Reset(body)
-	r.Body = io.NopCloser(&rb.body)
+	r.Body = &rb.body
 	r.ContentLength = int64(len(body))
 	r.GetBody = rb.get
 	return rb

@@ -43,19 +43,22 @@ type Claim struct {
 	leaseEnd error // nil while the lease runs
 }
 
-type claimKey struct{}
+// ClaimKey is the context key of a request's claim, which ClaimFromContext looks up. A
+// context that holds a claim in a field of its own, as a ClaimHandler's may, answers
+// Value(ClaimKey{}) with it, for the code below that looks for it.
+type ClaimKey struct{}
 
 // ClaimFromContext returns the claim of the request executing under the middleware, if
 // the request carried a key and won it.
 func ClaimFromContext(ctx context.Context) (*Claim, bool) {
-	c, ok := ctx.Value(claimKey{}).(*Claim)
+	c, ok := ctx.Value(ClaimKey{}).(*Claim)
 	return c, ok
 }
 
 // NewContext returns ctx carrying c. The middleware does this; it is exported for
 // stores' tests and for frameworks that claim keys themselves.
 func NewContext(ctx context.Context, c *Claim) context.Context {
-	return context.WithValue(ctx, claimKey{}, c)
+	return context.WithValue(ctx, ClaimKey{}, c)
 }
 
 // NewClaim returns a claim for a key won with token. ttl is the retention of the
@@ -98,6 +101,21 @@ func (c *Claim) end(cause error) {
 
 // errRequestOver ends a claim's lease context when its request is over.
 var errRequestOver = errors.New("idempotency: the request is over")
+
+// ClaimHandler is a handler that is handed its key's claim. Given one as the handler,
+// the middleware calls ServeClaimed for a request that won its key, with the request as
+// it came, where it would call ServeHTTP with the claim in the request's context; the
+// requests it passes through still go to ServeHTTP. It is for a handler that detaches
+// its work from the request whatever happens, as a proxy detaches a keyed upstream call
+// whose answer a retry will want: giving the claim in the context costs every request a
+// copy of itself and a context, which such a handler never waits on. The request's
+// context is then the one the middleware was given: it does not end when the lease is
+// lost, and neither ClaimFromContext nor Detach finds the claim in it unless the
+// handler gives its own contexts the claim (ClaimKey).
+type ClaimHandler interface {
+	http.Handler
+	ServeClaimed(w http.ResponseWriter, r *http.Request, c *Claim)
+}
 
 // Detach returns a context for work whose answer a retry will want (the handler's
 // business write, in transaction mode): it carries ctx's values but not its
@@ -227,7 +245,7 @@ type handlerContext struct {
 }
 
 func (h *handlerContext) Value(key any) any {
-	if key == (claimKey{}) {
+	if key == (ClaimKey{}) {
 		return h.c
 	}
 	return h.Context.Value(key)
@@ -277,7 +295,11 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, rb *reqBody
 			m.report(r, OutcomeReleased)
 		}
 	}()
-	next.ServeHTTP(rec, r.WithContext(e.ctx))
+	if ch, ok := next.(ClaimHandler); ok {
+		ch.ServeClaimed(rec, r, c)
+	} else {
+		next.ServeHTTP(rec, r.WithContext(e.ctx))
+	}
 	panicked = false
 	e.stopHeartbeat()
 

@@ -512,8 +512,7 @@ func CookieScope(name string) func(*http.Request) string {
 		if err != nil || c.Value == "" {
 			return ""
 		}
-		sum := sha256.Sum256([]byte(c.Value))
-		return hex.EncodeToString(sum[:])
+		return sha256Hex(c.Value)
 	}
 }
 
@@ -528,8 +527,15 @@ func AuthorizationScope(r *http.Request) string {
 	if a == "" {
 		return ""
 	}
-	sum := sha256.Sum256([]byte(a))
-	return hex.EncodeToString(sum[:])
+	return sha256Hex(a)
+}
+
+// sha256Hex returns the SHA-256 of s in hexadecimal, in one allocation: the string's.
+func sha256Hex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	var digits [2 * sha256.Size]byte
+	hex.Encode(digits[:], sum[:])
+	return string(digits[:])
 }
 
 func (m *Middleware) report(r *http.Request, o Outcome) {
