@@ -92,18 +92,11 @@ type reqBody struct {
 
 	mu     sync.Mutex
 	b      []byte
-	body   bodyReader      // r.Body
+	body   bytes.Reader    // r.Body's
 	first  *bytes.Reader   // the first GetBody made (a proxy's, usually the only one): &firstR
-	firstR bodyReader      // its reader, made with the body: most requests' GetBody is called once
+	firstR bytes.Reader    // made with the body: most requests' GetBody is called once
 	more   []*bytes.Reader // the others
 }
-
-// bodyReader reads a body held in memory, and its Close does nothing: an
-// io.ReadCloser in the same allocation as the reader. It keeps bytes.Reader's WriteTo,
-// with which a transport copies the body in one write.
-type bodyReader struct{ bytes.Reader }
-
-func (*bodyReader) Close() error { return nil }
 
 // get is r.GetBody: a new reader of the body.
 func (rb *reqBody) get() (io.ReadCloser, error) {
@@ -112,15 +105,15 @@ func (rb *reqBody) get() (io.ReadCloser, error) {
 	if rb.dropped.Load() {
 		return nil, errBodyDropped
 	}
+	rd := &rb.firstR
 	if rb.first == nil {
-		rb.firstR.Reset(rb.b)
-		rb.first = &rb.firstR.Reader
-		return &rb.firstR, nil
+		rd.Reset(rb.b)
+		rb.first = rd
+	} else {
+		rd = bytes.NewReader(rb.b)
+		rb.more = append(rb.more, rd)
 	}
-	rd := &bodyReader{}
-	rd.Reset(rb.b)
-	rb.more = append(rb.more, &rd.Reader)
-	return rd, nil
+	return io.NopCloser(rd), nil // io.NopCloser's own type: see reqBody
 }
 
 // drop lets go of the bytes: r.Body and the readers GetBody made read nothing more, and
@@ -279,7 +272,7 @@ func (m *Middleware) discardBody(w http.ResponseWriter, r *http.Request) {
 func setBody(r *http.Request, body []byte) *reqBody {
 	rb := &reqBody{size: int64(len(body)), b: body}
 	rb.body.Reset(body)
-	r.Body = &rb.body
+	r.Body = io.NopCloser(&rb.body) // see get
 	r.ContentLength = int64(len(body))
 	r.GetBody = rb.get
 	return rb

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -149,4 +150,82 @@ func TestHandlerContextLeaseLostWithoutDone(t *testing.T) {
 			t.Fatalf("cause %v, want ErrLeaseLost", cause)
 		}
 	})
+}
+
+// claimHandler records how the middleware called it, and answers 201; with release
+// set, ServeClaimed releases the key instead.
+type claimHandler struct {
+	release bool
+	served  []string // "http" or "claimed", in order
+	claims  []*idempotency.Claim
+	inCtx   []bool // ServeClaimed: whether the request's context held a claim
+	ctxs    []context.Context
+}
+
+func (h *claimHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.served = append(h.served, "http")
+	w.WriteHeader(http.StatusCreated)
+}
+
+func (h *claimHandler) ServeClaimed(w http.ResponseWriter, r *http.Request, c *idempotency.Claim) {
+	h.served = append(h.served, "claimed")
+	h.claims = append(h.claims, c)
+	_, in := idempotency.ClaimFromContext(r.Context())
+	h.inCtx = append(h.inCtx, in)
+	h.ctxs = append(h.ctxs, r.Context())
+	if h.release {
+		c.Release()
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	w.WriteHeader(http.StatusCreated)
+}
+
+// A ClaimHandler is handed the claim of a request that won its key, with the request's
+// own context, and the claim it is handed is the one the middleware settles: a release
+// lets the retry run, a stored answer is replayed. A request the middleware passes
+// through goes to ServeHTTP.
+func TestClaimHandlerIsHandedTheClaim(t *testing.T) {
+	t.Parallel()
+	mw := newCtxMiddleware(t, idempotency.Config{})
+	type ctxKey struct{}
+	base := context.WithValue(context.Background(), ctxKey{}, "caller's")
+
+	h := &claimHandler{release: true}
+	if w := keyed(t, base, mw, "k-released", h); w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("released: status %d, want 503", w.Code)
+	}
+	h.release = false
+	if w := keyed(t, base, mw, "k-released", h); w.Code != http.StatusCreated {
+		t.Fatalf("the retry of a released key: status %d, want 201", w.Code)
+	}
+	if w := keyed(t, base, mw, "k-released", h); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the retry after the answer was stored: status %d, replayed %q; want a replayed 201",
+			w.Code, w.Header().Get("Idempotent-Replayed"))
+	}
+	if want := []string{"claimed", "claimed"}; !slices.Equal(h.served, want) {
+		t.Fatalf("handler called %v, want %v", h.served, want)
+	}
+	for i, c := range h.claims {
+		if c == nil || c.Key != "k-released" || c.Token <= 0 {
+			t.Errorf("call %d: claim %+v, want key k-released with a token", i, c)
+		}
+		if h.inCtx[i] {
+			t.Errorf("call %d: the request's context holds a claim; a ClaimHandler is handed it instead", i)
+		}
+		if v := h.ctxs[i].Value(ctxKey{}); v != "caller's" {
+			t.Errorf("call %d: the request's context lost the caller's value: %v", i, v)
+		}
+	}
+	if h.claims[0].Token == h.claims[1].Token {
+		t.Errorf("the retry ran under the released claim's token %d", h.claims[0].Token)
+	}
+
+	// A method that takes no key passes through to ServeHTTP.
+	r := httptest.NewRequestWithContext(base, http.MethodGet, "/pay", nil)
+	w := httptest.NewRecorder()
+	mw.Handler(h).ServeHTTP(w, r)
+	if w.Code != http.StatusCreated || h.served[len(h.served)-1] != "http" {
+		t.Fatalf("GET: status %d, handler called %v; want 201 through ServeHTTP", w.Code, h.served)
+	}
 }
