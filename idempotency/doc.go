@@ -43,8 +43,11 @@
 // Work whose answer a retry will want must not end with its client: Detach gives a
 // handler a context that keeps the request's values but not its cancellation, and ends
 // only if the key is taken over. The stores' transaction modes (pgstore.Store.WithTx,
-// sqlitestore.Store.WithTx) run on it. A keyed request's ResponseWriter refuses to be
-// hijacked (ErrHijackKeyed): its response is stored and replayed.
+// sqlitestore.Store.WithTx) run on it. A handler that detaches all its work, as a proxy
+// does, can be a ClaimHandler: it is handed the claim with the request as it came, and
+// the request costs no copy with a context of its own. A keyed request's
+// ResponseWriter refuses to be hijacked (ErrHijackKeyed): its response is stored and
+// replayed.
 //
 // Leases and expiry are decided on the store's clock (the server's, for PostgreSQL and
 // Redis), so processes whose clocks disagree agree on them.
