@@ -148,7 +148,8 @@
 //     (route.go's match, a ServeMux lookup), makes the request's exchange, refuses a
 //     Connection header that names a protected header, and hands the request to the
 //     budget layer of its route,
-//     then serve, which calls the middleware's Serve with forward as the handler and
+//     then serve, which calls the middleware's Serve with forward as the handler (a
+//     ClaimHandler: handed the claim, not a copy of the request carrying it) and
 //     keeps the Outcome it returns. forward sends the request once through the
 //     ReverseProxy (retry.SendOnce under it), bounded by an upstreamCall; its hooks,
 //     modifyResponse and upstreamError, classify what the upstream did and Release,
@@ -161,7 +162,8 @@
 //     within its limits, fingerprints it, and claims the key in the store (a takeover
 //     only on a second claim, bound to the store's clock). A lost claim is answered
 //     there: replay, 409 or 422.
-//  5. idempotency/claim.go — execute runs the handler as the owner of the Claim, renews
+//  5. idempotency/claim.go — execute runs the handler as the owner of the Claim (with
+//     the claim in its request's context, or handed to a ClaimHandler), renews
 //     its lease (heartbeat), and then completes the record (finish → Store.Complete),
 //     releases or abandons the key, and only then lets the recorder send the answer.
 //  6. idempotency/recorder.go — the recorder holds the handler's answer until it is
