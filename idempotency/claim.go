@@ -269,7 +269,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, rb *reqBody
 	defer e.hctx.End(nil)
 	defer c.end(errRequestOver)
 	e.startHeartbeat()
-	e.rec.init(w, m.cfg.MaxResponse, e.overflowed, &m.bodies, rb)
+	e.rec.init(w, m.cfg.MaxResponse, e, &m.bodies, rb)
 	defer e.rec.release() // the answer's memory, when it has been sent (or on a panic)
 	rec := &e.rec
 
@@ -302,7 +302,15 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, rb *reqBody
 	}
 	panicked = false
 	e.stopHeartbeat()
+	// One return below the defers: with more, the compiler makes them records on the
+	// stack, run through the runtime's defer chain, rather than calls at the return.
+	return e.settle()
+}
 
+// settle stores, releases or abandons the key as the handler left it, sends its
+// answer, and returns what it did.
+func (e *execution) settle() (Outcome, error) {
+	m, r, c, rec := e.m, e.r, e.c, &e.rec
 	st := c.state()
 	switch {
 	case st.abort && (e.early != "" || st.completed):

@@ -635,6 +635,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	body, reserved, err := m.readBody(w, r)
 	defer m.bodies.give(reserved)
+	// One return below the defer (see execute).
+	return m.serveBody(w, r, next, key, body, err)
+}
+
+// serveBody is serve once the body is read (err: why it could not be).
+func (m *Middleware) serveBody(w http.ResponseWriter, r *http.Request, next http.Handler, key string, body []byte, err error) (Outcome, error) {
 	if err == nil {
 		err = r.Context().Err()
 	}

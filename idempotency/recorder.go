@@ -10,6 +10,11 @@ import (
 	"strings"
 )
 
+// overflower is told when the answer passes the recorder's limit: the execution whose
+// answer it is (an interface, where a method value would cost every request an
+// allocation).
+type overflower interface{ overflowed() }
+
 // recorder holds the handler's response until the middleware has stored it, then sends
 // it to the client: a client is never shown an answer its retry might not get again,
 // and a slow client does not keep the key from being completed. The body is kept up to
@@ -22,7 +27,7 @@ type recorder struct {
 	w        http.ResponseWriter // the client's
 	h        http.Header         // the handler's header map
 	limit    int64
-	overflow func()
+	overflow overflower // nil once called, or when nothing is to be told
 	budget   *bodyBudget
 	req      *reqBody // the request's body; nil without one
 	counted  int64    // what the kept body holds of the budget
@@ -41,7 +46,7 @@ type recorder struct {
 }
 
 // init readies r to record the answer to w, counting what it keeps in budget.
-func (r *recorder) init(w http.ResponseWriter, limit int64, overflow func(), budget *bodyBudget, req *reqBody) {
+func (r *recorder) init(w http.ResponseWriter, limit int64, overflow overflower, budget *bodyBudget, req *reqBody) {
 	r.w, r.h, r.limit, r.overflow = w, make(http.Header), limit, overflow
 	r.budget, r.req = budget, req
 }
@@ -124,7 +129,7 @@ func (r *recorder) Write(p []byte) (int, error) {
 func (r *recorder) passThrough() {
 	r.omitted = true
 	if r.overflow != nil {
-		r.overflow()
+		r.overflow.overflowed()
 		r.overflow = nil
 	}
 	r.sendHead(false)
