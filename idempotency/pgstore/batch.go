@@ -51,21 +51,34 @@ const DefaultGather = 5 * time.Millisecond
 // The batched statements join their arrays to the table, and PostgreSQL plans a
 // prepared statement once for all its executions (a generic plan) after its first
 // few: the join it then chose stays, however the table changes, until the table's
-// statistics change (ANALYZE, by autovacuum). On a new table, or one whose statistics
-// are missing or old (autovacuum off, or not yet run), that plan is a hash join over a
-// scan of the whole table, which then runs on every batch while the table grows:
-// measured, a quarter less throughput through the gateway at 40,000 records, with
-// autovacuum off. Planning at every execution
-// instead costs more than the scans did at the benchmarks' sizes (the claim's
-// statement is long). So each connection prepares its batched statements again once
-// they are replanAfter old: the new plan is made for the table as it is then (its
-// size read from the file when statistics are missing), index lookups once it has
-// grown past a few pages.
-const replanAfter = 10 * time.Second
+// statistics change (ANALYZE, by autovacuum). On a small table that plan is a hash join
+// over a scan of the whole table (measured: up to about 2,000 records of a fresh
+// table), and it then runs on every batch while the table grows: measured, a quarter
+// less throughput through the gateway at 40,000 records with autovacuum off, and twice
+// the PostgreSQL CPU per new key in a new table's first ten seconds with it on (it
+// analyzes a table a minute at most). Planning at every execution instead costs more
+// than the scans did at the benchmarks' sizes (the claim's statement is long). So each
+// connection prepares its batched statements again, so that the new plan is made for
+// the table as it is then (its size read from the file when statistics are missing),
+// index lookups once it has grown past a few pages:
+//   - once they are replanAfter old, for the records other writers add and remove;
+//   - once this store has created, since they were prepared, at least as many records
+//     as it had before and replanGrowth or more: while a new table grows, its plans
+//     follow it after 256, 768, 1,792... records, a handful of prepares for any size.
+const (
+	replanAfter  = 10 * time.Second
+	replanGrowth = 256
+)
 
 // plansKey is the key, in PgConn.CustomData, of when the connection prepared each
-// batched statement, by name.
+// batched statement, by name (a map[string]plan).
 const plansKey = "github.com/retrysafe/retrysafe/idempotency/pgstore.plans"
+
+// plan is when a connection prepared a batched statement.
+type plan struct {
+	at      time.Time
+	created int64 // the records the store had created (Store.created)
+}
 
 // batchPrefix begins the names of the batched statements prepared on a connection.
 const batchPrefix = "retrysafe_batch_"
@@ -80,21 +93,22 @@ func batchName(kind, sql string) string {
 
 // prepared returns name, the batched statement sql prepared on conn: prepared when
 // the connection has not, and prepared again (so planned afresh) when the connection
-// prepared it more than the store's replan interval ago.
+// prepared it more than the store's replan interval ago or before the table grew (see
+// replanAfter).
 func (s *Store) prepared(ctx context.Context, conn *pgx.Conn, name, sql string) (string, error) {
 	data := conn.PgConn().CustomData()
-	at, _ := data[plansKey].(map[string]time.Time)
-	if at == nil {
-		at = make(map[string]time.Time, 2)
-		data[plansKey] = at
+	plans, _ := data[plansKey].(map[string]plan)
+	if plans == nil {
+		plans = make(map[string]plan, 2)
+		data[plansKey] = plans
 	}
-	now := time.Now()
-	t, ok := at[name]
-	if ok && now.Sub(t) < time.Duration(s.replan.Load()) {
+	now, created := time.Now(), s.created.Load()
+	p, ok := plans[name]
+	if ok && now.Sub(p.at) < time.Duration(s.replan.Load()) && created-p.created < max(p.created, replanGrowth) {
 		return name, nil
 	}
 	if ok {
-		delete(at, name)
+		delete(plans, name)
 		if err := conn.Deallocate(ctx, name); err != nil {
 			return "", err
 		}
@@ -102,7 +116,7 @@ func (s *Store) prepared(ctx context.Context, conn *pgx.Conn, name, sql string) 
 	if _, err := conn.Prepare(ctx, name, sql); err != nil {
 		return "", err
 	}
-	at[name] = now
+	plans[name] = plan{at: now, created: created}
 	return name, nil
 }
 

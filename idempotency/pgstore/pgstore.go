@@ -121,8 +121,8 @@
 // # Round trips
 //
 // Statements are prepared once per connection (pgx's default
-// QueryExecModeCacheStatement; the batched ones are prepared again every
-// replanAfter, see there), and each method runs one: a first execution costs two
+// QueryExecModeCacheStatement; the batched ones are prepared again as the
+// table grows, see replanAfter), and each method runs one: a first execution costs two
 // round trips (Claim, Complete), a replay one (Claim). A fenced write (Extend, Abandon,
 // Complete, Release) that changes no row runs a second statement to say why (no record:
 // idempotency.ErrRecordGone; another token or done: ErrLeaseLost; a completion sent
@@ -318,8 +318,9 @@ type Store struct {
 		schema, table, sequence, index string
 		claimBatch, completeBatch      string // the batched statements' prepared names
 	}
-	replan atomic.Int64 // time.Duration: the batched statements are prepared again when older
-	sql    statements
+	replan  atomic.Int64 // time.Duration: the batched statements are prepared again when older
+	created atomic.Int64 // records created by claims, which the batched statements' plans follow
+	sql     statements
 
 	claims    *batch.Group[*claimCall]    // nil without Config.Batch
 	completes *batch.Group[*completeCall] // nil without Config.Batch
@@ -663,6 +664,7 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (res id
 		case !c.found:
 			continue // inserted by another transaction after this statement's snapshot
 		case c.claimed:
+			s.created.Add(1)
 			return idempotency.ClaimResult{Claimed: true, Token: c.rec.Token, Now: c.at}, nil
 		case c.own:
 			res, err := s.reclaim(ctx, c)

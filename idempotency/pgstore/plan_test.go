@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,37 @@ import (
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/pgstore"
 )
+
+// claimCompleteBatched claims and completes keys new keys named prefix and a number,
+// each answered with body, from 8 goroutines on st, so that they go in batches when st
+// batches and its pool has a single connection.
+func claimCompleteBatched(t *testing.T, st *pgstore.Store, prefix string, keys int, body []byte) {
+	t.Helper()
+	ctx := t.Context()
+	var wg sync.WaitGroup
+	errs := make(chan error, keys)
+	for g := range 8 {
+		wg.Go(func() {
+			for i := g; i < keys; i += 8 {
+				key := fmt.Sprint(prefix, i)
+				r, err := st.Claim(ctx, idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
+				if err == nil && r.Claimed {
+					err = st.Complete(ctx, idempotency.Completion{Scope: "s", Key: key, Token: r.Token,
+						Response: idempotency.Response{Status: 201, Body: body}, TTL: time.Hour})
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
 
 // The store's statements, batched or not, look records up by index however the table
 // started: here it is new and never analyzed (autovacuum off, or not yet run), the
@@ -49,34 +81,7 @@ func indexOnGrownTable(t *testing.T, batch bool) {
 		t.Fatal(err)
 	}
 	seqScans := func() int64 { t.Helper(); return statsOf(t, pool, schema).seqScans }
-	// claimAndComplete claims and completes keys from 8 goroutines on the pool's one
-	// connection, so that they go in batches.
-	claimAndComplete := func(prefix string, keys int) {
-		t.Helper()
-		var wg sync.WaitGroup
-		errs := make(chan error, keys)
-		for g := range 8 {
-			wg.Go(func() {
-				for i := g; i < keys; i += 8 {
-					key := fmt.Sprint(prefix, i)
-					r, err := st.Claim(ctx, idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
-					if err == nil && r.Claimed {
-						err = st.Complete(ctx, idempotency.Completion{Scope: "s", Key: key, Token: r.Token,
-							Response: idempotency.Response{Status: 201, Body: []byte("ok")}, TTL: time.Hour})
-					}
-					if err != nil {
-						errs <- err
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatal(err)
-		}
-	}
+	claimAndComplete := func(prefix string, keys int) { t.Helper(); claimCompleteBatched(t, st, prefix, keys, []byte("ok")) }
 	claimAndComplete("small-", 400) // the table is small: each statement runs many times
 	if batch && tracer.n.Load() < 20 {
 		t.Fatalf("%d batched statements ran while the table was small, want at least 20", tracer.n.Load())
@@ -113,5 +118,45 @@ func indexOnGrownTable(t *testing.T, batch bool) {
 	}
 	if scans > 0 {
 		t.Errorf("claims and completions (%d batched statements) on the grown table scanned it whole %d times, want 0", ran, scans)
+	}
+}
+
+// A store that starts on a new table plans its batched statements while the table is
+// empty, a hash join over a scan of it, and keeps running them as the table grows
+// within the replan interval (here an hour, so that only the table's growth can count):
+// the connection prepares them again each time the records the store created have at
+// least doubled, so that once the table is past a few pages the plan looks records up
+// by index. The answers are 1 KiB, so that a few hundred records fill the pages that
+// make an index lookup the cheaper plan.
+func TestPlansFollowANewTable(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tracer := &batchTracer{}
+	pool := newPool(t, testenv.PostgresURL(t), func(c *pgxpool.Config) {
+		c.MaxConns = 1
+		c.ConnConfig.Tracer = tracer
+		c.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan" // as in indexOnGrownTable
+	})
+	st, schema := newStoreConfig(t, pgstore.Config{Pool: pool, Batch: true})
+	st.SetReplanAfter(time.Hour)
+	table := pgx.Identifier{schema, "retrysafe_idempotency"}.Sanitize()
+	if _, err := pool.Exec(ctx, "ALTER TABLE "+table+" SET (autovacuum_enabled = false)"); err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(strings.Repeat("x", 1024))
+	before := statsOf(t, pool, schema).seqScans
+	claimCompleteBatched(t, st, "new-", 1200, body)
+	grown, batches := statsOf(t, pool, schema).seqScans, tracer.n.Load()
+	if batches < 20 {
+		t.Fatalf("%d batched statements ran while the table grew, want at least 20", batches)
+	}
+	t.Logf("%d batched statements scanned the table %d times while it grew to 1,200 records", batches, grown-before)
+	claimCompleteBatched(t, st, "grown-", 400, body)
+	ran, scans := tracer.n.Load()-batches, statsOf(t, pool, schema).seqScans-grown
+	if ran < 10 {
+		t.Fatalf("%d batched statements ran on the grown table, want at least 10", ran)
+	}
+	if scans > 0 {
+		t.Errorf("%d batched statements on a table grown from empty to 1,200 records scanned it whole %d times, want 0", ran, scans)
 	}
 }
