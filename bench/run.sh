@@ -593,12 +593,31 @@ lg() {
 	cpu=(${CPUARGS[$i]} --cpu loadgen=self)
 	cpu+=("${PG_CPU[@]}")
 	[ -n "$REDIS_PID" ] && [ "$subject" = gw-redis ] && cpu+=(--cpu "redis=$REDIS_PID")
+	local bg0
+	bg0=$(pgbg)
 	"$BIN/loadgen" --url "http://127.0.0.1:${PORT[$i]}/payments" -c "$clients" \
 		-H 'Content-Type: application/json' --body "$BODY" --format json --clk-tck "$CLK_TCK" "${cpu[@]}" \
 		--tag kind="$kind" --tag subject="$subject" --tag body="${PAD[$i]}" --tag clients="$clients" --tag round="$round" \
 		--tag loadavg="$la" "$@" >"$WORK/last.json" 2>>"$LOGS/loadgen.log" || { log "loadgen failed for $i ($kind, $clients clients)"; return 0; }
+	if [ -n "$bg0" ]; then # what the cluster's background work did during the run (warm-up included)
+		jq -c --argjson a "$bg0" --argjson b "$(pgbg)" \
+			'. + {pg_background: ($a | with_entries(.value = $b[.key] - .value))}' "$WORK/last.json" >"$WORK/last.bg.json" &&
+			mv "$WORK/last.bg.json" "$WORK/last.json"
+	fi
 	cat "$WORK/last.json" >>"$RESULTS"
-	jq -r '"\(.tags.kind) \(.tags.subject) body=\(.tags.body) c=\(.clients) r=\(.tags.round): \(.throughput|floor) req/s, p50 \(.latency.p50_ms) p99 \(.latency.p99_ms) ms, status \(.status|tostring), errors \(.errors); CPU µs/req \([.cpu // {} | to_entries[] | "\(.key) \(.value.us_per_request // 0 | floor)"] | join(", ")) (load \(.tags.loadavg))"' "$WORK/last.json" >&2
+	jq -r '"\(.tags.kind) \(.tags.subject) body=\(.tags.body) c=\(.clients) r=\(.tags.round): \(.throughput|floor) req/s, p50 \(.latency.p50_ms) p99 \(.latency.p99_ms) ms, status \(.status|tostring), errors \(.errors); CPU µs/req \([.cpu // {} | to_entries[] | "\(.key) \(.value.us_per_request // 0 | floor)"] | join(", ")) (load \(.tags.loadavg))\(if .pg_background then "; pg background \(.pg_background | tostring)" else "" end)"' "$WORK/last.json" >&2
+}
+
+# pgbg: on OWN_PG's cluster, its counters of background work as a JSON object:
+# checkpoints begun, autovacuum and autoanalyze runs finished on any table, full-page
+# images written to the WAL. A window in which one ran costs more than the requests'
+# own statements; the report's per-round figures can be matched against them.
+pgbg() {
+	[ -n "${OWN_PG:-}" ] || return 0
+	psql "$PG_URL" -XAtqc "SELECT json_build_object('checkpoints', checkpoints_timed + checkpoints_req,
+		'autovacuums', (SELECT coalesce(sum(autovacuum_count), 0) FROM pg_stat_all_tables),
+		'autoanalyzes', (SELECT coalesce(sum(autoanalyze_count), 0) FROM pg_stat_all_tables),
+		'wal_fpi', (SELECT wal_fpi FROM pg_stat_wal)) FROM pg_stat_bgwriter" 2>>"$LOGS/pgbg.log" || true
 }
 
 # idle LABEL: the shared servers' CPU over IDLE with nothing of ours sending (the idle
