@@ -38,23 +38,27 @@ func statsOf(t *testing.T, pool *pgxpool.Pool, schema string) tableStats {
 	return s
 }
 
-// completeMany claims and completes n new keys with an answer of the gateway's usual
-// size, from 8 goroutines, so that claims and completions go in batches when the store
-// batches.
-func completeMany(t *testing.T, st *pgstore.Store, n int) {
-	t.Helper()
-	ctx := t.Context()
-	resp := idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"},
+// usualAnswer is an answer of the gateway's usual size.
+func usualAnswer() idempotency.Response {
+	return idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"},
 		"Date": {"Sat, 05 Dec 2026 12:00:00 GMT"}, "X-Request-Id": {"4f6c2d9e-8a57-4bd2-9a51-0c8e1f3b7a66"}},
 		Body: []byte(`{"id":"pay_0123456789","amount":1250,"currency":"EUR","status":"succeeded","user":"u1"}` + strings.Repeat(" ", 40))}
+}
+
+// completeMany claims n new keys, named prefix and a number, and completes each with
+// resp, from 8 goroutines, so that claims and completions go in batches when the store
+// batches.
+func completeMany(t *testing.T, st *pgstore.Store, prefix string, n int, resp idempotency.Response) {
+	t.Helper()
+	ctx := t.Context()
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for g := range 8 {
 		wg.Go(func() {
 			for i := g; i < n; i += 8 {
-				key := fmt.Sprintf("key-%06d-%s", i, strings.Repeat("k", 24))
+				key := fmt.Sprintf("%s%06d-%s", prefix, i, strings.Repeat("k", 24))
 				r, err := st.Claim(ctx, idempotency.ClaimRequest{Scope: "user-1", Key: key, Fingerprint: strings.Repeat("f", 64),
-					Lease: time.Minute, TTL: time.Hour, ID: fmt.Sprint("claim-", i)})
+					Lease: time.Minute, TTL: time.Hour, ID: fmt.Sprint("claim-", prefix, i)})
 				if err != nil || !r.Claimed {
 					errs <- fmt.Errorf("claim %s = %+v, %v", key, r, err)
 					return
@@ -85,7 +89,7 @@ func TestCompletionsAreHOT(t *testing.T) {
 			pool := newPool(t, testenv.PostgresURL(t), func(c *pgxpool.Config) { c.MaxConns = 1 })
 			st, schema := newStoreConfig(t, pgstore.Config{Pool: pool, Batch: batch})
 			const n = 400
-			completeMany(t, st, n)
+			completeMany(t, st, "key-", n, usualAnswer())
 			s := statsOf(t, pool, schema)
 			upd, hot := s.upd, s.hot
 			if upd < n {
@@ -190,7 +194,7 @@ func TestMigrateToHOTCompletions(t *testing.T) {
 		t.Error("the expired old record is still there")
 	}
 	before := statsOf(t, pool, schema)
-	completeMany(t, reopened, 200)
+	completeMany(t, reopened, "key-", 200, usualAnswer())
 	after := statsOf(t, pool, schema)
 	upd, hot := after.upd-before.upd, after.hot-before.hot
 	if upd < 200 || hot < upd*9/10 {

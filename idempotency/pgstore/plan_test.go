@@ -3,7 +3,6 @@ package pgstore_test
 import (
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,37 +13,6 @@ import (
 	"github.com/retrysafe/retrysafe/idempotency"
 	"github.com/retrysafe/retrysafe/idempotency/pgstore"
 )
-
-// claimCompleteBatched claims and completes keys new keys named prefix and a number,
-// each answered with body, from 8 goroutines on st, so that they go in batches when st
-// batches and its pool has a single connection.
-func claimCompleteBatched(t *testing.T, st *pgstore.Store, prefix string, keys int, body []byte) {
-	t.Helper()
-	ctx := t.Context()
-	var wg sync.WaitGroup
-	errs := make(chan error, keys)
-	for g := range 8 {
-		wg.Go(func() {
-			for i := g; i < keys; i += 8 {
-				key := fmt.Sprint(prefix, i)
-				r, err := st.Claim(ctx, idempotency.ClaimRequest{Scope: "s", Key: key, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
-				if err == nil && r.Claimed {
-					err = st.Complete(ctx, idempotency.Completion{Scope: "s", Key: key, Token: r.Token,
-						Response: idempotency.Response{Status: 201, Body: body}, TTL: time.Hour})
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-}
 
 // The store's statements, batched or not, look records up by index however the table
 // started: here it is new and never analyzed (autovacuum off, or not yet run), the
@@ -81,7 +49,8 @@ func indexOnGrownTable(t *testing.T, batch bool) {
 		t.Fatal(err)
 	}
 	seqScans := func() int64 { t.Helper(); return statsOf(t, pool, schema).seqScans }
-	claimAndComplete := func(prefix string, keys int) { t.Helper(); claimCompleteBatched(t, st, prefix, keys, []byte("ok")) }
+	answer := idempotency.Response{Status: 201, Body: []byte("ok")}
+	claimAndComplete := func(prefix string, keys int) { t.Helper(); completeMany(t, st, prefix, keys, answer) }
 	claimAndComplete("small-", 400) // the table is small: each statement runs many times
 	if batch && tracer.n.Load() < 20 {
 		t.Fatalf("%d batched statements ran while the table was small, want at least 20", tracer.n.Load())
@@ -143,15 +112,15 @@ func TestPlansFollowANewTable(t *testing.T) {
 	if _, err := pool.Exec(ctx, "ALTER TABLE "+table+" SET (autovacuum_enabled = false)"); err != nil {
 		t.Fatal(err)
 	}
-	body := []byte(strings.Repeat("x", 1024))
+	answer := idempotency.Response{Status: 201, Body: []byte(strings.Repeat("x", 1024))}
 	before := statsOf(t, pool, schema).seqScans
-	claimCompleteBatched(t, st, "new-", 1200, body)
+	completeMany(t, st, "new-", 1200, answer)
 	grown, batches := statsOf(t, pool, schema).seqScans, tracer.n.Load()
 	if batches < 20 {
 		t.Fatalf("%d batched statements ran while the table grew, want at least 20", batches)
 	}
 	t.Logf("%d batched statements scanned the table %d times while it grew to 1,200 records", batches, grown-before)
-	claimCompleteBatched(t, st, "grown-", 400, body)
+	completeMany(t, st, "grown-", 400, answer)
 	ran, scans := tracer.n.Load()-batches, statsOf(t, pool, schema).seqScans-grown
 	if ran < 10 {
 		t.Fatalf("%d batched statements ran on the grown table, want at least 10", ran)
