@@ -215,3 +215,45 @@ func TestPooledRuns(t *testing.T) {
 		t.Error("a missing file among several: no error")
 	}
 }
+
+// TestSummedRounds checks that a CPU target is met only when the ratio of the rounds'
+// sums meets it too: one round in which background work fell moves the sums, not the
+// medians.
+func TestSummedRounds(t *testing.T) {
+	t.Parallel()
+	var lines strings.Builder
+	// µs per request: responses 1000, so seconds × 1e6 ÷ 1000.
+	for i, r := range []struct{ bare, gw, direct, gwpg float64 }{
+		{0.100, 0.100, 0.20, 0.34},
+		{0.100, 0.110, 0.20, 0.35},
+		{0.100, 0.200, 0.20, 0.70}, // a round with a checkpoint in the gateways' windows
+	} {
+		round := i + 1
+		fmt.Fprintf(&lines, `{"tags":{"kind":"matrix","subject":"direct","body":"0","clients":"32","round":"%d"},"throughput":1000,"responses":1000,"latency":{"p50_ms":1,"p99_ms":4},"cpu_window_s":2,"cpu":{"pgcluster":{"seconds":%g}}}
+{"tags":{"kind":"matrix","subject":"bareproxy","body":"0","clients":"32","round":"%d"},"throughput":900,"responses":1000,"latency":{"p50_ms":1,"p99_ms":6},"cpu_window_s":2,"cpu":{"proxy":{"seconds":%g}}}
+{"tags":{"kind":"matrix","subject":"gw-memory","body":"0","clients":"32","round":"%d"},"throughput":800,"responses":1000,"latency":{"p50_ms":3,"p99_ms":8},"cpu_window_s":2,"cpu":{"proxy":{"seconds":%g}}}
+{"tags":{"kind":"matrix","subject":"gw-postgres","body":"0","clients":"32","round":"%d"},"throughput":500,"responses":1000,"latency":{"p50_ms":3,"p99_ms":8},"cpu_window_s":2,"cpu":{"pgcluster":{"seconds":%g}}}
+`, round, r.direct, round, r.bare, round, r.gw, round, r.gwpg)
+	}
+	path := filepath.Join(t.TempDir(), "r.jsonl")
+	if err := os.WriteFile(path, []byte(lines.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb strings.Builder
+	summary(&sb, recs)
+	out := sb.String()
+	for _, want := range []string{
+		// Medians 110 against 100 µs: 1.10×; sums 410 against 300: 1.37×.
+		"| floor | gw-memory's own CPU per new key ÷ bareproxy's per proxied request | 1.10× (110 against 100 µs); summed over the 3 rounds 1.37× | ≤ 1.15× | **no** |",
+		// Medians 350 − 200 against 200: 0.75×; sums (1390 − 600) ÷ 600: 1.32×.
+		"beyond the upstream's INSERT ÷ the INSERT's | 0.75× (350 − 200 = 150 µs against 200 µs); summed over the 3 rounds 1.32× | ≤ 0.80× | **no** |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("summary lacks %q:\n%s", want, out)
+		}
+	}
+}
