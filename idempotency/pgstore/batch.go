@@ -52,15 +52,16 @@ const DefaultGather = 5 * time.Millisecond
 // prepared statement once for all its executions (a generic plan) after its first
 // few: the join it then chose stays, however the table changes, until the table's
 // statistics change (ANALYZE, by autovacuum). On a small table that plan is a hash join
-// over a scan of the whole table (measured: up to about 2,000 records of a fresh
-// table), and it then runs on every batch while the table grows: measured, a quarter
-// less throughput through the gateway at 40,000 records with autovacuum off, and twice
-// the PostgreSQL CPU per new key in a new table's first ten seconds with it on (it
-// analyzes a table a minute at most). Planning at every execution instead costs more
-// than the scans did at the benchmarks' sizes (the claim's statement is long). So each
-// connection prepares its batched statements again, so that the new plan is made for
-// the table as it is then (its size read from the file when statistics are missing),
-// index lookups once it has grown past a few pages:
+// over a scan of the whole table (measured: up to 2,000–4,000 records of a fresh
+// table with small answers), and it then runs on every batch while the table grows:
+// measured, a quarter less throughput through the gateway at 40,000 records with
+// autovacuum off, and 1.4–1.6× the PostgreSQL CPU per new key in a new table's first
+// ten seconds (autovacuum analyzes a table once a minute at most). Planning at every
+// execution instead costs more than the scans did at the benchmarks' sizes (the
+// claim's statement is long). So each connection prepares its batched statements
+// again, so that the new plan is made for the table as it is then (its size read from
+// the file when statistics are missing), index lookups once it has grown past a few
+// pages:
 //   - once they are replanAfter old, for the records other writers add and remove;
 //   - once this store has created, since they were prepared, at least as many records
 //     as it had before and replanGrowth or more: while a new table grows, its plans
