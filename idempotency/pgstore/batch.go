@@ -55,7 +55,7 @@ const DefaultGather = 5 * time.Millisecond
 // over a scan of the whole table (measured: up to 2,000–4,000 records of a fresh
 // table with small answers), and it then runs on every batch while the table grows:
 // measured, a quarter less throughput through the gateway at 40,000 records with
-// autovacuum off, and 1.4–1.6× the PostgreSQL CPU per new key in a new table's first
+// autovacuum off, and 1.3–1.7× the PostgreSQL CPU per new key in a new table's first
 // ten seconds (autovacuum analyzes a table once a minute at most). Planning at every
 // execution instead costs more than the scans did at the benchmarks' sizes (the
 // claim's statement is long). So each connection prepares its batched statements
