@@ -86,16 +86,22 @@ func BenchmarkGatewayInProcess(b *testing.B) {
 		name string
 		key  func(i int) string
 		bare bool
+		off  bool // the route's idempotency off: the gateway's own layers around the proxy
 	}{
-		{"new-key", func(i int) string { return "k-" + strconv.Itoa(i) }, false},
-		{"replay", func(int) string { return "same" }, false},
-		{"bare", func(i int) string { return "k-" + strconv.Itoa(i) }, true},
+		{"new-key", func(i int) string { return "k-" + strconv.Itoa(i) }, false, false},
+		{"replay", func(int) string { return "same" }, false, false},
+		{"off", func(i int) string { return "k-" + strconv.Itoa(i) }, false, true},
+		{"bare", func(i int) string { return "k-" + strconv.Itoa(i) }, true, false},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			var h http.Handler = bare
 			if !c.bare {
-				gw, err := gateway.New(gateway.Config{Upstream: u, Logger: slog.New(slog.DiscardHandler), Transport: cannedUpstream{},
-					Idempotency: idempotency.Config{Store: memstore.New()}})
+				cfg := gateway.Config{Upstream: u, Logger: slog.New(slog.DiscardHandler), Transport: cannedUpstream{},
+					Idempotency: idempotency.Config{Store: memstore.New()}}
+				if c.off {
+					cfg.Routes = []gateway.Route{{Pattern: "/", Off: true}}
+				}
+				gw, err := gateway.New(cfg)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -611,13 +611,19 @@ lg() {
 # pgbg: on OWN_PG's cluster, its counters of background work as a JSON object:
 # checkpoints begun, autovacuum and autoanalyze runs finished on any table, full-page
 # images written to the WAL. A window in which one ran costs more than the requests'
-# own statements; the report's per-round figures can be matched against them.
+# own statements; the report's per-round figures can be matched against them. With
+# them the next transaction ID (xids): every writing transaction takes one, so a
+# window's count is its writes' commits exactly (the statistics views' commit counts
+# reach the view up to a second late). The upstream's INSERT is one; a store's batch
+# of claims or of completions is one, so the store's share per new key says how large
+# its batches were.
 pgbg() {
 	[ -n "${OWN_PG:-}" ] || return 0
 	psql "$PG_URL" -XAtqc "SELECT json_build_object('checkpoints', checkpoints_timed + checkpoints_req,
 		'autovacuums', (SELECT coalesce(sum(autovacuum_count), 0) FROM pg_stat_all_tables),
 		'autoanalyzes', (SELECT coalesce(sum(autoanalyze_count), 0) FROM pg_stat_all_tables),
-		'wal_fpi', (SELECT wal_fpi FROM pg_stat_wal)) FROM pg_stat_bgwriter" 2>>"$LOGS/pgbg.log" || true
+		'wal_fpi', (SELECT wal_fpi FROM pg_stat_wal),
+		'xids', pg_snapshot_xmax(pg_current_snapshot())::text::bigint) FROM pg_stat_bgwriter" 2>>"$LOGS/pgbg.log" || true
 }
 
 # idle LABEL: the shared servers' CPU over IDLE with nothing of ours sending (the idle
