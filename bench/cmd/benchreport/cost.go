@@ -49,6 +49,7 @@ type point struct {
 	bad                      int64 // non-2xx responses and errors
 	responses, replayed      int64
 	loads                    []float64
+	writes                   []float64 // per round: writing transactions per response (PGBackground's xids)
 }
 
 // points is every point of the load phases, with their rounds' baselines.
@@ -116,6 +117,9 @@ func collect(recs []record, kinds ...string) points {
 				}
 			}
 			p.cpu[totalCPU] = append(p.cpu[totalCPU], total)
+		}
+		if x, ok := r.PGBackground["xids"]; ok && r.Responses > 0 {
+			p.writes = append(p.writes, x/float64(r.Responses))
 		}
 		p.responses += r.Responses
 		p.replayed += r.Replayed

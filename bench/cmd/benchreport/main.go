@@ -31,6 +31,10 @@ import (
 type record struct {
 	load.Result
 	Rows *int64 `json:"rows,omitempty"`
+	// PGBackground is what the PostgreSQL cluster of the run's own counted during the
+	// window (run.sh's pgbg): checkpoints, autovacuums, autoanalyzes, full-page images,
+	// and xids, the transaction IDs it handed out, one per writing transaction.
+	PGBackground map[string]float64 `json:"pg_background,omitempty"`
 
 	// us is the CPU per response of each process, in µs, the shared servers' less
 	// their idle rate (see prepare).

@@ -257,3 +257,62 @@ func TestSummedRounds(t *testing.T) {
 		}
 	}
 }
+
+// The store's batch size is read from the transaction IDs the cluster handed out in
+// each window: direct's INSERT takes one per request; gw-postgres's requests take
+// that one and their share of a claim batch's and a completion batch's.
+func TestBatchSize(t *testing.T) {
+	t.Parallel()
+	var lines strings.Builder
+	// 1000 responses a window. direct: 1,000 to 1,020 xids; gw-postgres: 1,250 to
+	// 1,300 (medians 1.01 and 1.27: 0.26 per new key beyond the INSERT, two batches of
+	// about 7.7 new keys each).
+	for i, x := range []struct{ direct, gw float64 }{{1000, 1250}, {1010, 1270}, {1020, 1300}} {
+		round := i + 1
+		fmt.Fprintf(&lines, `{"tags":{"kind":"matrix","subject":"direct","body":"0","clients":"32","round":"%d"},"throughput":1000,"responses":1000,"latency":{"p50_ms":1,"p99_ms":4},"cpu_window_s":2,"cpu":{"pgcluster":{"seconds":0.2}},"pg_background":{"checkpoints":0,"xids":%g}}
+{"tags":{"kind":"matrix","subject":"gw-postgres","body":"0","clients":"32","round":"%d"},"throughput":500,"responses":1000,"latency":{"p50_ms":3,"p99_ms":8},"cpu_window_s":2,"cpu":{"pgcluster":{"seconds":0.35}},"pg_background":{"checkpoints":0,"xids":%g}}
+`, round, x.direct, round, x.gw)
+	}
+	// A run on a shared cluster counts nothing: no figure, rather than a wrong one.
+	lines.WriteString(`{"tags":{"kind":"matrix","subject":"direct","body":"0","clients":"128","round":"1"},"throughput":1000,"responses":1000,"latency":{"p50_ms":1,"p99_ms":4},"cpu_window_s":2,"cpu":{"pgcluster":{"seconds":0.2}}}
+{"tags":{"kind":"matrix","subject":"gw-postgres","body":"0","clients":"128","round":"1"},"throughput":500,"responses":1000,"latency":{"p50_ms":3,"p99_ms":8},"cpu_window_s":2,"cpu":{"pgcluster":{"seconds":0.35}}}
+`)
+	path := filepath.Join(t.TempDir(), "r.jsonl")
+	if err := os.WriteFile(path, []byte(lines.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb strings.Builder
+	summary(&sb, recs)
+	out := sb.String()
+	for _, want := range []string{
+		"summed over the 3 rounds 0.75×; 1.27 writing transactions per request against direct's 1.01: 7.7 new keys per batch |",
+		"new keys per batch |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("summary lacks %q:\n%s", want, out)
+		}
+	}
+	// The growth table: 7.7 at 32 clients, nothing counted at 128.
+	seen := 0
+	for _, l := range strings.Split(out, "\n") {
+		switch {
+		case strings.HasPrefix(l, "| 32 clients |"):
+			seen++
+			if !strings.HasSuffix(l, "| 7.7 |") {
+				t.Errorf("32 clients' line does not end in the batch size: %s", l)
+			}
+		case strings.HasPrefix(l, "| 128 clients |"):
+			seen++
+			if !strings.HasSuffix(l, "| — |") {
+				t.Errorf("128 clients' line has a batch size it did not count: %s", l)
+			}
+		}
+	}
+	if seen != 2 {
+		t.Errorf("the growth table has %d of the lines of 32 and 128 clients, want 2:\n%s", seen, out)
+	}
+}
