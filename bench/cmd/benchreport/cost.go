@@ -118,8 +118,10 @@ func collect(recs []record, kinds ...string) points {
 			}
 			p.cpu[totalCPU] = append(p.cpu[totalCPU], total)
 		}
-		if x, ok := r.PGBackground["xids"]; ok && r.Responses > 0 {
-			p.writes = append(p.writes, x/float64(r.Responses))
+		if x, ok := r.PGBackground["xids"]; ok && r.Responses > 0 && r.ElapsedS > 0 {
+			// The count spans the load generator's warm-up too, whose responses are not
+			// counted: it is taken at the measured phase's rate.
+			p.writes = append(p.writes, x/float64(r.Responses)*r.ElapsedS/(r.ElapsedS+r.WarmupS))
 		}
 		p.responses += r.Responses
 		p.replayed += r.Replayed
