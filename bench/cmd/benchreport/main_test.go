@@ -235,8 +235,19 @@ func TestSummedRounds(t *testing.T) {
 {"tags":{"kind":"matrix","subject":"gw-postgres","body":"0","clients":"32","round":"%d"},"throughput":500,"responses":1000,"latency":{"p50_ms":3,"p99_ms":8},"cpu_window_s":2,"cpu":{"pgcluster":{"seconds":%g}}}
 `, round, r.direct, round, r.bare, round, r.gw, round, r.gwpg)
 	}
+	summaryHas(t, summaryOf(t, lines.String()),
+		// Medians 110 against 100 µs: 1.10×; sums 410 against 300: 1.37×.
+		"| floor | gw-memory's own CPU per new key ÷ bareproxy's per proxied request | 1.10× (110 against 100 µs); summed over the 3 rounds 1.37× | ≤ 1.15× | **no** |",
+		// Medians 350 − 200 against 200: 0.75×; sums (1390 − 600) ÷ 600: 1.32×.
+		"beyond the upstream's INSERT ÷ the INSERT's | 0.75× (350 − 200 = 150 µs against 200 µs); summed over the 3 rounds 1.32× | ≤ 0.80× | **no** |",
+	)
+}
+
+// summaryOf is the summary of the results.jsonl lines given.
+func summaryOf(t *testing.T, lines string) string {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "r.jsonl")
-	if err := os.WriteFile(path, []byte(lines.String()), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(lines), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	recs, err := read(path)
@@ -245,13 +256,13 @@ func TestSummedRounds(t *testing.T) {
 	}
 	var sb strings.Builder
 	summary(&sb, recs)
-	out := sb.String()
-	for _, want := range []string{
-		// Medians 110 against 100 µs: 1.10×; sums 410 against 300: 1.37×.
-		"| floor | gw-memory's own CPU per new key ÷ bareproxy's per proxied request | 1.10× (110 against 100 µs); summed over the 3 rounds 1.37× | ≤ 1.15× | **no** |",
-		// Medians 350 − 200 against 200: 0.75×; sums (1390 − 600) ÷ 600: 1.32×.
-		"beyond the upstream's INSERT ÷ the INSERT's | 0.75× (350 − 200 = 150 µs against 200 µs); summed over the 3 rounds 1.32× | ≤ 0.80× | **no** |",
-	} {
+	return sb.String()
+}
+
+// summaryHas fails t for each of wants that out does not contain.
+func summaryHas(t *testing.T, out string, wants ...string) {
+	t.Helper()
+	for _, want := range wants {
 		if !strings.Contains(out, want) {
 			t.Errorf("summary lacks %q:\n%s", want, out)
 		}
@@ -278,25 +289,11 @@ func TestBatchSize(t *testing.T) {
 	lines.WriteString(`{"tags":{"kind":"matrix","subject":"direct","body":"0","clients":"128","round":"1"},"throughput":1000,"responses":1000,"latency":{"p50_ms":1,"p99_ms":4},"cpu_window_s":2,"cpu":{"pgcluster":{"seconds":0.2}}}
 {"tags":{"kind":"matrix","subject":"gw-postgres","body":"0","clients":"128","round":"1"},"throughput":500,"responses":1000,"latency":{"p50_ms":3,"p99_ms":8},"cpu_window_s":2,"cpu":{"pgcluster":{"seconds":0.35}}}
 `)
-	path := filepath.Join(t.TempDir(), "r.jsonl")
-	if err := os.WriteFile(path, []byte(lines.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	recs, err := read(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sb strings.Builder
-	summary(&sb, recs)
-	out := sb.String()
-	for _, want := range []string{
+	out := summaryOf(t, lines.String())
+	summaryHas(t, out,
 		"summed over the 3 rounds 0.75×; 1.27 writing transactions per request against direct's 1.01: 7.7 new keys per batch |",
 		"new keys per batch |",
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("summary lacks %q:\n%s", want, out)
-		}
-	}
+	)
 	// The growth table: 7.7 at 32 clients, nothing counted at 128.
 	seen := 0
 	for _, l := range strings.Split(out, "\n") {
