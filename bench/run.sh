@@ -54,6 +54,13 @@
 #   pgbench  inside each matrix round: PostgreSQL's own ceiling (and CPU per
 #            transaction) for the ledger insert, pgstore's claim statement, the whole
 #            SQL of a tx-mode payment and of an Express payment.
+#   paced    (only when PHASES names it) direct, the bare proxies, Caddy and the gateways
+#            (memory, SQLite, PostgreSQL, and their -base builds) at PACED_CLIENTS (32)
+#            clients paced to PACED_RATE (1000) requests a second in all (loadgen
+#            --rate), ROUNDS rounds in rotating order: each serves the same load, so their
+#            CPU per request is compared at one rate, where the matrix's closed loop gives
+#            whichever is faster in a window more requests per wake-up. PACED_RATE must be
+#            below every subject's throughput; the report flags one that fell behind;
 #   split    (only when PHASES names it; needs perf and bareproxy) where in each
 #            process the CPU of a new key goes: bareproxy, bareproxy-keyed and each
 #            gateway selected (gw-<store>, not -base), SPLIT_CLIENTS (32) clients,
@@ -87,7 +94,8 @@
 #
 # Environment: RETRYSAFE_POSTGRES_URL, RETRYSAFE_REDIS_URL (the local defaults
 # otherwise), OWN_PG, SUBJECTS, PHASES, DURATION (3s), WARMUP (1s), ROUNDS (3), CONCURRENCY
-# ("1 8 32 128"), BODIES ("1024 65536"), BODY_CLIENTS (32), POOL (16: connections per
+# ("1 8 32 128"), BODIES ("1024 65536"), BODY_CLIENTS (32), PACED_CLIENTS (32),
+# PACED_RATE (1000), POOL (16: connections per
 # pool, for every server alike), PGBENCH_DURATION (3), IDLE (1s), REV (build the
 # subjects from this commit, not the working tree), BASE_REV (the commit the -base
 # subjects are built from), OUT (a new directory under /tmp), BASE_PORT (18500).
@@ -107,6 +115,8 @@ ROUNDS=${ROUNDS:-3}
 CONCURRENCY=${CONCURRENCY:-1 8 32 128}
 BODIES=${BODIES:-1024 65536}
 BODY_CLIENTS=${BODY_CLIENTS:-32}
+PACED_CLIENTS=${PACED_CLIENTS:-32}
+PACED_RATE=${PACED_RATE:-1000}
 POOL=${POOL:-16}
 PGBENCH=${PGBENCH:-/usr/lib/postgresql/15/bin/pgbench}
 PGBENCH_DURATION=${PGBENCH_DURATION:-3}
@@ -144,7 +154,7 @@ else
 	PHASES=${PHASES:-matrix bodies replay storm pgbench}
 fi
 for p in $PHASES; do
-	case $p in matrix | bodies | replay | storm | pgbench | split) ;; *) die "PHASES: unknown phase $p" ;; esac
+	case $p in matrix | bodies | replay | storm | pgbench | paced | split) ;; *) die "PHASES: unknown phase $p" ;; esac
 done
 if [[ " $PHASES " == *" split "* ]]; then
 	[[ " ${SEL[*]} " == *" bareproxy "* ]] || die "PHASES: split compares the proxies with bareproxy: add it to SUBJECTS"
@@ -816,6 +826,19 @@ if phase replay; then
 fi
 
 # ---- 4. duplicate storm ------------------------------------------------------------
+# ---- paced: the same load on every subject ------------------------------------------
+if phase paced; then
+	PACED=$(in_sel direct bareproxy bareproxy-keyed caddy gw-memory gw-sqlite gw-postgres gw-memory-base gw-sqlite-base gw-postgres-base)
+	log "phase paced: $PACED_RATE requests a second at $PACED_CLIENTS clients, $ROUNDS rounds, $DURATION after $WARMUP warm-up"
+	for round in $(seq "$ROUNDS"); do
+		idle "paced r=$round"
+		for s in $(rotate "$round" 0 $PACED); do
+			lg "$s" paced "$PACED_CLIENTS" "$round" -d "$DURATION" --warmup "$WARMUP" --rate "$PACED_RATE" \
+				--users "$PACED_CLIENTS" --auth-format 'Bearer 3%d'
+		done
+	done
+fi
+
 if phase storm; then
 	log "phase storm: 1,000 concurrent requests, one key, per subject"
 	idx=0

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"sort"
@@ -104,6 +105,15 @@ type Config struct {
 	Warmup time.Duration
 	// Timeout bounds each request, its body included. Default 30s.
 	Timeout time.Duration
+	// Rate, when positive, paces the run: requests are due at Rate a second over all
+	// clients, evenly spaced from the start (warm-up included), and each client sends
+	// the next one due once it is free, at its due time or, when the clients have
+	// fallen behind, at once. A request's latency counts from its due time, so that a
+	// server that falls behind shows it. Two servers compared at one Rate both serve
+	// it, as long as each keeps up: CPU per request is then compared at one load, where
+	// a closed loop (Rate 0, each client sending as soon as it is answered) gives the
+	// faster server more requests per wake-up. Default 0: as fast as the clients go.
+	Rate float64
 
 	// Keys selects the Idempotency-Key of each request. Default KeyUnique.
 	Keys KeyMode
@@ -159,6 +169,8 @@ type Result struct {
 	Start    time.Time         `json:"start"`
 	WarmupS  float64           `json:"warmup_s"`
 	ElapsedS float64           `json:"elapsed_s"` // of the measured phase
+	// Rate is Config.Rate: the requests a second the run was paced at (0: not paced).
+	Rate float64 `json:"rate,omitempty"`
 
 	// Requests is the measured requests: Responses + Errors.
 	Requests  int64 `json:"requests"`
@@ -218,6 +230,8 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, fmt.Errorf("load: Clients %d: want 1 to %d", cfg.Clients, MaxClients)
 	case cfg.Duration < 0 || cfg.Warmup < 0 || cfg.Timeout < 0:
 		return cfg, errors.New("load: negative Duration, Warmup or Timeout")
+	case cfg.Rate < 0 || math.IsNaN(cfg.Rate) || math.IsInf(cfg.Rate, 0):
+		return cfg, fmt.Errorf("load: Rate %v: want a finite number of requests a second, or 0", cfg.Rate)
 	case cfg.Requests < 0:
 		return cfg, errors.New("load: negative Requests")
 	case cfg.Users < 0:
@@ -479,7 +493,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	var prepOnce sync.Once
 	var stop atomic.Bool
 	var issued atomic.Int64
-	var measureFrom, deadline time.Time // written before start is closed
+	var slots atomic.Int64                     // paced: the next request's number
+	var began, measureFrom, deadline time.Time // written before start is closed
 	ready.Add(len(clients))
 	done.Add(len(clients))
 	for _, c := range clients {
@@ -498,6 +513,18 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			}
 			for !stop.Load() {
 				t0 := time.Now()
+				if cfg.Rate > 0 {
+					// The next request due, and its time: sent then, or now if it is late.
+					due := began.Add(time.Duration(float64(slots.Add(1)-1) * float64(time.Second) / cfg.Rate))
+					if wait := due.Sub(t0); wait > 0 {
+						select {
+						case <-time.After(wait):
+						case <-ctx.Done():
+							return
+						}
+					}
+					t0 = due
+				}
 				measured := !t0.Before(measureFrom)
 				if measured && !deadline.IsZero() && !t0.Before(deadline) {
 					stop.Store(true)
@@ -527,7 +554,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		done.Wait()
 		return nil, prepErr
 	}
-	began := time.Now()
+	began = time.Now()
 	measureFrom = began.Add(cfg.Warmup)
 	if cfg.Duration > 0 {
 		deadline = measureFrom.Add(cfg.Duration)
@@ -548,7 +575,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	res := &Result{
 		Tags: cfg.Tags, Method: cfg.Method, URL: cfg.URL, Clients: cfg.Clients, Keys: cfg.Keys.String(),
-		Users: cfg.Users, Start: began.UTC(), WarmupS: cfg.Warmup.Seconds(),
+		Users: cfg.Users, Start: began.UTC(), WarmupS: cfg.Warmup.Seconds(), Rate: cfg.Rate,
 		Status: map[string]int64{}, ByStatus: map[string]Summary{},
 	}
 	if el := end.Sub(measureFrom); el > 0 {

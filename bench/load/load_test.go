@@ -2,6 +2,7 @@ package load
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -279,6 +280,26 @@ func TestRunStormStartsTogether(t *testing.T) {
 	}
 }
 
+// A paced run sends the requests due at Rate from its start, no more however fast the
+// server answers: at 200 a second, those due in the warm-up's 100 ms and the 300 ms
+// measured after it are 20 and 60, each sent even when the clients fall behind.
+func TestRunPaced(t *testing.T) {
+	t.Parallel()
+	srv, ts := newIdemServer(t)
+	res, err := Run(context.Background(), Config{URL: ts.URL, Clients: 4, Rate: 200,
+		Warmup: 100 * time.Millisecond, Duration: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.mu.Lock()
+	calls := srv.calls
+	srv.mu.Unlock()
+	if res.Requests != 60 || res.Responses != 60 || calls != 80 || res.Rate != 200 {
+		t.Errorf("measured %d requests (%d responses), the server %d, rate %v; want 60, 80 and 200",
+			res.Requests, res.Responses, calls, res.Rate)
+	}
+}
+
 func TestConfigRejectsBadInput(t *testing.T) {
 	t.Parallel()
 	for _, cfg := range []Config{
@@ -290,6 +311,8 @@ func TestConfigRejectsBadInput(t *testing.T) {
 		{URL: "http://x/", Clients: MaxClients + 1},
 		{URL: "http://x/", Duration: -time.Second},
 		{URL: "http://x/", Requests: -1},
+		{URL: "http://x/", Rate: -1},
+		{URL: "http://x/", Rate: math.Inf(1)},
 		{URL: "http://x/", Users: 2, AuthFormat: "Bearer %s"},
 		{URL: "http://x/", Users: 2, AuthFormat: "Bearer %d %d"},
 		{URL: "http://x/", Users: 2, AuthFormat: "Bearer\n%d"},

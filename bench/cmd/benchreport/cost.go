@@ -50,6 +50,7 @@ type point struct {
 	responses, replayed      int64
 	loads                    []float64
 	writes                   []float64 // per round: writing transactions per response (PGBackground's xids)
+	rates                    []float64 // per round: the rate the run was paced at (load.Result.Rate), if it was
 }
 
 // points is every point of the load phases, with their rounds' baselines.
@@ -122,6 +123,9 @@ func collect(recs []record, kinds ...string) points {
 			// The count spans the load generator's warm-up too, whose responses are not
 			// counted: it is taken at the measured phase's rate.
 			p.writes = append(p.writes, x/float64(r.Responses)*r.ElapsedS/(r.ElapsedS+r.WarmupS))
+		}
+		if r.Rate > 0 {
+			p.rates = append(p.rates, r.Rate)
 		}
 		p.responses += r.Responses
 		p.replayed += r.Replayed

@@ -127,21 +127,14 @@ func goals(b *strings.Builder, ps points, pg map[pgKey]*pgPoint) {
 	// memory store's, ≤ 1.5×.
 	// cpuRow sets p's own CPU per request against q's; a target of 0 is none.
 	cpuRow := func(goal, figure string, p, q *point, target float64) {
-		if p == nil || q == nil {
-			return
-		}
-		v, ok := p.cpuMedian("proxy")
-		qv, qok := q.cpuMedian("proxy")
-		if !ok || !qok || qv <= 0 {
-			return
-		}
-		clause, sr, sok := summed(p, "proxy", q, "proxy", 0)
-		measured := fmt.Sprintf("%.2f× (%.0f against %.0f µs)%s", v/qv, v, qv, clause)
-		if target == 0 {
+		measured, met, ok := ownCPU(p, q, target)
+		switch {
+		case !ok:
+		case target == 0:
 			row(goal, figure, measured, "—", "")
-			return
+		default:
+			row(goal, figure, measured, fmt.Sprintf("≤ %.2f×", target), yesNo(met))
 		}
-		row(goal, figure, measured, fmt.Sprintf("≤ %.2f×", target), yesNo(v/qv <= target && (!sok || sr <= target)))
 	}
 	cpuRow("SQLite", "gw-sqlite's own CPU per new key ÷ gw-memory's", m("gw-sqlite"), m("gw-memory"), 1.5)
 	// At net/http's floor: the gateway on the memory store against a bare
@@ -260,6 +253,22 @@ func growth(b *strings.Builder, ps points) {
 	b.WriteString("\n")
 }
 
+// ownCPU sets p's own CPU per request (the proxy's process) against q's, as a goal's
+// cell: the ratio of the rounds' medians with that of their sums beside it, and whether
+// both are at most target. ok is false when either was not measured.
+func ownCPU(p, q *point, target float64) (measured string, met, ok bool) {
+	if p == nil || q == nil {
+		return "", false, false
+	}
+	v, vok := p.cpuMedian("proxy")
+	qv, qok := q.cpuMedian("proxy")
+	if !vok || !qok || qv <= 0 {
+		return "", false, false
+	}
+	clause, sr, sok := summed(p, "proxy", q, "proxy", 0)
+	return fmt.Sprintf("%.2f× (%.0f against %.0f µs)%s", v/qv, v, qv, clause), v/qv <= target && (!sok || sr <= target), true
+}
+
 // batchSize is how many new keys a batch of gw-postgres's store held on average (p
 // gw-postgres's point, d direct's in the same rounds), from the writing transactions
 // the cluster counted per response: the upstream's INSERT is one in both, and each new
@@ -327,8 +336,9 @@ func cpuRatio(p *point, a string, q *point, bname string, minus float64) string 
 // summary is the one-screen digest run.sh prints at the end: the goal figures and the
 // cost table at the goals' concurrency.
 func summary(b *strings.Builder, recs []record) {
-	ps := collect(recs, "matrix", "bodies", "replay", "first")
+	ps := collect(recs, "matrix", "bodies", "replay", "first", "paced")
 	goals(b, ps, collectPgbench(recs))
+	paced(b, ps)
 	if len(ps.subjects("matrix", 0, goalClients)) == 0 {
 		return
 	}

@@ -262,9 +262,10 @@ func rng(xs []float64, format string) string {
 
 func report(w io.Writer, recs []record) error {
 	var b strings.Builder
-	ps := collect(recs, "matrix", "bodies", "replay", "first")
+	ps := collect(recs, "matrix", "bodies", "replay", "first", "paced")
 	pg := collectPgbench(recs)
 	goals(&b, ps, pg)
+	paced(&b, ps)
 	costTables(&b, ps)
 	matrix(&b, ps)
 	storm(&b, recs)

@@ -314,3 +314,47 @@ func TestBatchSize(t *testing.T) {
 		t.Errorf("the growth table has %d of the lines of 32 and 128 clients, want 2:\n%s", seen, out)
 	}
 }
+
+// The paced phase's figures: every subject at one rate, the floor and the store's
+// PostgreSQL share compared there, a subject that fell behind the rate left out.
+func TestPaced(t *testing.T) {
+	t.Parallel()
+	var lines strings.Builder
+	for i, r := range []struct{ bare, gw, sqlite, direct, gwpg float64 }{
+		{0.100, 0.110, 0.150, 0.20, 0.34},
+		{0.100, 0.112, 0.160, 0.20, 0.35},
+		{0.100, 0.114, 0.170, 0.20, 0.36},
+	} {
+		round := i + 1
+		for _, x := range []struct {
+			subject string
+			tput    float64
+			cpu     string
+		}{
+			{"direct", 1000, fmt.Sprintf(`"pgcluster":{"seconds":%g}`, r.direct)},
+			{"bareproxy", 995, fmt.Sprintf(`"proxy":{"seconds":%g}`, r.bare)},
+			{"gw-memory", 1001, fmt.Sprintf(`"proxy":{"seconds":%g}`, r.gw)},
+			{"gw-sqlite", 940, fmt.Sprintf(`"proxy":{"seconds":%g}`, r.sqlite)}, // behind the rate
+			{"gw-postgres", 999, fmt.Sprintf(`"pgcluster":{"seconds":%g}`, r.gwpg)},
+		} {
+			fmt.Fprintf(&lines, `{"tags":{"kind":"paced","subject":"%s","body":"0","clients":"32","round":"%d"},"rate":1000,"throughput":%g,"responses":1000,"latency":{"p50_ms":1,"p99_ms":4},"cpu_window_s":1,"cpu":{%s}}`+"\n",
+				x.subject, round, x.tput, x.cpu)
+		}
+	}
+	out := summaryOf(t, lines.String())
+	summaryHas(t, out,
+		"### The goal figures at one load: 32 clients paced to 1000 requests a second",
+		// Medians 112 against 100 µs; sums 336 against 300.
+		"| floor | gw-memory's own CPU per new key ÷ bareproxy's per proxied request | 1.12× (112 against 100 µs); summed over the 3 rounds 1.12× | ≤ 1.15× | **yes** |",
+		// Medians 350 − 200 against 200.
+		"gw-postgres, beyond the upstream's INSERT ÷ the INSERT's | 0.75× (350 − 200 = 150 µs against 200 µs); summed over the 3 rounds 0.75× | ≤ 0.80× | **yes** |",
+		"Fell behind the rate, so left out: gw-sqlite (940 requests a second).",
+	)
+	if strings.Contains(out, "gw-sqlite's own CPU per new key ÷ gw-memory's") {
+		t.Errorf("a subject behind the rate is compared:\n%s", out)
+	}
+	// The closed loop's goal table is not made from paced windows.
+	if strings.Contains(out, "### Goal figures") {
+		t.Errorf("paced windows made the closed loop's goal table:\n%s", out)
+	}
+}

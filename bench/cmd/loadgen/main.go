@@ -38,7 +38,9 @@ const usage = `usage: loadgen --url URL [flags]
 A closed-loop load generator: --clients concurrent clients, each sending its next
 request when the previous one is answered, for --duration (after --warmup) or until
 --requests are done. Every request carries an Idempotency-Key: a new one each time
-(--keys unique), one for all (--keys shared), or none (--keys none).
+(--keys unique), one for all (--keys shared), or none (--keys none). --rate R paces
+it: requests are due at R a second over all clients, each sent when due (at once when
+the clients have fallen behind), so that two servers are compared at one load.
 
 --cpu NAME=PID (repeatable; PID "self" is loadgen) adds the processor time each
 process and its descendants used in the measured window, from /proc (Linux);
@@ -177,6 +179,8 @@ func parse(args []string, stderr io.Writer) (load.Config, options, error) {
 	fs.Int64Var(&cfg.Requests, "requests", 0, "stop after this many measured requests, over all clients")
 	fs.DurationVar(&cfg.Warmup, "warmup", 0, "run this long before measuring")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "per-request timeout (default 30s)")
+	fs.Float64Var(&cfg.Rate, "rate", 0, "pace the run: requests a second over all clients, each sent when due or,\n"+
+		"when the clients have fallen behind, at once; latency counts from the due time (0: as fast as the clients go)")
 	fs.StringVar(&keys, "keys", "unique", "Idempotency-Key per request: unique, shared or none")
 	fs.StringVar(&cfg.Key, "key", "", "the shared key of --keys shared (default random)")
 	fs.StringVar(&cfg.KeyPrefix, "key-prefix", "", "prefix of unique keys (default random)")
