@@ -27,14 +27,7 @@ func TestReport(t *testing.T) {
 {"tags":{"kind":"unknown"}}
 {}
 `
-	path := filepath.Join(t.TempDir(), "r.jsonl")
-	if err := os.WriteFile(path, []byte(lines), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	recs, err := read(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	recs := readLines(t, lines)
 	var b strings.Builder
 	if err := report(&b, recs); err != nil {
 		t.Fatal(err)
@@ -93,14 +86,7 @@ func TestCPU(t *testing.T) {
 {"tags":{"kind":"pgbench","subject":"insert","clients":"32","round":"1"},"throughput":2000,"responses":8000,"latency":{"mean_ms":1},"cpu_window_s":4,"cpu":{"postgres":{"seconds":0.8}}}
 {"tags":{"kind":"pgbench","subject":"claim","clients":"32","round":"1"},"throughput":1500,"responses":6000,"latency":{"mean_ms":1},"cpu_window_s":4,"cpu":{"postgres":{"seconds":1.2}}}
 `
-	path := filepath.Join(t.TempDir(), "r.jsonl")
-	if err := os.WriteFile(path, []byte(lines), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	recs, err := read(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	recs := readLines(t, lines)
 	// direct: app 100 µs; postgres (0.4 − 0.1×2) s / 1000 = 200 µs; total 300.
 	if us := recs[1].us; us["app"] != 100 || us["postgres"] != 200 || us["loadgen"] != 50 {
 		t.Errorf("direct's µs per response: %v", us)
@@ -246,6 +232,14 @@ func TestSummedRounds(t *testing.T) {
 // summaryOf is the summary of the results.jsonl lines given.
 func summaryOf(t *testing.T, lines string) string {
 	t.Helper()
+	var sb strings.Builder
+	summary(&sb, readLines(t, lines))
+	return sb.String()
+}
+
+// readLines is the records of the results.jsonl lines given, as read reads a file.
+func readLines(t *testing.T, lines string) []record {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "r.jsonl")
 	if err := os.WriteFile(path, []byte(lines), 0o600); err != nil {
 		t.Fatal(err)
@@ -254,9 +248,7 @@ func summaryOf(t *testing.T, lines string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sb strings.Builder
-	summary(&sb, recs)
-	return sb.String()
+	return recs
 }
 
 // summaryHas fails t for each of wants that out does not contain.
