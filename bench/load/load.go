@@ -21,7 +21,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"net/url"
 	"sort"
@@ -158,6 +157,13 @@ type Config struct {
 	ProcRoot string
 }
 
+// The rates a paced run takes: one request every 10⁶ s at the least, so that the due
+// times stay within time.Duration's range, and one a nanosecond at the most.
+const (
+	minRate = 1e-6
+	maxRate = 1e9
+)
+
 // Result is what a run measured. Latencies are in milliseconds.
 type Result struct {
 	Tags     map[string]string `json:"tags,omitempty"`
@@ -230,8 +236,8 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, fmt.Errorf("load: Clients %d: want 1 to %d", cfg.Clients, MaxClients)
 	case cfg.Duration < 0 || cfg.Warmup < 0 || cfg.Timeout < 0:
 		return cfg, errors.New("load: negative Duration, Warmup or Timeout")
-	case cfg.Rate < 0 || math.IsNaN(cfg.Rate) || math.IsInf(cfg.Rate, 0):
-		return cfg, fmt.Errorf("load: Rate %v: want a finite number of requests a second, or 0", cfg.Rate)
+	case cfg.Rate != 0 && !(cfg.Rate >= minRate && cfg.Rate <= maxRate): // NaN too
+		return cfg, fmt.Errorf("load: Rate %v: want %g to %g requests a second, or 0", cfg.Rate, minRate, maxRate)
 	case cfg.Requests < 0:
 		return cfg, errors.New("load: negative Requests")
 	case cfg.Users < 0:

@@ -52,28 +52,23 @@ func goals(b *strings.Builder, ps points, pg map[pgKey]*pgPoint) {
 		{"postgres", "the run's backends"},
 		{"pgcluster", "the whole cluster, background work included"},
 	} {
-		dpg, dok := d.cpuMedian(col.name)
 		for _, s := range []string{"gw-postgres", "payments-mw", "payments-tx"} {
 			p := m(s)
-			if p == nil || !dok || dpg <= 0 {
+			measured, met, ok := storeShare(p, d, col.name, 0.80)
+			if !ok {
 				continue
 			}
-			if v, ok := p.cpuMedian(col.name); ok {
-				what := "claim + completion, batching on"
-				if s == "payments-tx" {
-					what = "claim, then the insert and the completion in one transaction"
-				}
-				clause, sr, sok := summed(p, col.name, d, col.name, 1)
-				target, met := "—", ""
-				if s == "gw-postgres" && col.name == "pgcluster" {
-					target, met = "≤ 0.80×", yesNo((v-dpg)/dpg <= 0.80 && (!sok || sr <= 0.80))
-				}
-				if s == "gw-postgres" && col.name == "pgcluster" {
-					clause += batchClause(p, d)
-				}
-				row("1", fmt.Sprintf("PostgreSQL CPU per new key (%s), %s (%s), beyond the upstream's INSERT ÷ the INSERT's", col.label, s, what),
-					fmt.Sprintf("%.2f× (%.0f − %.0f = %.0f µs against %.0f µs)%s", (v-dpg)/dpg, v, dpg, v-dpg, dpg, clause), target, met)
+			what := "claim + completion, batching on"
+			if s == "payments-tx" {
+				what = "claim, then the insert and the completion in one transaction"
 			}
+			target, verdict := "—", ""
+			if s == "gw-postgres" && col.name == "pgcluster" {
+				target, verdict = "≤ 0.80×", yesNo(met)
+				measured += batchClause(p, d)
+			}
+			row("1", fmt.Sprintf("PostgreSQL CPU per new key (%s), %s (%s), beyond the upstream's INSERT ÷ the INSERT's", col.label, s, what),
+				measured, target, verdict)
 		}
 	}
 	// The same figure with the upstream's INSERT as it costs behind a gateway: the whole
@@ -267,6 +262,25 @@ func ownCPU(p, q *point, target float64) (measured string, met, ok bool) {
 	}
 	clause, sr, sok := summed(p, "proxy", q, "proxy", 0)
 	return fmt.Sprintf("%.2f× (%.0f against %.0f µs)%s", v/qv, v, qv, clause), v/qv <= target && (!sok || sr <= target), true
+}
+
+// storeShare is the PostgreSQL CPU per request of process col that p adds beyond d
+// (direct: the upstream's INSERT alone), against d's, as a goal's cell: the ratio of
+// the rounds' medians with that of their sums beside it, and whether both are at most
+// target. ok is false when either was not measured.
+func storeShare(p, d *point, col string, target float64) (measured string, met, ok bool) {
+	if p == nil || d == nil {
+		return "", false, false
+	}
+	v, vok := p.cpuMedian(col)
+	dv, dok := d.cpuMedian(col)
+	if !vok || !dok || dv <= 0 {
+		return "", false, false
+	}
+	r := (v - dv) / dv
+	clause, sr, sok := summed(p, col, d, col, 1)
+	return fmt.Sprintf("%.2f× (%.0f − %.0f = %.0f µs against %.0f µs)%s", r, v, dv, v-dv, dv, clause),
+		r <= target && (!sok || sr <= target), true
 }
 
 // batchSize is how many new keys a batch of gw-postgres's store held on average (p

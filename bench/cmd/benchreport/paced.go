@@ -60,16 +60,10 @@ func paced(b *strings.Builder, ps points) {
 	}
 	// The store's PostgreSQL CPU per new key beyond the upstream's INSERT, both at the
 	// rate: the whole cluster, background work included.
-	if p, d := subjects["gw-postgres"], subjects[baseline]; p != nil && d != nil {
-		v, ok := p.cpuMedian("pgcluster")
-		dv, dok := d.cpuMedian("pgcluster")
-		if ok && dok && dv > 0 {
-			clause, sr, sok := summed(p, "pgcluster", d, "pgcluster", 1)
-			r := (v - dv) / dv
-			row("1", "PostgreSQL CPU per new key (the whole cluster), gw-postgres, beyond the upstream's INSERT ÷ the INSERT's",
-				fmt.Sprintf("%.2f× (%.0f − %.0f = %.0f µs against %.0f µs)%s%s", r, v, dv, v-dv, dv, clause, batchClause(p, d)),
-				0.80, r <= 0.80 && (!sok || sr <= 0.80))
-		}
+	p, d := subjects["gw-postgres"], subjects[baseline]
+	if measured, met, ok := storeShare(p, d, "pgcluster", 0.80); ok {
+		row("1", "PostgreSQL CPU per new key (the whole cluster), gw-postgres, beyond the upstream's INSERT ÷ the INSERT's",
+			measured+batchClause(p, d), 0.80, met)
 	}
 	own := func(goal, figure, a, q string, target float64) {
 		if measured, met, ok := ownCPU(subjects[a], subjects[q], target); ok {
