@@ -1000,12 +1000,12 @@ type upstreamCall struct {
 	ctx     context.Context // &dctx
 	dctx    deadlineContext
 	cancel  context.CancelCauseFunc
-	timeout time.Duration
 	settled <-chan struct{} // nil: settle is called by the gateway
 
 	mu     sync.Mutex
-	bounds *dueq.Queue[*upstreamCall] // the route's: the bound on the whole call
+	bounds *dueq.Queue[*upstreamCall] // the route's: the bound on the whole call, then on each wait
 	total  dueq.Item[*upstreamCall]   // in bounds until settled
+	wait   dueq.Item[*upstreamCall]   // in bounds while a read of the settled answer waits
 	done   bool                       // settled
 }
 
@@ -1017,7 +1017,7 @@ func (c *upstreamCall) start(parent context.Context, now time.Time, bounds *dueq
 	if d, ok := parent.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	c.cancel, c.timeout, c.settled, c.bounds = cancel, timeout, settled, bounds
+	c.cancel, c.settled, c.bounds = cancel, settled, bounds
 	// The deadline the upstream is told of (Request-Budget-Ms): the gateway's wait.
 	c.dctx = deadlineContext{Context: ctx, deadline: deadline}
 	c.ctx = &c.dctx
@@ -1036,9 +1036,11 @@ func (c *upstreamCall) settle() {
 	}
 }
 
-// read runs one read of the upstream's body, bounded by the timeout once the call is
-// settled.
-func (c *upstreamCall) read(f func() (int, error)) (int, error) {
+// read runs one read of the upstream's body into p, bounded by the timeout once the
+// call is settled. The bound is an entry in the route's queue, which holds every bound
+// of the route's calls (all of one duration: one timer for them all), rather than a
+// timer of the runtime's per read.
+func (c *upstreamCall) read(r io.Reader, p []byte) (int, error) {
 	if c.settled != nil {
 		select {
 		case <-c.settled:
@@ -1050,11 +1052,11 @@ func (c *upstreamCall) read(f func() (int, error)) (int, error) {
 	done := c.done
 	c.mu.Unlock()
 	if !done {
-		return f()
+		return r.Read(p)
 	}
-	t := time.AfterFunc(c.timeout, c.expire)
-	defer t.Stop()
-	return f()
+	c.bounds.Push(&c.wait, c)
+	defer c.bounds.Remove(&c.wait)
+	return r.Read(p)
 }
 
 func (c *upstreamCall) stop() {
@@ -1081,7 +1083,7 @@ type watchedBody struct {
 }
 
 func (b *watchedBody) Read(p []byte) (int, error) {
-	n, err := b.call.read(func() (int, error) { return b.ReadCloser.Read(p) })
+	n, err := b.call.read(b.ReadCloser, p)
 	if err != nil && !errors.Is(err, io.EOF) {
 		b.mu.Lock()
 		if b.err == nil {

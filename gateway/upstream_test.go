@@ -373,3 +373,57 @@ func TestUpstreamContentLength(t *testing.T) {
 		}
 	}
 }
+
+// TestSettledAnswerWaitIsBounded: once an unkeyed answer's headers have come, the
+// upstream timeout bounds each wait for its body rather than the whole call, so a body
+// that stalls is cut at the timeout (the client's connection is cut: its answer is not
+// whole) while one that keeps coming is copied at the client's pace. The upstream holds
+// the rest of its body until the test ends it, long after the timeout: a gateway that
+// did not bound the wait would leave the client reading until then.
+func TestSettledAnswerWaitIsBounded(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	upstreamGone := make(chan struct{}, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "100")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("first part"))
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done(): // the gateway cut the call
+			upstreamGone <- struct{}{}
+		case <-release:
+		}
+	}))
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	g, err := New(Config{Upstream: u, Logger: slog.New(slog.DiscardHandler), UpstreamTimeout: 200 * time.Millisecond,
+		Idempotency: idempotency.Config{Store: memstore.New()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Shutdown(context.Background()) })
+	front := httptest.NewServer(g)
+	t.Cleanup(front.Close)
+
+	got := make(chan error, 1)
+	go func() {
+		res, err := front.Client().Get(front.URL + "/stalls")
+		if err == nil {
+			_, err = io.ReadAll(res.Body)
+			_ = res.Body.Close()
+		}
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		if err == nil {
+			t.Fatal("the client got a whole answer from a body that stalled")
+		}
+	case <-time.After(30 * time.Second): // a failure's bound, 150 times the timeout
+		close(release)
+		t.Fatalf("the body's stall was not cut at the upstream timeout: the client read until the upstream went on (%v)", <-got)
+	}
+	<-upstreamGone // the call was cut upstream too, not only towards the client
+	close(release)
+}
