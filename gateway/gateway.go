@@ -339,6 +339,7 @@ type exchange struct {
 	sent     atomic.Bool           // the upstream request's headers were written
 	trace    httptrace.ClientTrace // sets sent; see bodyStep
 	noServer withoutServer         // the upstream call's context, as the proxy sees it
+	linked   linkedContext         // an unkeyed call's parent, when beforeBudget allows
 	upstream upstreamCall          // the call, once forward has made it
 	answer   watchedBody           // the upstream's answer's body, once it came
 	// dropClaim is the claim of a keyed request with a body, whose body is dropped once
@@ -475,12 +476,17 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, claim *idempot
 	// (nothing will be stored) ends with its client, as through any proxy.
 	parent := r.Context()
 	var settled <-chan struct{}
+	start := ex.now()
 	if keyed {
 		parent = context.WithoutCancel(parent)
 		settled = claim.Stored()
+	} else if up, ok := beforeBudget(parent, start.Add(ex.rt.bounds.Every())); ok {
+		// The call's own bound comes before the request's deadline, so the call ends
+		// with the client without the deadline's cancellation being made for it.
+		ex.linked = linkedContext{Context: up, values: parent}
+		parent = &ex.linked
 	}
 	call := &ex.upstream
-	start := ex.now()
 	call.start(parent, start, &ex.rt.bounds, settled)
 	defer call.stop()
 	ex.mu.Lock()
@@ -571,6 +577,44 @@ func (c *withoutServer) Value(key any) any {
 	}
 	return c.Context.Value(key)
 }
+
+// unmade is a request's context whose cancellation of its own is made only when asked
+// for (lazyctx), as deadline.Middleware's is: the budget's deadline and its timer.
+type unmade interface {
+	Unmade() (parent context.Context, deadline time.Time, ok bool)
+}
+
+// beforeBudget returns the context under ctx's budget (the client's, ended when it
+// leaves) when ctx's own cancellation has not been made and its deadline is not before
+// bound, the end of an unkeyed upstream call's own bound. The call's context can then
+// hang off it (linkedContext): until the answer's headers the call ends at its bound
+// first, and after them each wait for the answer's body is bounded by the upstream
+// timeout, at the client's pace, as a keyed call's answer is once stored. Made for
+// every unkeyed call, the budget's cancellation would cost each a context, a timer of
+// the runtime's and a link into the client's context.
+func beforeBudget(ctx context.Context, bound time.Time) (context.Context, bool) {
+	u, ok := ctx.(unmade)
+	if !ok {
+		return nil, false
+	}
+	up, deadline, ok := u.Unmade()
+	if !ok || !deadline.IsZero() && deadline.Before(bound) {
+		return nil, false
+	}
+	return up, true
+}
+
+// linkedContext is an unkeyed upstream call's parent under beforeBudget: it ends with
+// the context under the request's budget and has the request's values. Value goes to
+// the request's context, whose cancellation is not made: its own lookups go on to the
+// context under it, the one this ends with, so the call's cancellation links into that
+// context's as a child of it would (without a goroutine of its own).
+type linkedContext struct {
+	context.Context                 // under the budget: Done, Err, Deadline
+	values          context.Context // the request's
+}
+
+func (c *linkedContext) Value(key any) any { return c.values.Value(key) }
 
 // traceHooks is the proxy's transport, over the gateway's: it sets each outbound
 // request's trace hooks (exchange.hook).

@@ -427,3 +427,106 @@ func TestSettledAnswerWaitIsBounded(t *testing.T) {
 	<-upstreamGone // the call was cut upstream too, not only towards the client
 	close(release)
 }
+
+// unkeyedGateway is a gateway in front of handler, with the memory store and the
+// timeouts given, and a server in front of it.
+func unkeyedGateway(t *testing.T, handler http.HandlerFunc, upstreamTimeout, bodyTimeout time.Duration) *httptest.Server {
+	t.Helper()
+	up := httptest.NewServer(handler)
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	g, err := New(Config{Upstream: u, Logger: slog.New(slog.DiscardHandler), UpstreamTimeout: upstreamTimeout,
+		Idempotency: idempotency.Config{Store: memstore.New(), BodyTimeout: bodyTimeout}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Shutdown(context.Background()) })
+	front := httptest.NewServer(g)
+	t.Cleanup(front.Close)
+	return front
+}
+
+// TestUnkeyedCallEndsWithItsClientAndBudget: an unkeyed upstream call (nothing will be
+// stored for a retry) ends when its client leaves, and when the caller's budget runs
+// out before the upstream timeout would, whatever context the gateway gives the call.
+// The upstream holds each request until its context ends: a call that outlived its
+// client or its budget would hold it until the test's bound.
+func TestUnkeyedCallEndsWithItsClientAndBudget(t *testing.T) {
+	t.Parallel()
+	arrived, ended := make(chan struct{}, 1), make(chan struct{}, 1)
+	front := unkeyedGateway(t, func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		select {
+		case <-r.Context().Done():
+			ended <- struct{}{}
+		case <-time.After(60 * time.Second): // the upstream timeout; a failure below first
+		}
+	}, time.Minute, 0)
+	endedBy := func(what string) {
+		t.Helper()
+		select {
+		case <-ended:
+		case <-time.After(30 * time.Second): // a failure's bound
+			t.Fatalf("the upstream call outlived %s", what)
+		}
+	}
+
+	ctx, leave := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, front.URL+"/held", nil)
+	go func() {
+		if res, err := front.Client().Do(req); err == nil {
+			_ = res.Body.Close()
+		}
+	}()
+	<-arrived
+	leave()
+	endedBy("its client")
+
+	req, _ = http.NewRequest(http.MethodGet, front.URL+"/held", nil)
+	req.Header.Set(deadline.DefaultHeader, "300") // far before the upstream timeout
+	res, err := front.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = res.Body.Close()
+	<-arrived
+	endedBy("the caller's budget")
+	if res.StatusCode != http.StatusGatewayTimeout {
+		t.Errorf("status %d once the caller's budget ran out, want 504", res.StatusCode)
+	}
+}
+
+// TestUnkeyedAnswerAtTheClientsPace: an unkeyed answer whose body keeps coming is copied
+// whole, however long past the request's budget (the time to receive its body and to
+// call the upstream) it takes, as through any proxy: once its headers have come, only
+// each wait for its body is bounded, by the upstream timeout. The upstream writes a
+// chunk every 50 ms, for three times the budget; each wait is 40 times shorter than the
+// timeout.
+func TestUnkeyedAnswerAtTheClientsPace(t *testing.T) {
+	t.Parallel()
+	const (
+		upstreamTimeout = 2 * time.Second
+		bodyTimeout     = 100 * time.Millisecond
+		budget          = upstreamTimeout + bodyTimeout
+	)
+	front := unkeyedGateway(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		for start := time.Now(); time.Since(start) < 3*budget; {
+			if _, err := w.Write([]byte("chunk\n")); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			time.Sleep(50 * time.Millisecond)
+		}
+		_, _ = w.Write([]byte("end\n"))
+	}, upstreamTimeout, bodyTimeout)
+	res, err := front.Client().Get(front.URL + "/download")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(res.Body)
+	_ = res.Body.Close()
+	if err != nil || !strings.HasSuffix(string(body), "end\n") {
+		t.Fatalf("the answer was cut: %v after %d bytes", err, len(body))
+	}
+}

@@ -67,6 +67,18 @@ func (c *Context) Init(parent context.Context, deadline time.Time, cause error) 
 	c.deadline, c.cause = deadline, cause
 }
 
+// Unmade returns c's parent and its deadline (zero: none of its own, the parent's
+// applies), and true, while c's own cancellation has not been made and c has not
+// ended; false once either has happened. A caller whose work ends before c's deadline
+// and before c's end can then derive its context from the parent, with c's values,
+// and c's cancellation is never made for it.
+func (c *Context) Unmade() (parent context.Context, deadline time.Time, ok bool) {
+	if c.made.Load() || c.ended.Load() {
+		return nil, time.Time{}, false
+	}
+	return c.parent, c.deadline, true
+}
+
 // End ends c, with cause (nil: context.Canceled), as the CancelCauseFunc of
 // context.WithCancelCause would; the first end wins. A Context with a deadline of its
 // own ends with context.Canceled, whatever cause says, as the CancelFunc of

@@ -200,3 +200,27 @@ func TestConcurrent(t *testing.T) {
 		<-d
 	}
 }
+
+// TestUnmade: the parent and the deadline are handed out only while neither the
+// context's cancellation has been made nor it has ended.
+func TestUnmade(t *testing.T) {
+	parent := context.Background()
+	dl := time.Now().Add(time.Hour)
+	for _, c := range []struct {
+		name string
+		do   func(*Context)
+		ok   bool
+	}{
+		{"untouched", func(*Context) {}, true},
+		{"asked for Err and Value", func(c *Context) { _, _ = c.Err(), c.Value("k") }, true},
+		{"asked for Done", func(c *Context) { _ = c.Done() }, false},
+		{"ended", func(c *Context) { c.End(nil) }, false},
+	} {
+		ctx := newCtx(parent, dl)
+		c.do(ctx)
+		p, d, ok := ctx.Unmade()
+		if ok != c.ok || ok && (p != parent || !d.Equal(dl)) {
+			t.Errorf("%s: Unmade %v %v %v, want %v", c.name, p, d, ok, c.ok)
+		}
+	}
+}
