@@ -190,7 +190,7 @@ func newGatewayFlags() (*flag.FlagSet, *gatewayFlags, []flagDoc) {
 		{name: "body-timeout", arg: "DUR", field: "BodyTimeout", help: "time a keyed request's body gets to arrive, else 408"},
 		{name: "max-body-memory", arg: "SIZE", field: "MaxBodyMemory", help: "ceiling on body bytes in memory, both ways: keyed requests' bodies and the answers kept until stored and sent. Past it, new keyed requests get 503 with Retry-After before anything is claimed; answers already coming in are finished and sent whole. Unless GOMEMLIMIT is set (or the store is memory:), Go's soft memory limit is set to 1.25 × it + " + bytesize.Format(memoryLimitBase) + ", so that the garbage collector keeps the process near it"},
 		{name: "max-response", arg: "SIZE", field: "MaxResponse", help: "largest response body stored. Answers up to it are read whole from the upstream, stored, then sent at the client's pace; larger ones are passed on as they come and stored without their body"},
-		{name: "upstream-timeout", arg: "DUR", field: "UpstreamTimeout", help: "bound on each upstream call until its answer is stored; then only each wait for the upstream's bytes"},
+		{name: "upstream-timeout", arg: "DUR", field: "UpstreamTimeout", help: "bound on each upstream call until its answer is stored (an unkeyed call's: until its headers come); then only each wait for the upstream's bytes, at the client's pace"},
 		{name: "shutdown-timeout", arg: "DUR", field: "ShutdownTimeout", help: "time the requests in flight get at shutdown, and then the answers the store could not take get to be stored",
 			def: "upstream timeout + " + durfmt.Format(gateway.DefaultShutdownGrace)},
 		{name: "fail-open", help: "forward unprotected when the store fails", def: "false: 503"},

@@ -68,7 +68,7 @@ func Keys() []KeyDoc {
 		{SectionPolicy, "fingerprint", "{mode: full|json, ignore: [/json/pointer, …]}", "{mode: full}", "what makes a retry the same request. Inherited whole"},
 		{SectionPolicy, "ttl", "a duration", dur(idempotency.DefaultTTL), "how long a response is kept for replay; longer than lease and upstream_timeout"},
 		{SectionPolicy, "lease", "a duration", dur(idempotency.DefaultLease), "how long a key stays in progress without its owner (after a crash or an upstream timeout) before a retry may take it over"},
-		{SectionPolicy, "upstream_timeout", "a duration", dur(gateway.DefaultUpstreamTimeout), "bound on each upstream call until its answer is stored; then only each wait for the upstream's bytes"},
+		{SectionPolicy, "upstream_timeout", "a duration", dur(gateway.DefaultUpstreamTimeout), "bound on each upstream call until its answer is stored (an unkeyed call's: until its headers come); then only each wait for the upstream's bytes, at the client's pace"},
 		{SectionPolicy, "store_timeout", "a duration", dur(idempotency.DefaultStoreTimeout), "bound on each store call"},
 		{SectionPolicy, "max_body", "a size", size(idempotency.DefaultMaxBody), "largest request body of a keyed request, else 413; at most max_body_memory"},
 		{SectionPolicy, "body_timeout", "a duration", dur(idempotency.DefaultBodyTimeout), "time a keyed request's body gets to arrive, else 408"},
