@@ -375,11 +375,11 @@ func TestUpstreamContentLength(t *testing.T) {
 }
 
 // TestSettledAnswerWaitIsBounded: once an unkeyed answer's headers have come, the
-// upstream timeout bounds each wait for its body rather than the whole call, so a body
-// that stalls is cut at the timeout (the client's connection is cut: its answer is not
-// whole) while one that keeps coming is copied at the client's pace. The upstream holds
-// the rest of its body until the test ends it, long after the timeout: a gateway that
-// did not bound the wait would leave the client reading until then.
+// upstream timeout bounds each wait for its body, so a body that stalls is cut at the
+// timeout, towards the client (its connection is cut: its answer is not whole) and
+// towards the upstream. The upstream holds the rest of its body until the test ends it,
+// long after the timeout: a gateway that did not bound the wait would leave the client
+// reading until then. (A body that keeps coming: TestUnkeyedAnswerAtTheClientsPace.)
 func TestSettledAnswerWaitIsBounded(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
