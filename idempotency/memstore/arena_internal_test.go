@@ -91,7 +91,8 @@ func TestArenaKeepsRecordsThroughCompaction(t *testing.T) {
 			for _, sl := range s.arena.slabs {
 				live += sl.live
 			}
-			if got, bound := s.arena.bytes(), 2*live+2*slabSize; got > bound {
+			// Beyond twice the live bytes: a current slab of each kind, and a spare buffer.
+			if got, bound := s.arena.bytes(), 2*live+3*slabSize; got > bound {
 				t.Fatalf("%d records kept, %d live bytes: slabs hold %d bytes, want at most %d", kept, live, got, bound)
 			}
 		})
@@ -124,5 +125,57 @@ func TestArenaBigRecord(t *testing.T) {
 	}
 	if got := s.arena.bytes(); got > slabSize {
 		t.Fatalf("after the big records' deletes the slabs hold %d bytes, want at most one slab (%d)", got, slabSize)
+	}
+}
+
+// TestArenaSettledKeysHoldNoDeadClaims claims and completes keys, one at a time and
+// with requests in flight as a server has them, and checks that the slabs hold little
+// more than the settled records: each key's claim, dead once the key is settled, does
+// not stay between them until the key expires, and a claims slab that is wholly dead
+// when the next takes its place is reused, not kept. Claims and settled records sharing
+// slabs, the slabs held about half again the live bytes.
+func TestArenaSettledKeysHoldNoDeadClaims(t *testing.T) {
+	for _, inFlight := range []int{0, 32} {
+		t.Run(fmt.Sprint(inFlight, "-in-flight"), func(t *testing.T) {
+			s := New()
+			ctx := context.Background()
+			const n, scope = 20000, "a-scope-of-some-length"
+			body := bytes.Repeat([]byte("b"), 100)
+			tokens := make([]int64, n)
+			complete := func(i int) {
+				key := "key-" + strconv.Itoa(i)
+				if err := s.Complete(ctx, idempotency.Completion{Scope: scope, Key: key, Token: tokens[i], TTL: time.Hour,
+					Response: idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: body}}); err != nil {
+					t.Fatalf("complete %s: %v", key, err)
+				}
+			}
+			for i := range n {
+				key := "key-" + strconv.Itoa(i)
+				res, err := s.Claim(ctx, idempotency.ClaimRequest{Scope: scope, Key: key,
+					Fingerprint: "a-fingerprint-of-the-length-of-a-sha-256-in-hex-" + key, Lease: time.Minute, TTL: time.Hour})
+				if err != nil || !res.Claimed {
+					t.Fatalf("claim %s: %v %+v", key, err, res)
+				}
+				tokens[i] = res.Token
+				if i >= inFlight {
+					complete(i - inFlight)
+				}
+			}
+			for i := n - inFlight; i < n; i++ {
+				complete(i)
+			}
+			live := 0
+			for _, sl := range s.arena.slabs {
+				live += sl.live
+			}
+			if live < 16*slabSize {
+				t.Fatalf("%d live bytes: the test must fill many slabs", live)
+			}
+			t.Logf("%d keys settled: %d live bytes, slabs hold %d", n, live, s.arena.bytes())
+			// A current slab of each kind and a spare buffer, beyond a tenth of slack.
+			if got, bound := s.arena.bytes(), live+live/10+3*slabSize; got > bound {
+				t.Fatalf("%d keys settled, %d live bytes: slabs hold %d bytes, want at most %d", n, live, got, bound)
+			}
+		})
 	}
 }

@@ -219,7 +219,7 @@ func (s *Store) compact() {
 		i := a.pending[len(a.pending)-1]
 		a.pending = a.pending[:len(a.pending)-1]
 		a.slabs[i].pending = false
-		if a.hasCur && i == a.cur {
+		if a.current(i) {
 			continue // never queued (check), and its room is still to be filled
 		}
 		buf := a.slabs[i].buf
@@ -232,7 +232,7 @@ func (s *Store) compact() {
 			if !ok || f.at != at {
 				continue // freed
 			}
-			moved, room := a.reserve(len(r))
+			moved, room := a.reserve(len(r), kindOf(r))
 			a.seal(moved, append(room, r...))
 			s.refile(f, moved)
 			a.slabs[i].live -= lenSize + len(r)
@@ -300,7 +300,7 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 		nf.created = old.created()
 	}
 	s.soonest = min(s.soonest, nf.expires)
-	at, room := s.arena.reserve(recordSize(&nf))
+	at, room := s.arena.reserve(recordSize(&nf), claimKind)
 	s.arena.seal(at, appendRecord(room, &nf))
 	hd := f.hd
 	if ok {
@@ -374,7 +374,7 @@ func (s *Store) Complete(ctx context.Context, c idempotency.Completion) error {
 		v := f.r.view()
 		expires := s.offset(s.now().Add(c.TTL))
 		s.soonest = min(s.soonest, expires)
-		at, room := s.arena.reserve(f.r.completedSize(v, &c.Response))
+		at, room := s.arena.reserve(f.r.completedSize(v, &c.Response), settledKind)
 		s.arena.seal(at, f.r.appendCompleted(room, v, &c.Response, expires))
 		s.refile(f, at)
 		s.arena.release(f.at)
