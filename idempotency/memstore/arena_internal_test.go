@@ -179,3 +179,39 @@ func TestArenaSettledKeysHoldNoDeadClaims(t *testing.T) {
 		})
 	}
 }
+
+// TestSettledRecordDropsClaimID checks that a completion writes the key's record
+// without its claim ID, and that the claim sent again with that ID then gets the
+// stored answer, as any other request does: only a claim in progress is its ID's.
+func TestSettledRecordDropsClaimID(t *testing.T) {
+	s := New()
+	ctx := context.Background()
+	req := idempotency.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Route: "/r", ID: "process-a.1", Lease: time.Minute, TTL: time.Hour}
+	res, err := s.Claim(ctx, req)
+	if err != nil || !res.Claimed {
+		t.Fatalf("claim: %v %+v", err, res)
+	}
+	f, _ := s.find("s", "k")
+	if v := f.r.view(); string(v.claimID) != req.ID {
+		t.Fatalf("in progress: claim ID %q, want %q", v.claimID, req.ID)
+	}
+	inProgress := len(f.r)
+	body := []byte(`{"id":1}`)
+	resp := idempotency.Response{Status: 201, Header: http.Header{"Location": {"/r/1"}}, Body: body}
+	if err := s.Complete(ctx, idempotency.Completion{Scope: "s", Key: "k", Token: res.Token, TTL: time.Hour, Response: resp}); err != nil {
+		t.Fatal(err)
+	}
+	f, _ = s.find("s", "k")
+	v := f.r.view()
+	if len(v.claimID) != 0 || string(v.scope) != "s" || string(v.key) != "k" || string(v.fingerprint) != "fp" || string(v.route) != "/r" {
+		t.Fatalf("settled record's strings: %q %q %q %q, claim ID %q", v.scope, v.key, v.fingerprint, v.route, v.claimID)
+	}
+	if want := inProgress - len(req.ID) + len(appendResponse(nil, &resp)); len(f.r) != want {
+		t.Fatalf("settled record: %d bytes, want %d", len(f.r), want)
+	}
+	again, err := s.Claim(ctx, req)
+	if err != nil || again.Claimed || again.Existing == nil || again.Existing.State != idempotency.StateDone ||
+		again.Existing.Response == nil || !bytes.Equal(again.Existing.Response.Body, body) || again.Existing.Route != "/r" {
+		t.Fatalf("the claim again with its ID after the completion: %v %+v", err, again)
+	}
+}

@@ -81,13 +81,16 @@ func appendRecord(b []byte, f *fields) record {
 // completedSize returns an upper bound of the length of r's record once done with
 // resp.
 func (r record) completedSize(v view, resp *idempotency.Response) int {
-	return v.end + responseSize(resp)
+	return v.claimIDAt() + 1 + responseSize(resp)
 }
 
 // appendCompleted appends to b a copy of r, whose strings are v, done with resp, no
-// longer abandoned, expiring at expires (an offset): at most r.completedSize bytes.
+// longer abandoned, expiring at expires (an offset), and without its claim ID: at most
+// r.completedSize bytes. Only a claim in progress is matched by its ID (Claim), so a
+// settled key has no use for it, and it would take room until the key expires.
 func (r record) appendCompleted(b []byte, v view, resp *idempotency.Response, expires int64) record {
-	c := append(b, r[:v.end]...)
+	c := append(b, r[:v.claimIDAt()]...)
+	c = append(c, 0) // the claim ID's length
 	c[offState] = stateDone
 	c[offFlags] = flagResponse
 	binary.LittleEndian.PutUint64(c[offExpires:], uint64(expires))
@@ -121,6 +124,10 @@ type view struct {
 	scope, key, fingerprint, route, claimID []byte
 	end                                     int
 }
+
+// claimIDAt returns where in the record the claim ID's length is: the last of its
+// strings.
+func (v view) claimIDAt() int { return v.end - len(v.claimID) - uvarintLen(len(v.claimID)) }
 
 // view parses r's strings. r is the store's own encoding, so it cannot be malformed;
 // were it, the store's invariants are gone and view panics.
