@@ -61,6 +61,13 @@
 #            CPU per request is compared at one rate, where the matrix's closed loop gives
 #            whichever is faster in a window more requests per wake-up. PACED_RATE must be
 #            below every subject's throughput; the report flags one that fell behind;
+#   pair     (only when PHASES names it; needs bareproxy) each of bareproxy-keyed, Caddy,
+#            gw-memory and gw-memory-base loaded at the same time as bareproxy, both by
+#            PAIR_CLIENTS (32) clients paced to PAIR_RATE (800) requests a second each,
+#            ROUNDS rounds of DURATION in rotating order: the two share every window of
+#            the machine's state, so the ratio of their CPU per request moves a few
+#            percent from round to round where the windows taken one after another move
+#            it by a third. PAIR_RATE must be below what both can serve at once;
 #   split    (only when PHASES names it; needs perf and bareproxy) where in each
 #            process the CPU of a new key goes: bareproxy, bareproxy-keyed and each
 #            gateway selected (gw-<store>, not -base), SPLIT_CLIENTS (32) clients,
@@ -95,7 +102,7 @@
 # Environment: RETRYSAFE_POSTGRES_URL, RETRYSAFE_REDIS_URL (the local defaults
 # otherwise), OWN_PG, SUBJECTS, PHASES, DURATION (3s), WARMUP (1s), ROUNDS (3), CONCURRENCY
 # ("1 8 32 128"), BODIES ("1024 65536"), BODY_CLIENTS (32), PACED_CLIENTS (32),
-# PACED_RATE (1000), POOL (16: connections per
+# PACED_RATE (1000), PAIR_CLIENTS (32), PAIR_RATE (800), POOL (16: connections per
 # pool, for every server alike), PGBENCH_DURATION (3), IDLE (1s), REV (build the
 # subjects from this commit, not the working tree), BASE_REV (the commit the -base
 # subjects are built from), OUT (a new directory under /tmp), BASE_PORT (18500).
@@ -117,6 +124,8 @@ BODIES=${BODIES:-1024 65536}
 BODY_CLIENTS=${BODY_CLIENTS:-32}
 PACED_CLIENTS=${PACED_CLIENTS:-32}
 PACED_RATE=${PACED_RATE:-1000}
+PAIR_CLIENTS=${PAIR_CLIENTS:-32}
+PAIR_RATE=${PAIR_RATE:-800}
 POOL=${POOL:-16}
 PGBENCH=${PGBENCH:-/usr/lib/postgresql/15/bin/pgbench}
 PGBENCH_DURATION=${PGBENCH_DURATION:-3}
@@ -154,8 +163,11 @@ else
 	PHASES=${PHASES:-matrix bodies replay storm pgbench}
 fi
 for p in $PHASES; do
-	case $p in matrix | bodies | replay | storm | pgbench | paced | split) ;; *) die "PHASES: unknown phase $p" ;; esac
+	case $p in matrix | bodies | replay | storm | pgbench | paced | pair | split) ;; *) die "PHASES: unknown phase $p" ;; esac
 done
+if [[ " $PHASES " == *" pair "* ]]; then
+	[[ " ${SEL[*]} " == *" bareproxy "* ]] || die "PHASES: pair loads each proxy at the same time as bareproxy: add it to SUBJECTS"
+fi
 if [[ " $PHASES " == *" split "* ]]; then
 	[[ " ${SEL[*]} " == *" bareproxy "* ]] || die "PHASES: split compares the proxies with bareproxy: add it to SUBJECTS"
 	command -v perf >/dev/null || die "PHASES: split needs perf (Debian: apt-get install linux-perf)"
@@ -835,6 +847,41 @@ if phase paced; then
 		for s in $(rotate "$round" 0 $PACED); do
 			lg "$s" paced "$PACED_CLIENTS" "$round" -d "$DURATION" --warmup "$WARMUP" --rate "$PACED_RATE" \
 				--users "$PACED_CLIENTS" --auth-format 'Bearer 3%d'
+		done
+	done
+fi
+
+# ---- pair: each proxy and the bare proxy loaded at the same time -----------------------
+# lg_pair SUBJECT ROUND: SUBJECT and bareproxy, each by its own load generator at
+# PAIR_RATE, at the same time; each result holds its proxy's own CPU only (the upstream
+# and PostgreSQL serve both) and names the other (tag partner).
+lg_pair() {
+	local s=$1 round=$2 la pids=() i
+	la=$(loadavg)
+	for i in "$s" bareproxy; do
+		local other=bareproxy
+		[ "$i" = bareproxy ] && other=$s
+		"$BIN/loadgen" --url "http://127.0.0.1:${PORT[$i]}/payments" -c "$PAIR_CLIENTS" --rate "$PAIR_RATE" \
+			-H 'Content-Type: application/json' --body "$BODY" --format json --clk-tck "$CLK_TCK" ${CPUARGS[$i]%% --cpu app=*} \
+			--users "$PAIR_CLIENTS" --auth-format 'Bearer 4%d' -d "$DURATION" --warmup "$WARMUP" \
+			--tag kind=pair --tag subject="$i" --tag partner="$other" --tag pair="$s" --tag body=0 \
+			--tag clients="$PAIR_CLIENTS" --tag round="$round" --tag loadavg="$la" \
+			>"$WORK/pair-$i.json" 2>>"$LOGS/loadgen.log" &
+		pids+=($!)
+	done
+	for i in "${pids[@]}"; do wait "$i" || { log "loadgen failed in the pair $s, bareproxy (round $round)"; return 0; }; done
+	for i in "$s" bareproxy; do
+		cat "$WORK/pair-$i.json" >>"$RESULTS"
+		jq -r '"pair \(.tags.pair) r=\(.tags.round): \(.tags.subject) \(.throughput|floor) req/s, p99 \(.latency.p99_ms) ms, errors \(.errors); CPU µs/req \(.cpu.proxy.us_per_request // 0 | floor) (load \(.tags.loadavg))"' "$WORK/pair-$i.json" >&2
+	done
+}
+
+if phase pair; then
+	PAIRED=$(in_sel bareproxy-keyed caddy gw-memory gw-memory-base)
+	log "phase pair: each of $PAIRED at the same time as bareproxy, $PAIR_RATE requests a second each at $PAIR_CLIENTS clients, $ROUNDS rounds, $DURATION after $WARMUP warm-up"
+	for round in $(seq "$ROUNDS"); do
+		for s in $(rotate "$round" 0 $PAIRED); do
+			lg_pair "$s" "$round"
 		done
 	done
 fi

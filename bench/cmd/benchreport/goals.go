@@ -353,6 +353,7 @@ func summary(b *strings.Builder, recs []record) {
 	ps := collect(recs, "matrix", "bodies", "replay", "first", "paced")
 	goals(b, ps, collectPgbench(recs))
 	paced(b, ps)
+	paired(b, recs)
 	if len(ps.subjects("matrix", 0, goalClients)) == 0 {
 		return
 	}

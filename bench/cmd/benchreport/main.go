@@ -266,6 +266,7 @@ func report(w io.Writer, recs []record) error {
 	pg := collectPgbench(recs)
 	goals(&b, ps, pg)
 	paced(&b, ps)
+	paired(&b, recs)
 	costTables(&b, ps)
 	matrix(&b, ps)
 	storm(&b, recs)
