@@ -869,7 +869,12 @@ lg_pair() {
 			>"$WORK/pair-$i.json" 2>>"$LOGS/loadgen.log" &
 		pids+=($!)
 	done
-	for i in "${pids[@]}"; do wait "$i" || { log "loadgen failed in the pair $s, bareproxy (round $round)"; return 0; }; done
+	local failed=0
+	for i in "${pids[@]}"; do wait "$i" || failed=1; done
+	if [ "$failed" = 1 ]; then
+		log "loadgen failed in the pair $s, bareproxy (round $round)"
+		return 0
+	fi
 	for i in "$s" bareproxy; do
 		cat "$WORK/pair-$i.json" >>"$RESULTS"
 		jq -r '"pair \(.tags.pair) r=\(.tags.round): \(.tags.subject) \(.throughput|floor) req/s, p99 \(.latency.p99_ms) ms, errors \(.errors); CPU µs/req \(.cpu.proxy.us_per_request // 0 | floor) (load \(.tags.loadavg))"' "$WORK/pair-$i.json" >&2
