@@ -61,13 +61,15 @@
 #            CPU per request is compared at one rate, where the matrix's closed loop gives
 #            whichever is faster in a window more requests per wake-up. PACED_RATE must be
 #            below every subject's throughput; the report flags one that fell behind;
-#   pair     (only when PHASES names it; needs bareproxy) each of bareproxy-keyed, Caddy,
-#            gw-memory and gw-memory-base loaded at the same time as bareproxy, both by
-#            PAIR_CLIENTS (32) clients paced to PAIR_RATE (800) requests a second each,
-#            ROUNDS rounds of DURATION in rotating order: the two share every window of
-#            the machine's state, so the ratio of their CPU per request moves a few
-#            percent from round to round where the windows taken one after another move
-#            it by a third. PAIR_RATE must be below what both can serve at once;
+#   pair     (only when PHASES names it) the pairs of PAIRS whose two subjects are
+#            selected, each pair's two loaded at the same time, both by PAIR_CLIENTS (32)
+#            clients paced to PAIR_RATE (800) requests a second each, ROUNDS rounds of
+#            DURATION, the pairs in rotating order: the two share every window of the
+#            machine's state, so the ratio of their CPU per request moves a few percent
+#            from round to round where windows taken one after another move it by a
+#            third. PAIRS (SUBJECT:PARTNER ...) defaults to bareproxy-keyed, caddy,
+#            gw-memory and gw-memory-base each with bareproxy, and gw-sqlite with
+#            gw-memory. PAIR_RATE must be below what both can serve at once;
 #   split    (only when PHASES names it; needs perf and bareproxy) where in each
 #            process the CPU of a new key goes: bareproxy, bareproxy-keyed and each
 #            gateway selected (gw-<store>, not -base), SPLIT_CLIENTS (32) clients,
@@ -102,7 +104,7 @@
 # Environment: RETRYSAFE_POSTGRES_URL, RETRYSAFE_REDIS_URL (the local defaults
 # otherwise), OWN_PG, SUBJECTS, PHASES, DURATION (3s), WARMUP (1s), ROUNDS (3), CONCURRENCY
 # ("1 8 32 128"), BODIES ("1024 65536"), BODY_CLIENTS (32), PACED_CLIENTS (32),
-# PACED_RATE (1000), PAIR_CLIENTS (32), PAIR_RATE (800), POOL (16: connections per
+# PACED_RATE (1000), PAIRS, PAIR_CLIENTS (32), PAIR_RATE (800), POOL (16: connections per
 # pool, for every server alike), PGBENCH_DURATION (3), IDLE (1s), REV (build the
 # subjects from this commit, not the working tree), BASE_REV (the commit the -base
 # subjects are built from), OUT (a new directory under /tmp), BASE_PORT (18500).
@@ -126,6 +128,7 @@ PACED_CLIENTS=${PACED_CLIENTS:-32}
 PACED_RATE=${PACED_RATE:-1000}
 PAIR_CLIENTS=${PAIR_CLIENTS:-32}
 PAIR_RATE=${PAIR_RATE:-800}
+PAIRS=${PAIRS:-bareproxy-keyed:bareproxy caddy:bareproxy gw-memory:bareproxy gw-memory-base:bareproxy gw-sqlite:gw-memory}
 POOL=${POOL:-16}
 PGBENCH=${PGBENCH:-/usr/lib/postgresql/15/bin/pgbench}
 PGBENCH_DURATION=${PGBENCH_DURATION:-3}
@@ -166,7 +169,12 @@ for p in $PHASES; do
 	case $p in matrix | bodies | replay | storm | pgbench | paced | pair | split) ;; *) die "PHASES: unknown phase $p" ;; esac
 done
 if [[ " $PHASES " == *" pair "* ]]; then
-	[[ " ${SEL[*]} " == *" bareproxy "* ]] || die "PHASES: pair loads each proxy at the same time as bareproxy: add it to SUBJECTS"
+	PAIRED="" # the pairs of PAIRS whose two subjects are selected
+	for p in $PAIRS; do
+		[[ $p == ?*:?* ]] || die "PAIRS: $p is not SUBJECT:PARTNER"
+		[[ " ${SEL[*]} " == *" ${p%%:*} "* && " ${SEL[*]} " == *" ${p#*:} "* ]] && PAIRED+="$p "
+	done
+	[ -n "$PAIRED" ] || die "PHASES: pair has no pair of PAIRS ($PAIRS) whose two subjects are both in SUBJECTS"
 fi
 if [[ " $PHASES " == *" split "* ]]; then
 	[[ " ${SEL[*]} " == *" bareproxy "* ]] || die "PHASES: split compares the proxies with bareproxy: add it to SUBJECTS"
@@ -851,20 +859,20 @@ if phase paced; then
 	done
 fi
 
-# ---- pair: each proxy and the bare proxy loaded at the same time -----------------------
-# lg_pair SUBJECT ROUND: SUBJECT and bareproxy, each by its own load generator at
-# PAIR_RATE, at the same time; each result holds its proxy's own CPU only (the upstream
-# and PostgreSQL serve both) and names the other (tag partner).
+# ---- pair: two subjects loaded at the same time ----------------------------------------
+# lg_pair SUBJECT PARTNER ROUND: the two, each by its own load generator at PAIR_RATE, at
+# the same time; each result holds its proxy's own CPU only (the upstream and PostgreSQL
+# serve both) and names the pair (tag pair: SUBJECT:PARTNER) and the other (partner).
 lg_pair() {
-	local s=$1 round=$2 la pids=() i
+	local s=$1 partner=$2 round=$3 la pids=() i
 	la=$(loadavg)
-	for i in "$s" bareproxy; do
-		local other=bareproxy
-		[ "$i" = bareproxy ] && other=$s
+	for i in "$s" "$partner"; do
+		local other=$partner
+		[ "$i" = "$partner" ] && other=$s
 		"$BIN/loadgen" --url "http://127.0.0.1:${PORT[$i]}/payments" -c "$PAIR_CLIENTS" --rate "$PAIR_RATE" \
 			-H 'Content-Type: application/json' --body "$BODY" --format json --clk-tck "$CLK_TCK" ${CPUARGS[$i]%% --cpu app=*} \
 			--users "$PAIR_CLIENTS" --auth-format 'Bearer 4%d' -d "$DURATION" --warmup "$WARMUP" \
-			--tag kind=pair --tag subject="$i" --tag partner="$other" --tag pair="$s" --tag body=0 \
+			--tag kind=pair --tag subject="$i" --tag partner="$other" --tag pair="$s:$partner" --tag body=0 \
 			--tag clients="$PAIR_CLIENTS" --tag round="$round" --tag loadavg="$la" \
 			>"$WORK/pair-$i.json" 2>>"$LOGS/loadgen.log" &
 		pids+=($!)
@@ -872,21 +880,20 @@ lg_pair() {
 	local failed=0
 	for i in "${pids[@]}"; do wait "$i" || failed=1; done
 	if [ "$failed" = 1 ]; then
-		log "loadgen failed in the pair $s, bareproxy (round $round)"
+		log "loadgen failed in the pair $s, $partner (round $round)"
 		return 0
 	fi
-	for i in "$s" bareproxy; do
+	for i in "$s" "$partner"; do
 		cat "$WORK/pair-$i.json" >>"$RESULTS"
 		jq -r '"pair \(.tags.pair) r=\(.tags.round): \(.tags.subject) \(.throughput|floor) req/s, p99 \(.latency.p99_ms) ms, errors \(.errors); CPU µs/req \(.cpu.proxy.us_per_request // 0 | floor) (load \(.tags.loadavg))"' "$WORK/pair-$i.json" >&2
 	done
 }
 
 if phase pair; then
-	PAIRED=$(in_sel bareproxy-keyed caddy gw-memory gw-memory-base)
-	log "phase pair: each of $PAIRED at the same time as bareproxy, $PAIR_RATE requests a second each at $PAIR_CLIENTS clients, $ROUNDS rounds, $DURATION after $WARMUP warm-up"
+	log "phase pair: $PAIRED each two at the same time, $PAIR_RATE requests a second each at $PAIR_CLIENTS clients, $ROUNDS rounds, $DURATION after $WARMUP warm-up"
 	for round in $(seq "$ROUNDS"); do
-		for s in $(rotate "$round" 0 $PAIRED); do
-			lg_pair "$s" "$round"
+		for p in $(rotate "$round" 0 $PAIRED); do
+			lg_pair "${p%%:*}" "${p#*:}" "$round"
 		done
 	done
 fi
