@@ -132,8 +132,8 @@ func TestArenaBigRecord(t *testing.T) {
 // with requests in flight as a server has them, and checks that the slabs hold little
 // more than the settled records: each key's claim, dead once the key is settled, does
 // not stay between them until the key expires, and a claims slab that is wholly dead
-// when the next takes its place is reused, not kept. Claims and settled records sharing
-// slabs, the slabs held about half again the live bytes.
+// when the next takes its place is reused, not kept. Were claims and settled records to
+// share slabs, the slabs would hold about half again the live bytes.
 func TestArenaSettledKeysHoldNoDeadClaims(t *testing.T) {
 	for _, inFlight := range []int{0, 32} {
 		t.Run(fmt.Sprint(inFlight, "-in-flight"), func(t *testing.T) {

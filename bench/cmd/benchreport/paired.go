@@ -42,9 +42,6 @@ func paired(b *strings.Builder, recs []record) {
 			continue
 		}
 		p := r.tag("pair")
-		if !strings.Contains(p, ":") {
-			p += ":bareproxy" // a run whose pairs were all with the bare proxy named only the subject
-		}
 		if halves[p] == nil {
 			halves[p] = map[int]map[string]half{}
 		}
