@@ -24,7 +24,10 @@ type pairRound struct {
 // the same time, at one rate, so that both share every window of the machine's state.
 // The figure is the subject's own CPU per request ÷ its partner's: the median of the
 // rounds' ratios (each made in one window), with the ratio of their sums and the rounds
-// beside it; a round in which either fell behind the rate is left out and named.
+// beside it; a round in which either fell behind the rate is left out and named. Where a
+// round was left out, the median of every round's ratio is given too: a round is left out
+// because the two were not paced alike, and the figure with it shows that leaving it out
+// does not flatter the subject.
 func paired(b *strings.Builder, recs []record) {
 	type half struct{ cpu, tput, rate float64 }
 	halves := map[string]map[int]map[string]half{} // pair → round → subject → half
@@ -62,18 +65,21 @@ func paired(b *strings.Builder, recs []record) {
 	b.WriteString("The two subjects of each pair loaded at once, each by its own clients at the same rate: a ratio is made " +
 		"in one window, which both shared. The figure is the first's own CPU per request ÷ the second's: the median of " +
 		"the rounds' ratios, with the ratio of the rounds' sums beside it; a target is met when both meet it. A round in " +
-		"which either fell behind the rate is left out.\n\n")
+		"which either fell behind the rate is left out; the median of every round, those left out with the rest, is given " +
+		"beside the figure where any was.\n\n")
 	b.WriteString("| pair | own CPU per request, same windows | by round | target | met |\n|---|---|---|---|---|\n")
 	var behind []string
 	for _, p := range names {
 		subject, partner, _ := strings.Cut(p, ":")
 		var rounds []pairRound
+		var every []float64 // each round's ratio, those left out included
 		for round, hs := range halves[p] {
 			s, okS := hs[subject]
 			q, okQ := hs[partner]
 			if !okS || !okQ || s.cpu <= 0 || q.cpu <= 0 {
 				continue
 			}
+			every = append(every, s.cpu/q.cpu)
 			if s.rate > 0 && (s.tput < behindShare*s.rate || q.tput < behindShare*q.rate) {
 				behind = append(behind, fmt.Sprintf("%s and %s r%d (%.0f and %.0f requests a second)", subject, partner, round, s.tput, q.tput))
 				continue
@@ -98,8 +104,12 @@ func paired(b *strings.Builder, recs []record) {
 		if target, ok := pairTargets[p]; ok {
 			t, met = fmt.Sprintf("≤ %.2f×", target), yesNo(m <= target && sum <= target)
 		}
-		fmt.Fprintf(b, "| %s ÷ %s | %.2f× (summed %.2f×; %d rounds at %.0f requests a second) | %s | %s | %s |\n",
-			subject, partner, m, sum, len(rounds), rounds[0].rate, strings.Join(by, ", "), t, met)
+		all := ""
+		if len(every) > len(rounds) {
+			all = fmt.Sprintf("; every round: %.2f× over %d", median(every), len(every))
+		}
+		fmt.Fprintf(b, "| %s ÷ %s | %.2f× (summed %.2f×; %d rounds at %.0f requests a second%s) | %s | %s | %s |\n",
+			subject, partner, m, sum, len(rounds), rounds[0].rate, all, strings.Join(by, ", "), t, met)
 	}
 	if len(behind) > 0 {
 		fmt.Fprintf(b, "\nFell behind the rate, so left out: %s.\n", strings.Join(behind, ", "))
